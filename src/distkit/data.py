@@ -1,0 +1,158 @@
+"""Datasets and the distributed data flow.
+
+- ``digits``: scikit-learn's 8x8 handwritten digits (1797 images), shipped inside the
+  scikit-learn package: the offline default, no download.
+- ``synthetic``: a learnable image classification set generated from a seed, with any
+  size and shape (class templates plus noise).
+- ``mnist`` / ``cifar10``: torchvision, downloaded by one rank per node first.
+
+:func:`get_dataflow` turns a dataset into the loaders every process uses, through
+``idist.auto_dataloader`` (which inserts a ``DistributedSampler`` and divides the global
+batch size and the workers by the world size).
+"""
+from __future__ import annotations
+
+import os
+import socket
+
+import ignite.distributed as idist
+import torch
+from torch.utils.data import Dataset, Subset
+
+from distkit.errors import DistkitError
+
+NEEDS_DOWNLOAD = ("mnist", "cifar10")
+VAL_SIZE = 360  # digits/synthetic validation samples: divisible by 1, 2, 3, 4, 5, 6, 8
+
+
+class TensorImageDataset(Dataset):
+    """Images ``(N, C, H, W)`` float and labels ``(N,)`` long, held in memory."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor):
+        assert len(images) == len(labels)
+        self.images, self.labels = images, labels
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.images[i], self.labels[i]
+
+
+class IndexedDataset(Dataset):
+    """Wraps any map-style dataset so that each sample also yields its index:
+    ``(x, y, index)``. Used to check which process saw which sample."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        x, y = self.dataset[i][:2]
+        return x, y, i
+
+
+def digits_dataset() -> TensorImageDataset:
+    """scikit-learn's digits as 1x8x8 images scaled to [0, 1]; no download."""
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    labels = torch.tensor(bunch.target, dtype=torch.long)
+    return TensorImageDataset(images, labels)
+
+
+def synthetic_dataset(size: int = 2048, num_classes: int = 10, shape=(1, 8, 8),
+                      noise: float = 1.0, seed: int = 0) -> TensorImageDataset:
+    """A learnable set: each class has a random template; a sample is its class template
+    plus Gaussian noise. The same seed gives the same data in every process."""
+    g = torch.Generator().manual_seed(seed)
+    templates = torch.randn(num_classes, *shape, generator=g)
+    labels = torch.arange(size) % num_classes
+    labels = labels[torch.randperm(size, generator=g)]
+    images = templates[labels] + noise * torch.randn(size, *shape, generator=g)
+    return TensorImageDataset(images, labels)
+
+
+def split(dataset, val_size: int = VAL_SIZE, seed: int = 0):
+    """A fixed random train/validation split, identical in every process."""
+    perm = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    return Subset(dataset, perm[val_size:]), Subset(dataset, perm[:val_size])
+
+
+def _torchvision_datasets(name: str, root: str, download: bool):
+    import torchvision.transforms as T
+    from torchvision import datasets
+
+    if name == "mnist":
+        tf = T.Compose([T.ToTensor(), T.Normalize((0.1307,), (0.3081,))])
+        cls = datasets.MNIST
+    else:
+        tf = T.Compose([T.ToTensor(), T.Normalize((0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261))])
+        cls = datasets.CIFAR10
+    return (cls(root, train=True, transform=tf, download=download),
+            cls(root, train=False, transform=tf, download=download))
+
+
+def fetch_torchvision(name: str, root: str):
+    """Load (downloading if needed) a torchvision dataset, or fail in one clear line."""
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(20)  # an unreachable mirror must fail, not hang
+    try:
+        return _torchvision_datasets(name, root, download=True)
+    except Exception as e:  # torchvision raises URLError, RuntimeError, OSError...
+        raise DistkitError(
+            f"dataset {name!r} is not in {os.path.abspath(root)!r} and could not be downloaded "
+            f"({type(e).__name__}); offline? use --dataset digits (the offline default) or "
+            f"--dataset synthetic, or copy the files into --data-dir") from None
+    finally:
+        socket.setdefaulttimeout(previous)
+
+
+def get_datasets(config):
+    """(train, validation) datasets for ``config.dataset``."""
+    if config.dataset == "digits":
+        return split(digits_dataset(), seed=config.seed)
+    if config.dataset == "synthetic":
+        full = synthetic_dataset(config.dataset_size + VAL_SIZE, seed=config.seed)
+        return split(full, seed=config.seed)
+    # One process per node downloads; the others wait, then find the files. A failed
+    # download raises in rank 0 only after the barrier, so no process is left waiting.
+    error = None
+    with idist.one_rank_first(local=True):
+        try:
+            datasets = fetch_torchvision(config.dataset, config.data_dir)
+        except DistkitError as e:
+            error = e
+    if error is not None:
+        raise error
+    return datasets
+
+
+def dataset_info(name: str) -> dict:
+    """Image shape and number of classes, without loading the data."""
+    return {
+        "digits": {"in_channels": 1, "image_size": 8, "num_classes": 10},
+        "synthetic": {"in_channels": 1, "image_size": 8, "num_classes": 10},
+        "mnist": {"in_channels": 1, "image_size": 28, "num_classes": 10},
+        "cifar10": {"in_channels": 3, "image_size": 32, "num_classes": 10},
+    }[name]
+
+
+def get_dataflow(config):
+    """Train and validation loaders for this process.
+
+    ``auto_dataloader`` divides the GLOBAL ``batch_size`` and ``num_workers`` by the
+    world size and adds a ``DistributedSampler`` (shuffling the training set).
+    """
+    train_set, val_set = get_datasets(config)
+    pin = idist.device().type == "cuda"
+    train_loader = idist.auto_dataloader(
+        train_set, batch_size=config.batch_size, num_workers=config.num_workers,
+        shuffle=True, drop_last=False, pin_memory=pin)
+    val_loader = idist.auto_dataloader(
+        val_set, batch_size=2 * config.batch_size, num_workers=config.num_workers,
+        shuffle=False, pin_memory=pin)
+    return train_loader, val_loader

@@ -1,0 +1,90 @@
+"""``distkit train``: flags map one-to-one onto :class:`distkit.config.Config`."""
+from __future__ import annotations
+
+import argparse
+
+from distkit.config import BACKENDS, DATASETS, MODELS, Config
+
+DEFAULTS = Config()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+    g = p.add_argument_group("processes and nodes")
+    g.add_argument("--backend", choices=BACKENDS, default=DEFAULTS.backend,
+                   help="auto: nccl with CUDA, xla-tpu with a TPU, else gloo")
+    g.add_argument("--nproc-per-node", type=int, default=None,
+                   help="processes to spawn on this node (default: join torchrun/SLURM if "
+                        "launched by one, else one per GPU, or 2 on a CPU)")
+    g.add_argument("--nnodes", type=int, default=DEFAULTS.nnodes)
+    g.add_argument("--node-rank", type=int, default=None)
+    g.add_argument("--master-addr", default=None)
+    g.add_argument("--master-port", type=int, default=None,
+                   help="default: a free port (single node)")
+    g.add_argument("--timeout", dest="timeout_s", type=float, default=DEFAULTS.timeout_s,
+                   help="seconds any collective may wait before the run fails")
+    g.add_argument("--threads-per-process", type=int, default=None,
+                   help="default: cores / processes on this node")
+    g = p.add_argument_group("data, model and optimization")
+    g.add_argument("--dataset", choices=DATASETS, default=DEFAULTS.dataset,
+                   help="digits and synthetic need no download")
+    g.add_argument("--data-dir", default=DEFAULTS.data_dir)
+    g.add_argument("--dataset-size", type=int, default=DEFAULTS.dataset_size,
+                   help="training samples of the synthetic dataset")
+    g.add_argument("--model", choices=MODELS, default=DEFAULTS.model)
+    g.add_argument("--epochs", type=int, default=DEFAULTS.epochs)
+    g.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
+                   help="GLOBAL batch size, summed over all processes: each of N processes "
+                        "gets batch-size / N samples per step")
+    g.add_argument("--lr", type=float, default=DEFAULTS.lr)
+    g.add_argument("--scale-lr", action="store_true",
+                   help="linear scaling rule: peak lr = lr x world size")
+    g.add_argument("--warmup-epochs", type=float, default=DEFAULTS.warmup_epochs)
+    g.add_argument("--num-workers", type=int, default=DEFAULTS.num_workers,
+                   help="GLOBAL data-loader workers, divided among the processes")
+    g.add_argument("--seed", type=int, default=DEFAULTS.seed)
+    g.add_argument("--amp", action="store_true", help="bfloat16 autocast")
+    g.add_argument("--early-stopping-patience", type=int, default=0,
+                   help="stop after this many epochs without a lower validation loss (0: off)")
+    g.add_argument("--early-stopping-min-delta", type=float, default=0.0)
+    g = p.add_argument_group("output")
+    g.add_argument("--profile", action="store_true",
+                   help="profile handlers and data/compute time; summary in results.json")
+    g.add_argument("--no-progress", dest="progress_bar", action="store_false",
+                   help="print one line per epoch instead of a progress bar")
+    g.add_argument("--output-dir", default=DEFAULTS.output_dir,
+                   help="each run writes to a fresh sub-folder of this")
+    g.add_argument("--checkpoint-every", type=int, default=0,
+                   help="also checkpoint every N iterations (always at each epoch end)")
+    g.add_argument("--resume-from", default=None, help="checkpoint .pt file to resume from")
+    g.add_argument("--max-iters", type=int, default=None,
+                   help="stop (with a checkpoint) after this many iterations in total")
+
+
+def config_from_args(args) -> Config:
+    fields = Config.__dataclass_fields__
+    return Config(**{k: v for k, v in vars(args).items() if k in fields})
+
+
+def summary(results: dict) -> str:
+    f = results["final"] or {}
+    lines = [
+        f"backend {results['backend']}  world size {results['world_size']}  "
+        f"nodes {results['nnodes']}  device {results['device']}",
+        f"final validation accuracy {f.get('val_accuracy', float('nan')):.4f}  "
+        f"loss {f.get('val_loss', float('nan')):.4f}  after {results['epochs_completed']} epoch(s), "
+        f"{results['iterations']} iterations",
+        f"{results['seconds_per_epoch'] or float('nan'):.2f} s per epoch (training only)  "
+        f"{results['samples_per_second']:.0f} samples/s (end to end)",
+        f"results, checkpoints and plots in {results['run_dir']}",
+    ]
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    from distkit.launch import run
+
+    results = run(config_from_args(args))
+    if results is not None:
+        print(summary(results))
+    return 0

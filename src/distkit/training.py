@@ -1,0 +1,330 @@
+"""``training(local_rank, config)``: the one function every launcher runs, unchanged.
+
+``idist.Parallel`` spawn, torchrun on one or many nodes, SLURM: they all end up calling
+this function once per process. Everything that depends on *where* it runs is handled
+by ``idist``: ``auto_dataloader`` shards the data, ``auto_model`` wraps the model in
+DistributedDataParallel (or does nothing on one process), ``auto_optim`` adapts the
+optimizer (XLA). The few lines that care about the rank are marked ``rank == 0``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime
+from pathlib import Path
+
+import ignite
+import ignite.distributed as idist
+import torch
+import torch.nn as nn
+from ignite.engine import Events, create_supervised_evaluator
+from ignite.engine.deterministic import DeterministicEngine
+from ignite.handlers import Checkpoint, DiskSaver, EarlyStopping, PiecewiseLinear, ProgressBar
+from ignite.metrics import Accuracy, Loss, RunningAverage
+from ignite.utils import manual_seed
+
+from distkit import profiling
+from distkit.data import dataset_info, get_dataflow
+from distkit.errors import DistkitError
+from distkit.models import get_model
+
+CHECKPOINT_PREFIX = "training"
+
+
+def make_run_dir(output_dir: str, backend: str, world_size: int) -> str:
+    """Create a fresh folder ``<output_dir>/<time>-<backend>-<world_size>procs``; never
+    reuse one (a suffix is added if the name exists)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(output_dir) / f"{stamp}-{backend}-{world_size}procs"
+    for n in range(1000):
+        path = base if n == 0 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            return str(path)
+        except FileExistsError:
+            continue
+    raise DistkitError(f"could not create a fresh run folder under {output_dir}: clean it up")
+
+
+def threads_per_process(local_world_size: int) -> int:
+    """Cores this process may use, divided by the processes on this node (at least 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_world_size))
+
+
+def initialize(config):
+    """Model, optimizer and loss, adapted to the current process by ``idist.auto_*``.
+
+    Every rank seeds the same generator before building the model, so every replica
+    starts from identical weights (DDP would broadcast them, XLA would not)."""
+    manual_seed(config.seed)
+    info = dataset_info(config.dataset)
+    model = idist.auto_model(get_model(config.model, **info))
+    optimizer = idist.auto_optim(torch.optim.SGD(
+        model.parameters(), lr=config.lr, momentum=config.momentum,
+        weight_decay=config.weight_decay))
+    criterion = nn.CrossEntropyLoss().to(idist.device())
+    return model, optimizer, criterion
+
+
+def peak_lr(config, world_size: int) -> float:
+    """The linear scaling rule (Goyal et al. 2017), when asked for."""
+    return config.lr * world_size if config.scale_lr else config.lr
+
+
+def create_lr_scheduler(config, optimizer, epoch_length: int):
+    """Linear warm-up from 0 to the peak lr (if any), then linear decay to 0."""
+    peak = peak_lr(config, idist.get_world_size())
+    total = config.epochs * epoch_length
+    warmup = min(int(config.warmup_epochs * epoch_length), total - 1)
+    milestones = [(0, 0.0), (warmup, peak)] if warmup > 0 else [(0, peak)]
+    milestones.append((total, 0.0))
+    return PiecewiseLinear(optimizer, "lr", milestones_values=milestones)
+
+
+def create_trainer(model, optimizer, criterion, config):
+    """A trainer whose step is written out, so a learner can read it.
+
+    ``DeterministicEngine`` makes a run resumed mid-epoch see exactly the batches the
+    uninterrupted run would have seen."""
+    device = idist.device()
+    autocast_dtype = torch.bfloat16
+
+    def train_step(engine, batch):
+        model.train()
+        x = batch[0].to(device, non_blocking=True)
+        y = batch[1].to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=config.amp):
+            loss = criterion(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()  # under DDP this also all-reduces (averages) the gradients
+        optimizer.step()
+        if device.type == "xla":
+            import torch_xla.core.xla_model as xm
+
+            xm.mark_step()  # cut the lazy graph here and execute it
+        return {"loss": loss.item(), "batch_size": len(x)}  # .item(): a device sync point
+
+    trainer = DeterministicEngine(train_step)
+    RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "train_loss")
+    return trainer
+
+
+def create_evaluator(model, criterion, config):
+    """Accuracy and loss over the validation shard of each rank; ignite's metrics
+    all-reduce their counts, so every rank gets the global values."""
+    metrics = {"accuracy": Accuracy(), "loss": Loss(criterion)}
+    return create_supervised_evaluator(
+        model, metrics=metrics, device=idist.device(), non_blocking=True,
+        amp_mode="amp" if config.amp and idist.device().type == "cuda" else None)
+
+
+def to_save(trainer, model, optimizer, lr_scheduler) -> dict:
+    """What a checkpoint holds; the same dict is used to save and to load."""
+    return {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
+
+
+def load_checkpoint(path: str) -> dict:
+    """Load a checkpoint file safely (``weights_only=True``), or fail in one line."""
+    if not os.path.isfile(path):
+        raise DistkitError(f"--resume-from {path!r}: no such file; pass a checkpoint "
+                           "written by a previous run (<run dir>/checkpoints/*.pt)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise DistkitError(f"--resume-from {path!r} is not a loadable checkpoint "
+                           f"({type(e).__name__}): pass a .pt file written by distkit train") from None
+    missing = {"trainer", "model", "optimizer", "lr_scheduler"} - set(ckpt if isinstance(ckpt, dict) else {})
+    if missing:
+        raise DistkitError(f"--resume-from {path!r} lacks {', '.join(sorted(missing))}: pass a "
+                           "checkpoint written by distkit train")
+    return ckpt
+
+
+def check_checkpoint_fits(path: str, config) -> None:
+    """Fail early if the checkpoint was written for another model or dataset."""
+    ckpt = load_checkpoint(path)
+    model = get_model(config.model, **dataset_info(config.dataset))
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError:
+        raise DistkitError(
+            f"--resume-from {path!r} holds weights for another model or dataset than "
+            f"--model {config.model} --dataset {config.dataset}: resume with the flags of the "
+            "run that wrote it") from None
+
+
+def resolve_run_dir(config) -> str:
+    """The launcher made the run folder already (spawn); under torchrun rank 0 makes it
+    and tells the others."""
+    if config.run_dir:
+        return config.run_dir
+    run_dir = ""
+    if idist.get_rank() == 0:
+        run_dir = make_run_dir(config.output_dir, idist.backend() or "none", idist.get_world_size())
+    return idist.broadcast(run_dir, src=0, safe_mode=True)
+
+
+def versions() -> dict:
+    import platform
+
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "ignite": ignite.__version__}
+    try:
+        import torchvision
+
+        out["torchvision"] = torchvision.__version__
+    except Exception:
+        pass
+    return out
+
+
+def training(local_rank: int, config) -> dict | None:
+    """Train ``config.model`` on ``config.dataset`` in this process, as one of
+    ``idist.get_world_size()`` replicas. Returns the results on rank 0 (also written to
+    ``<run_dir>/results.json``), ``None`` on the other ranks."""
+    rank, world_size = idist.get_rank(), idist.get_world_size()
+    torch.set_num_threads(config.threads_per_process or threads_per_process(idist.get_nproc_per_node()))
+    config.check_batch_fits(world_size)
+    run_dir = resolve_run_dir(config)
+
+    train_loader, val_loader = get_dataflow(config)
+    model, optimizer, criterion = initialize(config)
+    lr_scheduler = create_lr_scheduler(config, optimizer, len(train_loader))
+    trainer = create_trainer(model, optimizer, criterion, config)
+    evaluator = create_evaluator(model, criterion, config)
+    trainer.add_event_handler(Events.ITERATION_STARTED, lr_scheduler)
+
+    @trainer.on(Events.EPOCH_STARTED)
+    def reshuffle(engine):
+        # Without this every epoch would see the same order on every rank.
+        sampler = getattr(train_loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(engine.state.epoch - 1)
+
+    history = []
+
+    profiler = profiling.attach(trainer) if config.profile else None
+
+    @trainer.on(Events.EPOCH_COMPLETED)
+    def validate(engine):
+        state = evaluator.run(val_loader)
+        history.append({
+            "epoch": engine.state.epoch,
+            "train_loss": engine.state.metrics["train_loss"],
+            "val_accuracy": state.metrics["accuracy"],
+            "val_loss": state.metrics["loss"],
+            "epoch_time_s": engine.state.times["EPOCH_COMPLETED"],
+            "lr": optimizer.param_groups[0]["lr"],
+        })
+        if rank == 0 and not config.progress_bar:
+            h = history[-1]
+            print(f"epoch {h['epoch']:3d}  train loss {h['train_loss']:.4f}  val loss "
+                  f"{h['val_loss']:.4f}  val acc {h['val_accuracy']:.4f}  ({h['epoch_time_s']:.2f} s)",
+                  flush=True)
+
+    if config.early_stopping_patience > 0:
+        stopper = EarlyStopping(
+            patience=config.early_stopping_patience, min_delta=config.early_stopping_min_delta,
+            score_function=lambda _: -history[-1]["val_loss"], trainer=trainer)
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, stopper)
+
+    # Checkpoint must exist on every rank (XLA saves collectively); DiskSaver writes on
+    # rank 0 only, atomically (temporary file, then rename).
+    objects = to_save(trainer, model, optimizer, lr_scheduler)
+    checkpoint = Checkpoint(
+        objects, DiskSaver(os.path.join(run_dir, "checkpoints"), require_empty=False, atomic=True),
+        filename_prefix=CHECKPOINT_PREFIX, n_saved=2,
+        global_step_transform=lambda engine, _: engine.state.iteration)
+    save_at = Events.EPOCH_COMPLETED
+    if config.checkpoint_every > 0:
+        save_at = save_at | Events.ITERATION_COMPLETED(every=config.checkpoint_every)
+    trainer.add_event_handler(save_at, checkpoint)
+
+    if config.max_iters is not None:
+        @trainer.on(Events.ITERATION_COMPLETED)
+        def stop_early(engine):
+            if engine.state.iteration >= config.max_iters:
+                checkpoint(engine)
+                engine.terminate()
+
+    if config.resume_from:
+        Checkpoint.load_objects(objects, load_checkpoint(config.resume_from))
+
+    if rank == 0 and config.progress_bar:
+        ProgressBar(persist=False).attach(trainer, metric_names=["train_loss"])
+
+    samples_seen = [0]
+
+    @trainer.on(Events.ITERATION_COMPLETED)
+    def count_samples(engine):
+        samples_seen[0] += engine.state.output["batch_size"]
+
+    start = time.perf_counter()
+    trainer.run(train_loader, max_epochs=config.epochs)
+    wall = time.perf_counter() - start
+
+    profile = profiling.summarize(profiler) if profiler is not None else None
+    results = _report(rank, run_dir, config, history, trainer, checkpoint, profile,
+                      samples_seen[0] * world_size, wall)
+    idist.barrier()  # leave together: a rank that tears down early aborts the others
+    return results
+
+
+def _report(rank, run_dir, config, history, trainer, checkpoint, profile, trained_samples, wall):
+    """On rank 0: gather the run into a dict, write results.json and the learning curves."""
+    if rank != 0:
+        return None
+    world_size = idist.get_world_size()
+
+    train_time = sum(h["epoch_time_s"] for h in history)
+    results = {
+        "backend": idist.backend() or "none",
+        "world_size": world_size,
+        "nnodes": idist.get_nnodes(),
+        "device": str(idist.device()),
+        "run_dir": run_dir,
+        "config": config.to_dict(),
+        "peak_lr": peak_lr(config, world_size),
+        "history": history,
+        "iterations": trainer.state.iteration,
+        "epochs_completed": len(history),
+        "final": history[-1] if history else None,
+        "wall_time_s": wall,
+        "train_time_s": train_time,
+        "seconds_per_epoch": train_time / len(history) if history else None,
+        "samples_trained": trained_samples,
+        # end to end: validation and checkpoints included
+        "samples_per_second": trained_samples / wall if wall > 0 else None,
+        "last_checkpoint": _last_checkpoint_path(run_dir, checkpoint),
+        "profile": profile,
+        "versions": versions(),
+    }
+    write_results(run_dir, results)
+    if history:
+        from distkit.plots import learning_curves
+
+        import matplotlib.pyplot as plt
+
+        fig = learning_curves([results])
+        fig.savefig(os.path.join(run_dir, "learning_curves.png"), dpi=100)
+        plt.close(fig)
+    return results
+
+
+def _last_checkpoint_path(run_dir, checkpoint):
+    if checkpoint.last_checkpoint is None:
+        return None
+    return os.path.join(run_dir, "checkpoints", os.path.basename(str(checkpoint.last_checkpoint)))
+
+
+def write_results(run_dir: str, results: dict) -> None:
+    path = os.path.join(run_dir, "results.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    os.replace(tmp, path)  # readers never see a half-written file

@@ -1,0 +1,45 @@
+"""Shared fixtures: run the real CLI in a subprocess, and small fast configs."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def subprocess_env(**extra) -> dict:
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+@pytest.fixture
+def run_cli(tmp_path):
+    """Run ``python -m distkit ARGS`` in tmp_path; returns the CompletedProcess."""
+
+    def _run(*args, timeout=120, env=None, cwd=None):
+        return subprocess.run(
+            [sys.executable, "-m", "distkit", *map(str, args)], cwd=cwd or tmp_path,
+            env=subprocess_env(**(env or {})), capture_output=True, text=True, timeout=timeout)
+
+    return _run
+
+
+@pytest.fixture
+def fast_config(tmp_path):
+    """A Config that trains for seconds, writing under tmp_path."""
+    from distkit.config import Config
+
+    def _make(**changes):
+        base = dict(epochs=2, progress_bar=False, output_dir=str(tmp_path / "runs"),
+                    threads_per_process=1)
+        base.update(changes)
+        return Config(**base)
+
+    return _make

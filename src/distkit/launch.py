@@ -109,6 +109,10 @@ def preflight(config, spawning: bool):
             config.master_port = free_port()
         elif config.node_rank in (None, 0) and config.master_port is not None:
             check_port_free(config.master_port)
+    if config.resume_from == "latest":  # the newest checkpoint under --output-dir, if any
+        from distkit.failure import resolve_resume_from
+
+        config = resolve_resume_from(config)
     if config.resume_from:
         from distkit.training import check_checkpoint_fits
 

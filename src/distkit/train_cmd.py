@@ -56,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="each run writes to a fresh sub-folder of this")
     g.add_argument("--checkpoint-every", type=int, default=0,
                    help="also checkpoint every N iterations (always at each epoch end)")
-    g.add_argument("--resume-from", default=None, help="checkpoint .pt file to resume from")
+    g.add_argument("--resume-from", default=None,
+                   help="checkpoint .pt file to resume from, or 'latest': the newest checkpoint "
+                        "under --output-dir (none yet: start from scratch; for torchrun --max-restarts)")
     g.add_argument("--max-iters", type=int, default=None,
                    help="stop (with a checkpoint) after this many iterations in total")
 

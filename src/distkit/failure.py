@@ -1,0 +1,146 @@
+"""Surviving failure: find the last checkpoint to resume from, and kill a rank on purpose.
+
+A rank that dies mid-run must end the whole job quickly, with a message naming it, and a
+restarted job must lose at most the iterations since the last checkpoint:
+
+- ``distkit train --resume-from latest`` resumes from the newest checkpoint under
+  ``--output-dir`` (:func:`latest_checkpoint`), or starts from scratch when there is
+  none yet. That makes one command right for the first start *and* for every restart,
+  which is what ``torchrun --max-restarts`` needs: torchrun re-runs the same command,
+  and each start writes a fresh run folder, so the restart must look for the previous
+  start's checkpoint. Give each job its own ``--output-dir``: ``latest`` means the newest
+  checkpoint of any run under it. On several nodes the output dir must be on a file
+  system every node sees (rank 0 writes the checkpoints, every rank reads them).
+- Checkpoints are written atomically by ignite's ``DiskSaver(atomic=True)``: into a
+  temporary file ``tmp*`` in the same folder, then renamed. A process killed during the
+  save leaves that temporary file behind and every ``*.pt`` intact.
+- :func:`worker_pids` and :func:`kill_rank` find the process of a given rank under
+  ``distkit train`` (``idist.Parallel``) or torchrun, so a test or a notebook can SIGKILL
+  it from outside, as a crash would (Linux only: reads ``/proc``).
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+LATEST = "latest"
+_ITERATION = re.compile(r"_(\d+)\.pt$")
+
+
+def checkpoint_iteration(path) -> int:
+    """The iteration a checkpoint was saved at, from its name ``training_checkpoint_<it>.pt``."""
+    m = _ITERATION.search(str(path))
+    return int(m.group(1)) if m else -1
+
+
+def find_checkpoints(output_dir) -> list[Path]:
+    """Every checkpoint of every run under ``output_dir``, oldest first (by modification
+    time, then iteration). Temporary files of interrupted saves are not checkpoints."""
+    paths = Path(output_dir).glob("*/checkpoints/*.pt")
+    return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, checkpoint_iteration(p)))
+
+
+def latest_checkpoint(output_dir) -> str | None:
+    """The newest checkpoint under ``output_dir``, or None if there is none."""
+    found = find_checkpoints(output_dir)
+    return str(found[-1]) if found else None
+
+
+def resolve_resume_from(config):
+    """Turn ``resume_from="latest"`` into the newest checkpoint under ``output_dir`` (or
+    None: start from scratch). Every rank resolves it before the process group forms, so
+    no rank of this start has written a checkpoint yet and all find the same file."""
+    if config.resume_from != LATEST:
+        return config
+    path = latest_checkpoint(config.output_dir)
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if int(os.environ.get("RANK", "0")) == 0:
+        where = f"resuming from {path}" if path else "no checkpoint yet: starting from scratch"
+        print(f"--resume-from latest (torchrun restart {restart}): {where}", flush=True)
+    return config.replace(resume_from=path)
+
+
+# --- killing a rank on purpose (Linux: /proc) -------------------------------------------
+
+def _children(pid: int) -> list[int]:
+    kids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                # "pid (comm) state ppid ...": comm may hold spaces, so split after ')'
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid:
+            kids.append(int(entry.name))
+    return sorted(kids)
+
+
+def _environ(pid: int) -> dict:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            items = f.read().split(b"\0")
+    except OSError:
+        return {}
+    return dict(i.decode(errors="replace").split("=", 1) for i in items if b"=" in i)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def worker_pids(launcher_pid: int, first_rank: int = 0) -> dict[int, int]:
+    """``{rank: pid}`` of the training processes started by ``launcher_pid``.
+
+    Under torchrun each worker's environment holds its ``RANK``. Processes spawned by
+    ``idist.Parallel`` (``distkit train``) get their rank only after they start; they are
+    started in local-rank order, so the n-th child is local rank n and its rank is
+    ``first_rank + n`` (``first_rank = node_rank * nproc_per_node``)."""
+    kids = [p for p in _children(launcher_pid)
+            if "resource_tracker" not in _cmdline(p) and "forkserver" not in _cmdline(p)]
+    ranks = {}
+    for n, pid in enumerate(kids):
+        env = _environ(pid)
+        ranks[int(env["RANK"]) if "RANK" in env and "TORCHELASTIC_RUN_ID" in env else first_rank + n] = pid
+    return ranks
+
+
+def wait_for_workers(launcher_pid: int, count: int, timeout: float = 60, first_rank: int = 0) -> dict[int, int]:
+    """Wait until ``launcher_pid`` has ``count`` training processes; return ``{rank: pid}``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = worker_pids(launcher_pid, first_rank)
+        if len(pids) >= count:
+            return pids
+        time.sleep(0.05)
+    raise TimeoutError(f"process {launcher_pid} did not start {count} workers within {timeout} s")
+
+
+def wait_for_checkpoint(output_dir, min_iteration: int, timeout: float = 60, poll: float = 0.02) -> str:
+    """Wait until a checkpoint of at least ``min_iteration`` exists under ``output_dir``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for path in reversed(find_checkpoints(output_dir)):
+            if checkpoint_iteration(path) >= min_iteration:
+                return str(path)
+        time.sleep(poll)
+    raise TimeoutError(f"no checkpoint at iteration >= {min_iteration} under {output_dir} within {timeout} s")
+
+
+def kill_rank(launcher_pid: int, rank: int, sig: int = signal.SIGKILL, first_rank: int = 0) -> int:
+    """Send ``sig`` (default SIGKILL: no clean-up, like a crash or the OOM killer) to the
+    process of ``rank`` under ``launcher_pid``; return its pid."""
+    pids = worker_pids(launcher_pid, first_rank)
+    if rank not in pids:
+        raise LookupError(f"no rank {rank} under process {launcher_pid} (found ranks {sorted(pids)})")
+    os.kill(pids[rank], sig)
+    return pids[rank]

@@ -22,3 +22,99 @@ def learning_curves(results_list, labels=None):
     axes[2].legend()
     fig.tight_layout()
     return fig
+
+
+def sharding_map(record, max_epochs: int = 3):
+    """Which rank saw which sample, per epoch, from ``distkit.sharding.collect_indices``.
+
+    Left: one row per epoch, one column per sample index; the colour is the rank that saw
+    it, black = seen by more than one rank (padding, or a bug), white = seen by none.
+    Right: the order in which rank 0 saw its samples, per epoch (identical lines: the
+    order did not change, ``set_epoch`` was not called)."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+
+    n, w = record["dataset_size"], record["world_size"]
+    seen = record["seen"][:max_epochs]
+    grid = np.full((len(seen), n), -1)
+    for e, ranks in enumerate(seen):
+        for r, idx in enumerate(ranks):
+            for i in idx:
+                if 0 <= i < n:
+                    grid[e, i] = r if grid[e, i] in (-1, r) else w
+    colours = ["white"] + [plt.cm.tab10(r % 10) for r in range(w)] + ["black"]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 1.2 + 0.9 * len(seen)),
+                                   gridspec_kw={"width_ratios": [2.2, 1]})
+    ax1.imshow(grid, cmap=ListedColormap(colours), vmin=-1, vmax=w, aspect="auto",
+               interpolation="nearest")
+    ax1.set_yticks(range(len(seen)), [f"epoch {e + 1}" for e in range(len(seen))])
+    ax1.set_xlabel("sample index")
+    ax1.set_title(f"{n} samples on {w} ranks: who saw what")
+    handles = [Patch(color=colours[r + 1], label=f"rank {r}") for r in range(w)]
+    handles += [Patch(color="black", label="several ranks"), Patch(facecolor="white", edgecolor="gray", label="none")]
+    ax1.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    for e, ranks in enumerate(seen):
+        ax2.plot(ranks[0], marker=".", lw=0.8, label=f"epoch {e + 1}")
+    ax2.set_xlabel("position in rank 0's epoch")
+    ax2.set_ylabel("sample index")
+    ax2.set_title("rank 0's order per epoch")
+    ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return fig
+
+
+def profiler_bars(summary, top: int = 8):
+    """From ``distkit.profiling.summarize``. Left: the costliest handlers (total seconds
+    per rank: bar = mean over ranks, whisker = min..max). Right: data wait vs compute on
+    each rank (stacked)."""
+    from distkit.profiling import handler_rows, row
+
+    rows = handler_rows(summary)[:top]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 0.6 + 0.4 * max(len(rows), 4)),
+                                   gridspec_kw={"width_ratios": [1.6, 1]})
+    means = [r["mean_s"] for r in rows]
+    err = [[m - r["min_s"] for m, r in zip(means, rows)], [r["max_s"] - m for m, r in zip(means, rows)]]
+    ax1.barh(range(len(rows)), means, xerr=err, color="tab:purple", capsize=3)
+    ax1.set_yticks(range(len(rows)), [f"{r['name'][:40]} ({r['event']}, {r['ranks']} rank(s))" for r in rows],
+                   fontsize=8)
+    ax1.invert_yaxis()
+    ax1.set_xlabel("seconds in total, per rank (min..max over ranks)")
+    ax1.set_title("handler cost (HandlersTimeProfiler)")
+    data, compute = row(summary, "data (fetch a batch)"), row(summary, "compute (training step)")
+    ranks = range(summary["world_size"])
+    d = [v or 0.0 for v in data["per_rank_s"]]
+    c = [v or 0.0 for v in compute["per_rank_s"]]
+    ax2.bar(ranks, d, color="tab:orange", label="data wait")
+    ax2.bar(ranks, c, bottom=d, color="tab:blue", label="compute")
+    ax2.set_xticks(list(ranks), [f"rank {r}" for r in ranks])
+    ax2.set_ylabel("seconds")
+    ax2.set_title(f"data vs compute: {summary['bottleneck']}-bound ({summary['data_share']:.0%} data)")
+    ax2.legend(fontsize=8)
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3, axis="x" if ax is ax1 else "y")
+    fig.tight_layout()
+    return fig
+
+
+def data_vs_compute(summaries, labels):
+    """Several profiled runs side by side (e.g. before and after fixing the data
+    pipeline): seconds per rank waiting for data and computing (mean over ranks)."""
+    from distkit.profiling import row
+
+    fig, ax = plt.subplots(figsize=(1.5 + 2.2 * len(summaries), 3.4))
+    d = [row(s, "data (fetch a batch)")["mean_s"] for s in summaries]
+    c = [row(s, "compute (training step)")["mean_s"] for s in summaries]
+    x = range(len(summaries))
+    ax.bar(x, d, color="tab:orange", label="data wait")
+    ax.bar(x, c, bottom=d, color="tab:blue", label="compute")
+    for i, (di, ci) in enumerate(zip(d, c)):
+        ax.text(i, di + ci, f"{di + ci:.2f} s\n{di / (di + ci):.0%} data", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), labels)
+    ax.set_ylabel("seconds per rank (mean over ranks)")
+    ax.set_ylim(0, 1.25 * max(di + ci for di, ci in zip(d, c)))
+    ax.set_title("where the training loop's time went")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig

@@ -80,6 +80,10 @@ def summary(results: dict) -> str:
         f"{results['samples_per_second']:.0f} samples/s (end to end)",
         f"results, checkpoints and plots in {results['run_dir']}",
     ]
+    if results.get("profile"):
+        from distkit.profiling import format_summary
+
+        lines.insert(-1, format_summary(results["profile"], top=5))
     return "\n".join(lines)
 
 
@@ -88,5 +92,9 @@ def main(args) -> int:
 
     results = run(config_from_args(args))
     if results is not None:
+        if results.get("profile"):
+            from distkit.profiling import write_csv
+
+            write_csv(results["profile"], f"{results['run_dir']}/profile.csv")
         print(summary(results))
     return 0

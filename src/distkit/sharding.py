@@ -1,0 +1,345 @@
+"""See what data parallelism does to the data, instead of trusting it.
+
+Three tools, each usable from a notebook, a course or ``distkit shard-check``:
+
+- :func:`describe_loader` reads back what ``idist.auto_dataloader`` did from the loader's
+  own settings: the global batch divided by the world size (and what happens when it does
+  not divide), ``num_workers`` divided among the processes of a node, the
+  ``DistributedSampler`` it inserted, ``pin_memory``.
+- :func:`collect_indices` runs on every rank: it iterates a loader built by
+  ``auto_dataloader`` over any map-style dataset (wrapped in
+  :class:`distkit.data.IndexedDataset`, so every batch carries its sample indices) and
+  gathers every rank's indices with ``idist.all_gather``.
+- :func:`shard_report` turns those indices into a verdict: disjoint or not, coverage, the
+  duplicates ``DistributedSampler`` adds to pad a dataset that does not divide by the
+  world size, what ``drop_last`` removed, and whether the order changes between epochs
+  (it does only when ``sampler.set_epoch`` is called).
+
+Example, in two processes on a CPU::
+
+    from distkit.sharding import collect_indices, run_on_ranks, shard_report
+    record = run_on_ranks(lambda rank: collect_indices(my_dataset, batch_size=32, epochs=2), 2)
+    print(format_report(shard_report(record)))
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import tempfile
+from collections import Counter
+from datetime import timedelta
+
+import ignite.distributed as idist
+import torch
+from torch.utils.data.distributed import DistributedSampler
+
+from distkit.data import IndexedDataset
+
+
+# --------------------------------------------------------------------------------------
+# What auto_dataloader did
+# --------------------------------------------------------------------------------------
+
+def describe_loader(loader, batch_size: int | None = None, num_workers: int | None = None) -> dict:
+    """What ``idist.auto_dataloader`` made of the arguments it was given, read back from
+    the loader itself (call it on any rank, inside the distributed context).
+
+    ``batch_size`` and ``num_workers`` are the GLOBAL values that were passed to
+    ``auto_dataloader``; they are only used to explain the difference."""
+    world_size, nproc = idist.get_world_size(), idist.get_nproc_per_node()
+    sampler = loader.sampler
+    per_rank_batch = loader.batch_size
+    out = {
+        "world_size": world_size,
+        "nproc_per_node": nproc,
+        "requested_batch_size": batch_size,
+        "per_rank_batch_size": per_rank_batch,
+        "effective_global_batch_size": per_rank_batch * world_size if per_rank_batch else None,
+        "requested_num_workers": num_workers,
+        "per_process_num_workers": loader.num_workers,
+        "workers_on_this_node": loader.num_workers * nproc,
+        "sampler": type(sampler).__name__,
+        "sampler_shuffle": getattr(sampler, "shuffle", None),
+        "sampler_rank": getattr(sampler, "rank", None),
+        "sampler_num_replicas": getattr(sampler, "num_replicas", None),
+        "samples_per_rank": len(sampler),
+        "batches_per_rank": len(loader),
+        "drop_last": loader.drop_last,
+        "pin_memory": loader.pin_memory,
+    }
+    out["notes"] = _loader_notes(out, idist.device().type)
+    return out
+
+
+def _loader_notes(d: dict, device_type: str) -> list[str]:
+    notes, w = [], d["world_size"]
+    b, eff = d["requested_batch_size"], d["effective_global_batch_size"]
+    if b is not None and w > 1:
+        if b < w:
+            notes.append(f"global batch {b} < world size {w}: auto_dataloader left it at {b} per "
+                         f"rank, so one step uses {eff} samples (distkit refuses this case)")
+        elif b % w:
+            notes.append(f"global batch {b} does not divide by {w}: each rank takes {b} // {w} = "
+                         f"{d['per_rank_batch_size']}, so one step uses {eff} samples, not {b}")
+        else:
+            notes.append(f"global batch {b} / {w} ranks = {d['per_rank_batch_size']} per rank")
+    nw, nproc = d["requested_num_workers"], d["nproc_per_node"]
+    if nw is not None and w > 1 and nw > 0:
+        if nw >= nproc:
+            notes.append(f"num_workers {nw} over {nproc} processes on this node: ceil({nw}/{nproc}) = "
+                         f"{d['per_process_num_workers']} each, {d['workers_on_this_node']} in all")
+        else:
+            notes.append(f"num_workers {nw} < {nproc} processes: left at {nw} per process, "
+                         f"{d['workers_on_this_node']} in all")
+    if d["sampler"] == "DistributedSampler":
+        notes.append(f"DistributedSampler inserted: rank {d['sampler_rank']} of "
+                     f"{d['sampler_num_replicas']}, shuffle={d['sampler_shuffle']}, "
+                     f"{d['samples_per_rank']} samples per rank")
+    notes.append(f"pin_memory={d['pin_memory']}" + (
+        "" if device_type == "cuda" else " (no CUDA device: auto_dataloader turns it on only with CUDA)"))
+    return notes
+
+
+def format_settings(settings: list[dict]) -> str:
+    """A few lines per loader description, for printing."""
+    lines = []
+    for d in settings:
+        lines.append(f"auto_dataloader(batch_size={d['requested_batch_size']}, num_workers="
+                     f"{d['requested_num_workers']}) on {d['world_size']} ranks -> batch "
+                     f"{d['per_rank_batch_size']} per rank, {d['per_process_num_workers']} worker(s) "
+                     f"per process, {d['sampler']}, {d['batches_per_rank']} batches per rank")
+        lines.extend(f"    {n}" for n in d["notes"])
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# Gather every rank's sample indices
+# --------------------------------------------------------------------------------------
+
+def gather_variable(t: torch.Tensor) -> list[torch.Tensor]:
+    """``idist.all_gather`` for 1-D integer tensors whose length differs between ranks:
+    gather the lengths, pad to the longest, gather, cut. Returns one tensor per rank."""
+    t = t.reshape(-1).long().cpu()
+    sizes = idist.all_gather(torch.tensor([t.numel()], dtype=torch.long)).reshape(-1).cpu().tolist()
+    longest = max(sizes)
+    if longest == 0:
+        return [torch.zeros(0, dtype=torch.long) for _ in sizes]
+    padded = torch.full((longest,), -1, dtype=torch.long)
+    padded[: t.numel()] = t
+    gathered = idist.all_gather(padded.to(idist.device())).cpu().reshape(len(sizes), longest)
+    return [gathered[r, : sizes[r]].long() for r in range(len(sizes))]
+
+
+def collect_indices(dataset, batch_size: int, epochs: int = 1, drop_last: bool = False,
+                    shuffle: bool = True, set_epoch: bool = True, num_workers: int = 0,
+                    sampler=None) -> dict:
+    """Run on EVERY rank. Build the loader exactly as training does
+    (``idist.auto_dataloader`` with the GLOBAL ``batch_size``), iterate it for ``epochs``
+    epochs and gather the sample indices every rank saw, in order.
+
+    ``dataset``: any map-style dataset whose items are ``(x, y, ...)`` tuples.
+    ``sampler``: pass one to check it instead of the ``DistributedSampler`` that
+    ``auto_dataloader`` would insert. Returns the same record on every rank, for
+    :func:`shard_report`."""
+    kwargs = dict(batch_size=batch_size, num_workers=num_workers, drop_last=drop_last)
+    if sampler is None:
+        kwargs["shuffle"] = shuffle
+    else:
+        kwargs["sampler"] = sampler
+    loader = idist.auto_dataloader(IndexedDataset(dataset), **kwargs)
+    seen = []
+    for epoch in range(epochs):
+        if set_epoch and hasattr(loader.sampler, "set_epoch"):
+            loader.sampler.set_epoch(epoch)
+        batches = [batch[2] for batch in loader]
+        mine = torch.cat(batches) if batches else torch.zeros(0, dtype=torch.long)
+        seen.append([t.tolist() for t in gather_variable(mine)])
+    s = loader.sampler
+    return {
+        "dataset_size": len(dataset),
+        "world_size": idist.get_world_size(),
+        "batch_size": batch_size,
+        "per_rank_batch_size": loader.batch_size,
+        "drop_last": drop_last,
+        "sampler": type(s).__name__,
+        # a DistributedSampler may drop the tail itself instead of padding
+        "sampler_drop_last": bool(getattr(s, "drop_last", False)) if isinstance(s, DistributedSampler) else False,
+        "shuffle": bool(getattr(s, "shuffle", shuffle)),
+        "set_epoch": set_epoch,
+        "seen": seen,  # seen[epoch][rank] = indices in the order that rank saw them
+    }
+
+
+def _keep_rank0(local_rank, fn, path, args, kwargs):
+    from distkit.training import threads_per_process
+
+    torch.set_num_threads(threads_per_process(idist.get_nproc_per_node()))
+    quiet_ignite_logs()
+    out = fn(local_rank, *args, **kwargs)
+    if idist.get_rank() == 0:
+        with open(path, "wb") as f:
+            pickle.dump(out, f)
+
+
+def quiet_ignite_logs() -> None:
+    """Silence ignite's INFO lines about loader kwargs and process spawning (warnings
+    still show). ignite's ``setup_logger`` keeps the level of a logger that exists."""
+    for name in ("ignite.distributed.auto.auto_dataloader", "ignite.distributed.auto.auto_model",
+                 "ignite.distributed.auto.auto_optim", "ignite.distributed.launcher.Parallel"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def run_on_ranks(fn, nproc_per_node: int, *args, backend: str = "gloo", timeout_s: float = 120.0,
+                 start_method: str | None = None, **kwargs):
+    """Run ``fn(local_rank, *args, **kwargs)`` in ``nproc_per_node`` processes on this
+    machine (``idist.Parallel``) and return what rank 0 returned (it must pickle).
+
+    Under IPython the processes are forked, so ``fn`` may be defined in a notebook cell;
+    from a script they are spawned, so ``fn`` must live in a module (``start_method``
+    overrides ignite's choice)."""
+    from distkit.launch import free_port
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    quiet_ignite_logs()
+    spawn = {"timeout": timedelta(seconds=timeout_s)} if backend in ("gloo", "nccl") else {}
+    if start_method:
+        spawn["start_method"] = start_method
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rank0.pkl")
+        with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node,
+                            master_port=free_port(), **spawn) as parallel:
+            parallel.run(_keep_rank0, fn, path, args, kwargs)
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+
+# --------------------------------------------------------------------------------------
+# The verdict
+# --------------------------------------------------------------------------------------
+
+def expected_counts(dataset_size: int, world_size: int, per_rank_batch_size: int,
+                    drop_last: bool, sampler_drop_last: bool = False) -> dict:
+    """What a correct ``DistributedSampler`` + ``DataLoader`` pair must produce, from
+    arithmetic alone: samples per rank, padding duplicates, samples dropped."""
+    n, w, b = dataset_size, world_size, per_rank_batch_size
+    if sampler_drop_last and n % w:
+        per_rank = n // w  # the sampler drops the tail instead of padding
+    else:
+        per_rank = math.ceil(n / w)
+    padding = max(0, per_rank * w - n)
+    sampler_dropped = max(0, n - per_rank * w)
+    per_rank_seen = (per_rank // b) * b if drop_last else per_rank
+    return {"samples_per_rank": per_rank, "padding": padding, "sampler_dropped": sampler_dropped,
+            "seen_per_rank": per_rank_seen, "loader_dropped_per_rank": per_rank - per_rank_seen}
+
+
+def shard_report(record: dict) -> dict:
+    """Check the gathered indices of :func:`collect_indices`.
+
+    Per epoch: samples per rank, indices seen by more than one rank, duplicates in all,
+    the padding ``DistributedSampler`` is allowed to add, coverage and missing samples.
+    ``ok`` is False when shards overlap beyond that padding, or when samples are missing
+    beyond what ``drop_last`` explains."""
+    n, w = record["dataset_size"], record["world_size"]
+    exp = expected_counts(n, w, record["per_rank_batch_size"], record["drop_last"],
+                          record.get("sampler_drop_last", False))
+    allowed_missing = exp["sampler_dropped"] + w * exp["loader_dropped_per_rank"]
+    epochs = []
+    for e, ranks in enumerate(record["seen"]):
+        counts = Counter(i for r in ranks for i in r)
+        owners = {}
+        for r, idx in enumerate(ranks):
+            for i in set(idx):
+                owners.setdefault(i, set()).add(r)
+        total = sum(len(r) for r in ranks)
+        duplicates = total - len(counts)
+        out_of_range = sorted(i for i in counts if not 0 <= i < n)
+        missing = n - len([i for i in counts if 0 <= i < n])
+        overlap_beyond = max(0, duplicates - exp["padding"])
+        epochs.append({
+            "epoch": e + 1,
+            "per_rank": [len(r) for r in ranks],
+            "shared_indices": sum(1 for o in owners.values() if len(o) > 1),
+            "duplicates": duplicates,
+            "padding_duplicates": min(duplicates, exp["padding"]),
+            "overlap_beyond_padding": overlap_beyond,
+            "coverage": (n - missing) / n if n else 1.0,
+            "missing": missing,
+            "out_of_range": out_of_range[:10],
+            "ok": overlap_beyond == 0 and missing <= allowed_missing and not out_of_range,
+        })
+    seen = record["seen"]
+    order_changed = [any(seen[e][r] != seen[e - 1][r] for r in range(w)) for e in range(1, len(seen))]
+    return {
+        "dataset_size": n, "world_size": w, "batch_size": record["batch_size"],
+        "per_rank_batch_size": record["per_rank_batch_size"], "drop_last": record["drop_last"],
+        "sampler": record["sampler"], "shuffle": record["shuffle"], "set_epoch": record["set_epoch"],
+        "expected": {**exp, "allowed_missing": allowed_missing},
+        "epochs": epochs,
+        "disjoint": all(ep["duplicates"] == 0 for ep in epochs),
+        "order_changes_between_epochs": order_changed,
+        "ok": all(ep["ok"] for ep in epochs),
+    }
+
+
+def format_report(report: dict) -> str:
+    """The report in plain words, a few lines."""
+    exp = report["expected"]
+    lines = [f"{report['dataset_size']} samples on {report['world_size']} ranks, global batch "
+             f"{report['batch_size']} ({report['per_rank_batch_size']} per rank), drop_last="
+             f"{report['drop_last']}, {report['sampler']} shuffle={report['shuffle']}, "
+             f"set_epoch={'called' if report['set_epoch'] else 'NOT called'}",
+             f"expected: {exp['samples_per_rank']} samples per rank, {exp['padding']} padding "
+             f"duplicate(s), up to {exp['allowed_missing']} sample(s) dropped"]
+    for ep in report["epochs"]:
+        verdict = "ok" if ep["ok"] else "FAIL"
+        line = (f"epoch {ep['epoch']}: per rank {ep['per_rank']}, coverage {ep['coverage']:.1%} "
+                f"({ep['missing']} missing), {ep['duplicates']} duplicate(s) "
+                f"({ep['padding_duplicates']} padding), {ep['shared_indices']} index(es) on >1 rank: {verdict}")
+        if ep["overlap_beyond_padding"]:
+            line += f"  <- shards overlap by {ep['overlap_beyond_padding']} beyond the padding"
+        if ep["out_of_range"]:
+            line += f"  <- indices outside the dataset: {ep['out_of_range']}"
+        lines.append(line)
+    changes = report["order_changes_between_epochs"]
+    if changes:
+        lines.append("order changes between epochs: " + ", ".join(
+            f"{e + 1}->{e + 2} {'yes' if c else 'NO'}" for e, c in enumerate(changes)))
+    if report["disjoint"]:
+        disjoint = "disjoint: yes"
+    elif all(ep["overlap_beyond_padding"] == 0 for ep in report["epochs"]):
+        disjoint = "disjoint apart from the padding duplicates"
+    else:
+        disjoint = "NOT disjoint: shards overlap beyond the padding"
+    lines.append(f"{disjoint}; verdict: {'OK' if report['ok'] else 'FAIL'}")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------
+# A classic bug, planted on purpose so that the check can be seen to catch it
+# --------------------------------------------------------------------------------------
+
+def rank_zero_sampler(dataset, shuffle: bool = True) -> DistributedSampler:
+    """A ``DistributedSampler`` whose rank is hard-coded to 0: every process then reads
+    rank 0's shard. Planted on purpose; :func:`shard_report` must say FAIL."""
+    return DistributedSampler(dataset, num_replicas=idist.get_world_size(), rank=0, shuffle=shuffle)
+
+
+def check_shards(local_rank, dataset_size: int, batch_size: int, epochs: int = 2,
+                 drop_last: bool = False, plant_overlap: bool = False, num_workers: int = 0):
+    """Worker of ``distkit shard-check``: an index dataset of ``dataset_size`` items, the
+    loader training would build, the gathered record (on every rank)."""
+    dataset = torch.utils.data.TensorDataset(torch.arange(dataset_size), torch.zeros(dataset_size))
+    sampler = rank_zero_sampler(IndexedDataset(dataset)) if plant_overlap else None
+    if sampler is not None:
+        import warnings
+
+        warnings.filterwarnings("ignore", message="Found distributed sampler with rank")
+    record = collect_indices(dataset, batch_size=batch_size, epochs=epochs, drop_last=drop_last,
+                             num_workers=num_workers, sampler=sampler)
+    loader = idist.auto_dataloader(dataset, batch_size=batch_size, num_workers=num_workers,
+                                   shuffle=True, drop_last=drop_last)
+    record["settings"] = describe_loader(loader, batch_size, num_workers)
+    return record

@@ -1,0 +1,258 @@
+"""What each process sees and does: the helpers behind notebooks 01 and 02.
+
+- :func:`run_per_rank` starts N processes with ``idist.Parallel`` and hands back what each
+  rank's function returned, in rank order, so a notebook can print and assert it.
+- :func:`process_info`, :func:`collectives_demo`, :func:`one_rank_first_demo`,
+  :func:`placement_report`: functions to run in every rank.
+- :func:`oversubscription`: the cost of more busy processes than cores, measured.
+- :func:`copy_bandwidth`: the cost of host <-> device copies, measured.
+
+Example::
+
+    from distkit.collectives import run_per_rank, collectives_demo, expected_collectives
+    seen = run_per_rank(collectives_demo, nproc_per_node=2)
+    assert seen[0]["all_reduce_sum"] == expected_collectives(2)["all_reduce_sum"]
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+
+import ignite.distributed as idist
+import torch
+
+
+# --------------------------------------------------------------------------- spawning
+
+def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args, **kwargs) -> list:
+    """Run ``fn(local_rank, *args, **kwargs)`` in ``nproc_per_node`` fresh processes on
+    this machine and return the list of what each rank returned (index = rank).
+
+    Returned values must be JSON-serialisable. Under IPython the processes are forked, so
+    ``fn`` may be defined in a notebook cell; elsewhere they are spawned and ``fn`` must be
+    importable (defined in a module)."""
+    from distkit.launch import free_port
+    from distkit.training import threads_per_process
+
+    if backend == "nccl":
+        from distkit.config import Config
+        from distkit.launch import preflight
+
+        preflight(Config(backend="nccl", nproc_per_node=nproc_per_node), spawning=True)
+    threads = threads_per_process(nproc_per_node)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "per_rank.json")
+        with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node,
+                            master_port=free_port()) as parallel:
+            logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)
+            parallel.run(_gather_worker, fn, path, threads, args, kwargs)
+        with open(path) as f:
+            return json.load(f)
+
+
+def _gather_worker(local_rank, fn, path, threads, args, kwargs):
+    torch.set_num_threads(threads)  # never more threads than this process's share of cores
+    value = fn(local_rank, *args, **kwargs)
+    values = idist.all_gather(value)  # a python object from every rank, in rank order
+    if idist.get_rank() == 0:
+        with open(path, "w") as f:
+            json.dump(values, f, default=str)
+
+
+# --------------------------------------------------------------------------- per rank
+
+def process_info(local_rank: int) -> dict:
+    """Who am I? The five numbers every distributed process can ask ``idist`` for."""
+    return {
+        "rank": idist.get_rank(),
+        "local_rank": local_rank,
+        "world_size": idist.get_world_size(),
+        "nproc_per_node": idist.get_nproc_per_node(),
+        "backend": idist.backend(),
+        "device": str(idist.device()),
+        "pid": os.getpid(),
+    }
+
+
+def collectives_demo(local_rank: int) -> dict:
+    """The four collectives a training run relies on, with values a learner can predict:
+    rank r contributes r + 1 to ``all_reduce``, 10 * r to ``all_gather``, and rank 0
+    broadcasts 100."""
+    rank = idist.get_rank()
+    device = idist.device()
+    total = idist.all_reduce(torch.tensor([rank + 1.0], device=device))          # SUM
+    biggest = idist.all_reduce(torch.tensor([rank + 1.0], device=device), op="MAX")
+    gathered = idist.all_gather(torch.tensor([10.0 * rank], device=device))
+    mine = torch.tensor([100.0 if rank == 0 else -1.0], device=device)
+    received = idist.broadcast(mine, src=0)
+    before = time.time()
+    if rank == 0:
+        time.sleep(0.2)  # rank 0 is late; barrier makes everybody wait for it
+    idist.barrier()
+    return {
+        "rank": rank,
+        "all_reduce_sum": total.item(),
+        "all_reduce_max": biggest.item(),
+        "all_gather": gathered.tolist(),
+        "broadcast_from_0": received.item(),
+        "waited_at_barrier_s": time.time() - before,
+    }
+
+
+def expected_collectives(world_size: int) -> dict:
+    """What :func:`collectives_demo` must return on every rank of ``world_size`` ranks."""
+    return {
+        "all_reduce_sum": float(sum(r + 1 for r in range(world_size))),  # 1 + 2 + ... + N
+        "all_reduce_max": float(world_size),
+        "all_gather": [10.0 * r for r in range(world_size)],
+        "broadcast_from_0": 100.0,
+    }
+
+
+def one_rank_first_demo(local_rank: int, folder: str) -> dict:
+    """Rank 0 "downloads" a file (slowly) inside ``idist.one_rank_first()``; the others
+    enter the block only after it is done, so they find the file already there."""
+    path = os.path.join(folder, "dataset.bin")
+    with idist.one_rank_first():
+        entered = time.time()
+        found = os.path.exists(path)
+        if not found:
+            time.sleep(0.3)  # a download
+            tmp = f"{path}.{idist.get_rank()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(b"\0" * 1024)
+            os.replace(tmp, path)
+        left = time.time()
+    return {"rank": idist.get_rank(), "found_file_already": found,
+            "entered_at": entered, "left_at": left}
+
+
+def placement_report(local_rank: int, dataset_size: int = 64, global_batch_size: int = 16) -> dict:
+    """Where things live in this process, and what ``auto_dataloader``, ``auto_model`` and
+    ``auto_optim`` turned them into (type before -> type after)."""
+    from distkit.data import synthetic_dataset
+    from distkit.models import get_model
+
+    data = synthetic_dataset(dataset_size)
+    loader = idist.auto_dataloader(data, batch_size=global_batch_size, shuffle=True)
+    model_before = get_model("mlp", in_channels=1, image_size=8, num_classes=10)
+    model_before_type = type(model_before).__name__
+    model = idist.auto_model(model_before)
+    optimizer_before = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = idist.auto_optim(optimizer_before)
+    x, y = next(iter(loader))
+    x = x.to(idist.device())
+    return {
+        "rank": idist.get_rank(),
+        "device": str(idist.device()),
+        "loader": f"DataLoader -> {type(loader).__name__}",
+        "sampler": type(getattr(loader, "sampler", None)).__name__,
+        "per_process_batch": len(y),
+        "batches_per_epoch": len(loader),
+        "model": f"{model_before_type} -> {type(model).__name__}",
+        "param_device": str(next(model.parameters()).device),
+        "batch_device": str(x.device),
+        "optimizer": f"{type(optimizer_before).__name__} -> {type(optimizer).__module__}."
+                     f"{type(optimizer).__name__}",
+        "optimizer_is_same_object": optimizer is optimizer_before,
+    }
+
+
+# --------------------------------------------------------------------------- measurements
+
+def _busy_worker(threads, iters, size, barrier, queue):
+    torch.set_num_threads(threads)
+    a = torch.randn(size, size)
+    for _ in range(3):  # warm-up
+        a @ a
+    barrier.wait()  # released together; the clock is system-wide, so times compare
+    start = time.perf_counter()
+    for _ in range(iters):
+        a @ a
+    queue.put((start, time.perf_counter()))
+
+
+def oversubscription(process_counts=None, threads: int = 1, iters: int = 100, size: int = 256,
+                     repeats: int = 3) -> list[dict]:
+    """Start N processes that each do the same fixed work (``iters`` matrix products of
+    ``size`` x ``size``, ``threads`` torch threads each) at the same moment, for each N in
+    ``process_counts`` (default: 1, cores, 2 x cores, 4 x cores). Return, per N, the
+    median over ``repeats`` of the time from the first start to the last finish, its
+    ratio to N=1, and the total work done per second.
+
+    With N <= cores each process has a core and the time stays flat; beyond, the
+    processes share the cores and each takes about N / cores times longer, while the
+    total throughput stays flat: more processes than cores buy nothing."""
+    import multiprocessing as mp
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if process_counts is None:
+        process_counts = sorted({1, cores, 2 * cores, 4 * cores})
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    rows = []
+    for n in process_counts:
+        times = []
+        for _ in range(repeats):
+            barrier, queue = ctx.Barrier(n), ctx.Queue()
+            procs = [ctx.Process(target=_busy_worker, args=(threads, iters, size, barrier, queue))
+                     for _ in range(n)]
+            for p in procs:
+                p.start()
+            spans = [queue.get(timeout=120) for _ in procs]
+            for p in procs:
+                p.join()
+            # first start to last finish: a process the scheduler left waiting counts too
+            times.append(max(end for _, end in spans) - min(start for start, _ in spans))
+        seconds = statistics.median(times)
+        rows.append({"processes": n, "cores": cores, "threads_per_process": threads,
+                     "seconds": seconds, "matmuls_per_second": n * iters / seconds})
+    for r in rows:
+        r["slowdown"] = r["seconds"] / rows[0]["seconds"]
+    return rows
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # GPU copies are asynchronous: wait before reading the clock
+
+
+def copy_bandwidth(device=None, sizes_mb=(1, 16, 64), repeats: int = 5, pin_memory: bool | None = None) -> list[dict]:
+    """Median time and bandwidth of copying ``sizes_mb`` megabytes host -> device and back.
+
+    On a CPU-only runtime ``device`` is the CPU and the copy is a plain memory copy (the
+    floor a GPU copy can never beat). On CUDA the host tensor is pinned by default
+    (page-locked memory: the GPU can copy it directly)."""
+    device = torch.device(device) if device is not None else idist.device()
+    if pin_memory is None:
+        pin_memory = device.type == "cuda"
+    rows = []
+    for mb in sizes_mb:
+        n = int(mb * 2**20 // 4)
+        host = torch.randn(n)
+        if pin_memory:
+            host = host.pin_memory()
+        on_device = torch.empty(n, device=device)
+        back = torch.empty(n).pin_memory() if pin_memory else torch.empty(n)
+        timings = {"h2d": [], "d2h": []}
+        for i in range(repeats + 1):  # the first round is a warm-up
+            _sync(device)
+            t0 = time.perf_counter()
+            on_device.copy_(host, non_blocking=pin_memory)
+            _sync(device)
+            t1 = time.perf_counter()
+            back.copy_(on_device, non_blocking=pin_memory)
+            _sync(device)
+            t2 = time.perf_counter()
+            if i:
+                timings["h2d"].append(t1 - t0)
+                timings["d2h"].append(t2 - t1)
+        assert torch.equal(back, host.cpu())  # the round trip is exact
+        h2d, d2h = statistics.median(timings["h2d"]), statistics.median(timings["d2h"])
+        rows.append({"megabytes": mb, "device": str(device), "pinned": bool(pin_memory),
+                     "host_to_device_ms": 1e3 * h2d, "device_to_host_ms": 1e3 * d2h,
+                     "host_to_device_GBps": mb / 1024 / h2d, "device_to_host_GBps": mb / 1024 / d2h})
+    return rows

@@ -118,3 +118,28 @@ def data_vs_compute(summaries, labels):
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     return fig
+
+
+def oversubscription_plot(rows):
+    """Time for N busy processes to finish the same work each, and their total throughput,
+    against N, with the machine's core count marked. ``rows``: from ``distkit.collectives.oversubscription``."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
+    n = [r["processes"] for r in rows]
+    cores = rows[0]["cores"]
+    ax1.plot(n, [r["seconds"] for r in rows], marker="o", label="measured")
+    ax1.plot(n, [rows[0]["seconds"] * max(1.0, k / cores) for k in n], ls="--", color="gray",
+             label="max(1, N / cores) x time alone")
+    ax1.set_title("time for the same work per process")
+    ax1.set_ylabel("seconds, first start to last finish")
+    ax2.plot(n, [r["matmuls_per_second"] for r in rows], marker="o")
+    ax2.set_title("total work per second, all processes")
+    ax2.set_ylim(bottom=0)
+    for ax in (ax1, ax2):
+        ax.axvline(cores, color="red", alpha=0.5, label=f"{cores} cores")
+        ax.set_xlabel("busy processes N")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(n, [str(k) for k in n])
+        ax.grid(alpha=0.3)
+    ax1.legend()
+    fig.tight_layout()
+    return fig

@@ -68,7 +68,11 @@ def default_nproc(backend: str) -> int:
     if backend == "nccl":
         return torch.cuda.device_count()
     if backend == "xla-tpu":
-        return 1  # PJRT: one process per host drives all local TPU cores
+        # PJRT replicates over every device of the host (TPU v2/v3: 2 per chip, v4+: 1;
+        # XLA:CPU: CPU_NUM_DEVICES, default 1); xmp.spawn takes 1 or all of them.
+        from distkit.compat import xla_local_device_count
+
+        return xla_local_device_count()
     return CPU_DEFAULT_NPROC
 
 
@@ -100,6 +104,10 @@ def preflight(config, spawning: bool):
         raise DistkitError(f"--nproc-per-node {nproc} with nccl needs {nproc} GPUs but this node "
                            f"has {torch.cuda.device_count()}: use --nproc-per-node "
                            f"{torch.cuda.device_count()} or fewer")
+    if backend == "xla-tpu" and nproc not in (None, 1):
+        from distkit.compat import pjrt_nprocs, xla_local_device_count
+
+        pjrt_nprocs(nproc, xla_local_device_count())  # 1 or every device, else one line
     if backend == "none" and nproc not in (None, 1):
         raise DistkitError(f"--backend none runs one plain process, not {nproc}: use "
                            "--backend gloo to start several")

@@ -86,11 +86,43 @@ def create_lr_scheduler(config, optimizer, epoch_length: int):
     return PiecewiseLinear(optimizer, "lr", milestones_values=milestones)
 
 
-def create_trainer(model, optimizer, criterion, config):
-    """A trainer whose step is written out, so a learner can read it.
+class Trainer(DeterministicEngine):
+    """ignite's ``DeterministicEngine`` (a run resumed mid-epoch sees exactly the batches
+    the uninterrupted run would have seen, with the same random state), whose checkpoint
+    loads with ``torch.load(weights_only=True)``: numpy's generator state is stored as a
+    tensor rather than a numpy array, which the safe unpickler refuses."""
 
-    ``DeterministicEngine`` makes a run resumed mid-epoch see exactly the batches the
-    uninterrupted run would have seen."""
+    def state_dict(self):
+        state = super().state_dict()
+        state["rng_states"] = [_numpy_state_as_tensor(s) for s in state["rng_states"]]
+        return state
+
+    def load_state_dict(self, state_dict):
+        state_dict = dict(state_dict)
+        state_dict["rng_states"] = [_numpy_state_from_tensor(s) for s in state_dict["rng_states"]]
+        super().load_state_dict(state_dict)
+
+
+def _numpy_state_as_tensor(state):
+    if isinstance(state, tuple) and state and state[0] == "MT19937":
+        return ("MT19937", torch.from_numpy(state[1].astype("int64")), *map(_plain, state[2:]))
+    return state
+
+
+def _numpy_state_from_tensor(state):
+    if isinstance(state, (tuple, list)) and state and state[0] == "MT19937":
+        import numpy as np
+
+        return ("MT19937", state[1].numpy().astype(np.uint32), *state[2:])
+    return state
+
+
+def _plain(x):
+    return x.item() if hasattr(x, "item") else x
+
+
+def create_trainer(model, optimizer, criterion, config):
+    """A trainer whose step is written out, so a learner can read it."""
     device = idist.device()
     autocast_dtype = torch.bfloat16
 
@@ -109,7 +141,7 @@ def create_trainer(model, optimizer, criterion, config):
             xm.mark_step()  # cut the lazy graph here and execute it
         return {"loss": loss.item(), "batch_size": len(x)}  # .item(): a device sync point
 
-    trainer = DeterministicEngine(train_step)
+    trainer = Trainer(train_step)
     RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "train_loss")
     return trainer
 
@@ -179,6 +211,24 @@ def resolve_run_dir(config) -> str:
     return idist.broadcast(run_dir, src=0, safe_mode=True)
 
 
+def param_digest(model) -> str:
+    """A SHA-256 of every parameter and buffer, bit for bit: equal digests on two ranks
+    mean identical replicas."""
+    import hashlib
+
+    module = getattr(model, "module", model)  # DDP keeps the user's model in .module
+    h = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        h.update(name.encode())
+        h.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def replica_digests(model) -> list:
+    """Every rank's :func:`param_digest`, in rank order (a collective: call on all ranks)."""
+    return list(idist.all_gather(param_digest(model)))
+
+
 def versions() -> dict:
     import platform
 
@@ -204,6 +254,7 @@ def training(local_rank: int, config) -> dict | None:
 
     train_loader, val_loader = get_dataflow(config)
     model, optimizer, criterion = initialize(config)
+    initial_digests = replica_digests(model)
     lr_scheduler = create_lr_scheduler(config, optimizer, len(train_loader))
     trainer = create_trainer(model, optimizer, criterion, config)
     evaluator = create_evaluator(model, criterion, config)
@@ -279,13 +330,15 @@ def training(local_rank: int, config) -> dict | None:
     wall = time.perf_counter() - start
 
     profile = profiling.summarize(profiler) if profiler is not None else None
+    digests = {"initial": initial_digests, "final": replica_digests(model)}
     results = _report(rank, run_dir, config, history, trainer, checkpoint, profile,
-                      samples_seen[0] * world_size, wall)
+                      samples_seen[0] * world_size, wall, digests)
     idist.barrier()  # leave together: a rank that tears down early aborts the others
     return results
 
 
-def _report(rank, run_dir, config, history, trainer, checkpoint, profile, trained_samples, wall):
+def _report(rank, run_dir, config, history, trainer, checkpoint, profile, trained_samples, wall,
+            digests):
     """On rank 0: gather the run into a dict, write results.json and the learning curves."""
     if rank != 0:
         return None
@@ -312,6 +365,9 @@ def _report(rank, run_dir, config, history, trainer, checkpoint, profile, traine
         "samples_per_second": trained_samples / wall if wall > 0 else None,
         "last_checkpoint": _last_checkpoint_path(run_dir, checkpoint),
         "profile": profile,
+        # One SHA-256 of the parameters per rank: all equal = replicas in sync.
+        "replica_param_sha256": digests,
+        "replicas_identical": all(len(set(d)) == 1 for d in digests.values()),
         "versions": versions(),
     }
     write_results(run_dir, results)

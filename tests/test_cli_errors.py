@@ -1,0 +1,90 @@
+"""Every bad input of DESIGN.md's list, through the real command line: one line on stderr
+naming the problem and the fix, a non-zero exit, within seconds, nothing written."""
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from distkit.config import Config
+from distkit.errors import DistkitError
+from distkit.launch import preflight
+
+FAST = 30  # seconds: "within seconds", with room for a busy 2-core machine
+
+
+def assert_one_line_error(result, *words, tmp_path=None):
+    assert result.returncode != 0, result.stdout + result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("distkit: error:")]
+    assert len(errors) == 1, result.stderr
+    assert lines[-1] == errors[0], f"the error must be the last thing printed:\n{result.stderr}"
+    for word in words:
+        assert word in errors[0], errors[0]
+    assert "Traceback" not in result.stderr
+    if tmp_path is not None:
+        assert not (tmp_path / "runs").exists(), "a failed start must not leave a run folder"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--backend", "mpi"], ["--backend", "invalid choice", "gloo"]),
+    (["--backend", "nccl"], ["nccl needs CUDA", "--backend gloo"]),
+    (["--backend", "xla-tpu"], ["torch_xla", "requirements-xla.txt"]),
+    (["--nproc-per-node", "4", "--batch-size", "3"], ["--batch-size 3", "world size 4"]),
+    (["--nnodes", "2", "--node-rank", "0"], ["--master-addr"]),
+    (["--nnodes", "2", "--master-addr", "127.0.0.1"], ["--node-rank"]),
+    (["--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1"], ["out of range", "0 to 1"]),
+    (["--resume-from", "nowhere.pt"], ["no such file", "checkpoints"]),
+    (["--epochs", "0"], ["--epochs"]),
+])
+def test_bad_input_is_one_line(run_cli, tmp_path, args, words):
+    result = run_cli("train", "--output-dir", tmp_path / "runs", *args, timeout=FAST)
+    assert_one_line_error(result, *words, tmp_path=tmp_path)
+
+
+def test_port_in_use(run_cli, tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli("train", "--output-dir", tmp_path / "runs", "--master-port", port,
+                         "--nproc-per-node", "2", timeout=FAST)
+    assert_one_line_error(result, f"--master-port {port}", "in use", tmp_path=tmp_path)
+
+
+def test_garbage_checkpoint(run_cli, tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a checkpoint")
+    result = run_cli("train", "--output-dir", tmp_path / "runs", "--resume-from", bad, timeout=FAST)
+    assert_one_line_error(result, "not a loadable checkpoint", tmp_path=tmp_path)
+
+
+def test_checkpoint_of_another_model(run_cli, tmp_path):
+    from distkit.models import get_model
+
+    other = tmp_path / "mlp.pt"
+    model = get_model("mlp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.save({"trainer": {"iteration": 1, "epoch_length": 1, "max_epochs": 1},
+                "model": model.state_dict(), "optimizer": opt.state_dict(),
+                "lr_scheduler": {}}, other)
+    result = run_cli("train", "--output-dir", tmp_path / "runs", "--model", "cnn",
+                     "--resume-from", other, timeout=FAST)
+    assert_one_line_error(result, "another model", "--model cnn", tmp_path=tmp_path)
+
+
+def test_dataset_that_needs_a_download_while_offline(run_cli, tmp_path):
+    # This machine (and CI) cannot reach the dataset mirrors: the run must say so, and
+    # point to the offline default, instead of hanging or printing a traceback.
+    result = run_cli("train", "--output-dir", tmp_path / "runs", "--dataset", "mnist",
+                     "--data-dir", tmp_path / "data", timeout=60)
+    assert_one_line_error(result, "'mnist'", "--dataset digits", tmp_path=tmp_path)
+
+
+def test_more_processes_than_gpus_for_nccl(monkeypatch):
+    # No GPU here, so the real check cannot run: pretend torch sees 1 GPU, ask for 2.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(DistkitError, match=r"--nproc-per-node 2 with nccl needs 2 GPUs .* has 1"):
+        preflight(Config(backend="nccl", nproc_per_node=2), spawning=True)

@@ -160,23 +160,13 @@ def to_save(trainer, model, optimizer, lr_scheduler) -> dict:
     return {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
 
 
-def _numpy_rng_globals() -> list:
-    import numpy as np
-
-    core = getattr(np, "_core", None) or np.core  # numpy 2 renamed numpy.core
-    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-
-
 def load_checkpoint(path: str) -> dict:
     """Load a checkpoint file safely (``weights_only=True``), or fail in one line."""
     if not os.path.isfile(path):
         raise DistkitError(f"--resume-from {path!r}: no such file; pass a checkpoint "
                            "written by a previous run (<run dir>/checkpoints/*.pt)")
     try:
-        # DeterministicEngine's state holds numpy's RNG state (an ndarray): allow exactly
-        # those numpy types, nothing else, so weights_only=True can load it.
-        with torch.serialization.safe_globals(_numpy_rng_globals()):
-            ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise DistkitError(f"--resume-from {path!r} is not a loadable checkpoint "
                            f"({type(e).__name__}): pass a .pt file written by distkit train") from None

@@ -340,6 +340,7 @@ def _report(rank, run_dir, config, history, trainer, checkpoint, profile, traine
         "world_size": world_size,
         "nnodes": idist.get_nnodes(),
         "device": str(idist.device()),
+        "threads_per_process": torch.get_num_threads(),
         "run_dir": run_dir,
         "config": config.to_dict(),
         "peak_lr": peak_lr(config, world_size),

@@ -1,0 +1,105 @@
+"""Unit tests of launch, training helpers, plots and doctor (no processes spawned)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from distkit.config import Config
+from distkit.errors import DistkitError
+from distkit.launch import (check_port_free, default_nproc, describe_process_failure,
+                            free_port, preflight, resolve_backend)
+from distkit.training import create_lr_scheduler, make_run_dir, peak_lr, threads_per_process
+
+
+def test_auto_backend_on_this_cpu_machine_is_gloo_with_two_processes():
+    assert not torch.cuda.is_available()  # the CI machine has no GPU
+    assert resolve_backend("auto") == "gloo"
+    assert default_nproc("gloo") == 2
+
+
+def test_preflight_fills_in_backend_processes_and_a_free_port():
+    cfg = preflight(Config(), spawning=True)
+    assert (cfg.backend, cfg.nproc_per_node) == ("gloo", 2)
+    check_port_free(cfg.master_port)  # does not raise: the port it chose is free
+
+
+def test_preflight_does_not_change_the_callers_config():
+    original = Config()
+    preflight(original, spawning=True)
+    assert original.backend == "auto" and original.nproc_per_node is None
+
+
+def test_port_in_use_is_reported():
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        with pytest.raises(DistkitError, match="in use"):
+            check_port_free(s.getsockname()[1])
+    assert 1024 <= free_port() <= 65535
+
+
+def test_threads_split_the_cores_between_processes():
+    cores = len(os.sched_getaffinity(0))
+    assert threads_per_process(1) == cores
+    assert threads_per_process(cores) == 1
+    assert threads_per_process(4 * cores) == 1  # never zero
+
+
+def test_run_dirs_are_never_reused(tmp_path):
+    dirs = {make_run_dir(str(tmp_path), "gloo", 2) for _ in range(3)}
+    assert len(dirs) == 3
+    assert all("gloo-2procs" in d and os.path.isdir(d) for d in dirs)
+
+
+def test_linear_scaling_rule_and_warmup():
+    cfg = Config(lr=0.1, scale_lr=True, warmup_epochs=1, epochs=2)
+    assert peak_lr(cfg, 4) == pytest.approx(0.4)
+    assert peak_lr(cfg.replace(scale_lr=False), 4) == pytest.approx(0.1)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=cfg.lr)
+    sched = create_lr_scheduler(cfg, opt, epoch_length=10)  # world size 1 outside a launch
+    from ignite.engine import Engine, Events
+
+    lrs = []
+    engine = Engine(lambda e, b: lrs.append(opt.param_groups[0]["lr"]))
+    engine.add_event_handler(Events.ITERATION_STARTED, sched)
+    engine.run([0] * 10, max_epochs=2)
+    # warm-up 0 -> 0.1 over the first epoch (10 steps), then linear decay towards 0
+    assert lrs[0] == 0.0 and lrs[5] == pytest.approx(0.05) and lrs[10] == pytest.approx(0.1)
+    assert lrs[15] == pytest.approx(0.05) and lrs[19] == pytest.approx(0.01)
+
+
+def test_process_failures_become_one_line_naming_the_rank():
+    from torch.multiprocessing.spawn import ProcessExitedException, ProcessRaisedException
+
+    killed = ProcessExitedException("x", error_index=1, error_pid=9, exit_code=-9, signal_name="SIGKILL")
+    assert "rank 3 (local rank 1) was killed by SIGKILL" in str(describe_process_failure(killed, 1, 2))
+    raised = ProcessRaisedException(
+        "\n-- Process 0 terminated with the following error:\nTraceback ...\n"
+        "distkit.errors.DistkitError: dataset 'mnist' is not here: use --dataset digits", 0, 9)
+    assert str(describe_process_failure(raised, 0, 2)) == \
+        "rank 0: dataset 'mnist' is not here: use --dataset digits"
+    assert describe_process_failure(ValueError("plain"), 0, 2) is None
+
+
+def test_learning_curves_figure():
+    from distkit.plots import learning_curves
+
+    hist = [{"epoch": e, "train_loss": 1 / e, "val_loss": 1 / e, "val_accuracy": 1 - 1 / e}
+            for e in (1, 2, 3)]
+    fig = learning_curves([{"backend": "gloo", "world_size": 2, "history": hist}])
+    assert len(fig.axes) == 3 and len(fig.axes[0].lines) == 1
+
+
+def test_doctor_reports_and_recommends(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "distkit", "doctor", "--json"],
+                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["cores"] >= 1 and info["cuda_available"] is False and "gloo" in info["backends"]
+    assert info["recommended"]["command"] == "distkit train --backend gloo --nproc-per-node 2"

@@ -3,6 +3,7 @@ and launched by torchrun."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -55,3 +56,5 @@ def test_torchrun_two_processes_joins_the_launch(tmp_path):
     # torchrun set the process count: distkit spawned nothing more.
     assert res["config"]["nproc_per_node"] is None
     assert out.stdout.count("final validation accuracy") == 1  # summary from rank 0 only
+    # No --threads-per-process: each of the 2 processes takes half the cores, at least 1.
+    assert res["threads_per_process"] == max(1, len(os.sched_getaffinity(0)) // 2)

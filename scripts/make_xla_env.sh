@@ -11,9 +11,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${DISTKIT_XLA_VENV:-$HOME/.cache/distkit/xla-venv}"
 PY="$VENV/bin/python"
-if [ -x "$PY" ] && "$PY" -c "import torch_xla, ignite, distkit" >/dev/null 2>&1; then
-    # Reuse; make sure distkit points at this checkout (editable, no deps).
-    "$PY" -m pip install -q --no-deps -e . >&2
+# Found without importing anything (importing torch_xla takes seconds).
+FIND='import importlib.util as u, sys
+for name in ("torch_xla", "ignite", "sklearn"):
+    if u.find_spec(name) is None: sys.exit(1)
+d = u.find_spec("distkit"); print(d.origin if d else "")'
+if [ -x "$PY" ] && THERE="$("$PY" -c "$FIND" 2>/dev/null)"; then
+    # Reuse; make sure distkit is this checkout's (editable, no deps).
+    if [ "$THERE" != "$(pwd)/src/distkit/__init__.py" ]; then
+        "$PY" -m pip install -q --no-deps -e . >&2
+    fi
     echo "$PY"
     exit 0
 fi

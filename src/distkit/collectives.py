@@ -25,42 +25,60 @@ import time
 import ignite.distributed as idist
 import torch
 
+from distkit.errors import DistkitError
+
 
 # --------------------------------------------------------------------------- spawning
 
-def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args, **kwargs) -> list:
+def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
+                 start_method: str | None = None, **kwargs) -> list:
     """Run ``fn(local_rank, *args, **kwargs)`` in ``nproc_per_node`` fresh processes on
     this machine and return the list of what each rank returned (index = rank).
 
-    Returned values must be JSON-serialisable. Under IPython the processes are forked, so
-    ``fn`` may be defined in a notebook cell; elsewhere they are spawned and ``fn`` must be
-    importable (defined in a module)."""
-    from distkit.launch import free_port
+    Returned values must be JSON-serialisable. Under IPython the processes are forked
+    (ignite's default there), so ``fn`` may be defined in a notebook cell; elsewhere they
+    are spawned and ``fn`` must be importable (defined in a module), unless
+    ``start_method="fork"``."""
+    from distkit.config import Config
+    from distkit.launch import free_port, preflight
     from distkit.training import threads_per_process
 
-    if backend == "nccl":
-        from distkit.config import Config
-        from distkit.launch import preflight
-
-        preflight(Config(backend="nccl", nproc_per_node=nproc_per_node), spawning=True)
+    if backend in ("nccl", "xla-tpu"):  # one line, before any process starts
+        preflight(Config(backend=backend, nproc_per_node=nproc_per_node,
+                         batch_size=max(64, nproc_per_node)), spawning=True)
+    spawn_kwargs = {"start_method": start_method} if start_method else {}
+    forking = start_method == "fork" or (start_method is None and _in_ipython())
+    if forking and torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise DistkitError("CUDA is already initialised in this process, and a forked child cannot "
+                           "use it: restart the kernel and start the processes before any cell "
+                           "touches the GPU")
     threads = threads_per_process(nproc_per_node)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "per_rank.json")
+    with tempfile.TemporaryDirectory() as folder:
         with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node,
-                            master_port=free_port()) as parallel:
+                            master_port=free_port(), **spawn_kwargs) as parallel:
             logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)
-            parallel.run(_gather_worker, fn, path, threads, args, kwargs)
-        with open(path) as f:
-            return json.load(f)
+            parallel.run(_record_worker, fn, folder, threads, args, kwargs)
+        values = []
+        for rank in range(nproc_per_node):
+            with open(os.path.join(folder, f"rank{rank}.json")) as f:
+                values.append(json.load(f))
+        return values
 
 
-def _gather_worker(local_rank, fn, path, threads, args, kwargs):
+def _in_ipython() -> bool:
+    import sys
+
+    return "IPython" in sys.modules and getattr(sys.modules["IPython"], "get_ipython", lambda: None)() is not None
+
+
+def _record_worker(local_rank, fn, folder, threads, args, kwargs):
     torch.set_num_threads(threads)  # never more threads than this process's share of cores
     value = fn(local_rank, *args, **kwargs)
-    values = idist.all_gather(value)  # a python object from every rank, in rank order
-    if idist.get_rank() == 0:
-        with open(path, "w") as f:
-            json.dump(values, f, default=str)
+    # One file per rank (every backend can do that on one machine; XLA cannot gather objects).
+    path = os.path.join(folder, f"rank{idist.get_rank()}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, default=str)
+    os.replace(path + ".tmp", path)
 
 
 # --------------------------------------------------------------------------- per rank

@@ -35,9 +35,15 @@ from distkit.errors import DistkitError
 SHIM_MARK = "__distkit_shim__"
 
 
+APPLIED: list[str] = []
+"""The shims ``import distkit`` applied in this process."""
+
+
 def apply() -> list[str]:
-    """Apply every shim this environment needs; return the names of those applied."""
-    if importlib.util.find_spec("torch_xla") is None:
+    """Apply every shim this environment needs; return the names of those applied
+    (also added to :data:`APPLIED`). ``DISTKIT_NO_COMPAT=1`` turns them all off, to see
+    the original failures."""
+    if os.environ.get("DISTKIT_NO_COMPAT") == "1" or importlib.util.find_spec("torch_xla") is None:
         return []
     from ignite.distributed import auto
     from ignite.distributed.comp_models import xla as ignite_xla
@@ -55,6 +61,7 @@ def apply() -> list[str]:
         applied.append("xla_optimizer_init")
     if patch_pjrt_spawn(ignite_xla._XlaDistModel, xmp, xla_local_device_count):
         applied.append("xla_pjrt_spawn")
+    APPLIED.extend(applied)
     return applied
 
 

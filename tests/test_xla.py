@@ -149,7 +149,8 @@ def test_import_distkit_applies_every_shim_and_the_pitfalls_show(xla_python, tmp
     r = run_python(xla_python, code, tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     out = last_json(r.stdout)
-    assert out["applied"] == ["xla_rank_and_world_size", "xla_optimizer_init", "xla_pjrt_spawn"]
+    assert [a for a in out["applied"] if a.startswith("xla_")] == \
+        ["xla_rank_and_world_size", "xla_optimizer_init", "xla_pjrt_spawn"]
     assert out["world_size"] == 1 and out["default_nproc"] == 1  # XLA:CPU has 1 device
     assert out["error"].startswith("--nproc-per-node 2 with xla-tpu") and "\n" not in out["error"]
     # auto_model on XLA does not wrap (no DDP): nothing would broadcast rank 0's weights

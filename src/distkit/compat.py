@@ -4,7 +4,13 @@
 shim first checks that the problem it repairs is present in the installed versions (by
 looking at the code it replaces, not at version numbers), so it switches itself off once
 ignite or torch-xla fix the problem upstream. Known today (pytorch-ignite 0.5.5,
-torch-xla 2.9.0):
+torch 2.9-2.15, torch-xla 2.9.0):
+
+``fork_safe_cuda_check``
+    ``torch.cuda.is_available()`` initialises the CUDA driver, after which a *forked*
+    process cannot use CUDA ("poison fork"); ``idist.Parallel`` forks under IPython.
+    The shim sets ``PYTORCH_NVML_BASED_CUDA_CHECK=1`` (unless already set), so the check
+    asks NVML instead. Applied with or without torch_xla.
 
 ``xla_rank_and_world_size``
     ignite's ``xla-tpu`` backend asks ``torch_xla.core.xla_model`` for
@@ -43,8 +49,30 @@ def apply() -> list[str]:
     """Apply every shim this environment needs; return the names of those applied
     (also added to :data:`APPLIED`). ``DISTKIT_NO_COMPAT=1`` turns them all off, to see
     the original failures."""
-    if os.environ.get("DISTKIT_NO_COMPAT") == "1" or importlib.util.find_spec("torch_xla") is None:
+    if os.environ.get("DISTKIT_NO_COMPAT") == "1":
         return []
+    applied = []
+    if fork_safe_cuda_check(os.environ):
+        applied.append("fork_safe_cuda_check")
+    if importlib.util.find_spec("torch_xla") is not None:
+        applied += _apply_xla()
+    APPLIED.extend(applied)
+    return applied
+
+
+def fork_safe_cuda_check(environ) -> bool:
+    """Make ``torch.cuda.is_available()`` ask NVML instead of initialising the CUDA driver
+    (``PYTORCH_NVML_BASED_CUDA_CHECK=1``, read by torch at every call), unless the user
+    chose otherwise. By default that call runs ``cuInit``, after which forked processes
+    cannot use CUDA: and ``idist.Parallel`` forks in notebooks, after ignite, distkit
+    and the learner have all asked whether there is a GPU."""
+    if "PYTORCH_NVML_BASED_CUDA_CHECK" in environ:
+        return False
+    environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+    return True
+
+
+def _apply_xla() -> list[str]:
     from ignite.distributed import auto
     from ignite.distributed.comp_models import xla as ignite_xla
 
@@ -61,7 +89,6 @@ def apply() -> list[str]:
         applied.append("xla_optimizer_init")
     if patch_pjrt_spawn(ignite_xla._XlaDistModel, xmp, xla_local_device_count):
         applied.append("xla_pjrt_spawn")
-    APPLIED.extend(applied)
     return applied
 
 

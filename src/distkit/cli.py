@@ -16,6 +16,7 @@ from distkit.errors import DistkitError
 COMMANDS = {
     "train": ("distkit.train_cmd", "train a model, spawning processes or joining torchrun/SLURM"),
     "doctor": ("distkit.doctor", "report versions, cores, GPUs, TPU, backends and the launch to use"),
+    "bench": ("distkit.bench_cmd", "measure what the kit costs vs hand-written loops, scaling, data loading"),
     "shard-check": ("distkit.shard_cmd", "check which process sees which sample: overlap, coverage, padding"),
 }
 

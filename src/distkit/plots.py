@@ -143,3 +143,77 @@ def oversubscription_plot(rows):
     ax1.legend()
     fig.tight_layout()
     return fig
+
+
+def benchmark_chart(results):
+    """``distkit bench`` results in three panels: kit / hand-written ratios against their
+    targets; scaling (samples/s per variant, efficiency in the labels); and loader
+    samples/s vs ``num_workers`` against each model's compute samples/s."""
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    ax = axes[0]
+    bars = []
+    if "overhead" in results:
+        o = results["overhead"]
+        bars += [(f"1 proc: {name}", ratio, o["target_cost"]) for name, ratio in o["variants"].items()]
+    if "ddp" in results:
+        d = results["ddp"]
+        bars.append((f"DDP {d['world_size']} procs: kit", d["ratio"], d["target_cost"]))
+    gpu = results.get("gpu", {})
+    if "ratio" in gpu:
+        bars.append(("GPU ResNet-18: kit", gpu["ratio"], gpu["target_cost"]))
+    for i, (label, ratio, target) in enumerate(bars):
+        ax.barh(i, ratio, color="tab:green" if ratio >= 1 - target else "tab:red")
+        ax.plot([1 - target] * 2, [i - 0.4, i + 0.4], color="black", ls="--")
+        ax.text(ratio, i, f" {ratio:.3f}", va="center")
+    ax.set_yticks(range(len(bars)), [b[0] for b in bars])
+    ax.axvline(1.0, color="gray", lw=0.8)
+    lo = min([b[1] for b in bars] + [0.9])
+    ax.set_xlim(lo - 0.02, max([b[1] for b in bars] + [1.0]) + 0.06)
+    ax.invert_yaxis()
+    title = "kit / hand-written samples/s (dashed: target)"
+    if "skipped" in gpu:
+        title += f"\nGPU: skipped: {gpu['skipped']}"
+    ax.set_title(title, fontsize=10)
+
+    ax = axes[1]
+    if "scaling" in results:
+        models = results["scaling"]["models"]
+        variants = [p["variant"] for p in next(iter(models.values()))["points"]]
+        width = 0.8 / len(variants)
+        for j, variant in enumerate(variants):
+            values = [next(p for p in m["points"] if p["variant"] == variant)["median"]
+                      for m in models.values()]
+            ax.bar([i + j * width for i in range(len(models))], values, width, label=variant)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(models))],
+                      [f"{name}\nstrong eff {m['strong_efficiency']:.2f}, weak {m['weak_efficiency']:.2f}"
+                       f"\n{m['allreduce_bytes_per_step'] / 2**20:.1f} MiB all-reduced/step"
+                       for name, m in models.items()], fontsize=8)
+        ax.set_ylabel("samples/s")
+        ax.legend(fontsize=7)
+        ax.set_title(f"scaling to {results['scaling']['world_sizes'][-1]} processes", fontsize=10)
+    else:
+        ax.set_axis_off()
+
+    ax = axes[2]
+    if "data" in results:
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for k, (pname, p) in enumerate(results["data"]["pipelines"].items()):
+            color = colors[k % len(colors)]
+            points = [(int(name.split()[0].split("=")[1]), v["median"])
+                      for name, v in p["loader"].items() if name.endswith("pin=False")]
+            ax.plot(*zip(*points), marker="o", color=color, label=f"loader: {pname}")
+            for ls, (model, c) in zip(["--", ":"], p["compute"].items()):
+                ax.axhline(c["median"], color=color, ls=ls, lw=1,
+                           label=f"compute: {model} on {pname.split()[0]}")
+        ax.set_yscale("log")
+        ax.set_xlabel("num_workers")
+        ax.set_ylabel("samples/s")
+        ax.legend(fontsize=7)
+        ax.set_title("data-bound where the loader line is below compute", fontsize=10)
+    else:
+        ax.set_axis_off()
+    m, v = results["machine"], results["versions"]
+    fig.suptitle(f"distkit bench ({results['mode']}) - {m['cores']} cores, {m['cpu']}, torch "
+                 f"{v['torch']}, ignite {v['ignite']}", fontsize=10)
+    fig.tight_layout()
+    return fig

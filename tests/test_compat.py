@@ -188,3 +188,23 @@ def test_spawn_is_left_alone_when_xmp_spawn_is_not_pjrts():
 
     xmp = types.SimpleNamespace(spawn=lambda fn, args=(), nprocs=None, **kw: None)  # no pjrt in its code
     assert compat.patch_pjrt_spawn(Model, xmp, lambda: 8) is False
+
+
+def test_the_xla_context_is_only_reported_once_the_runtime_runs():
+    started = []
+
+    class Model:  # create_from_context exactly as ignite 0.5.5's: always an XLA model
+        @staticmethod
+        def create_from_context():
+            started.append(True)  # the real one starts the XLA runtime here
+            return "xla model"
+
+    xlac = types.SimpleNamespace(running=False)
+    xlac._xla_runtime_is_initialized = lambda: xlac.running
+    assert compat.patch_lazy_context(Model, xlac) is True
+    assert Model.create_from_context() is None and started == []  # launcher: serial, runtime untouched
+    xlac.running = True  # inside a replica, or after the user's own XLA tensors
+    assert Model.create_from_context() == "xla model"
+    assert compat.patch_lazy_context(Model, xlac) is False
+    assert compat.patch_lazy_context(type("Old", (), {"create_from_context": staticmethod(lambda: 1)}),
+                                     types.SimpleNamespace()) is False  # torch_xla without the probe

@@ -50,7 +50,7 @@ def last_json(stdout: str) -> dict:
 
 
 SHIMS_BEFORE_AND_AFTER = """
-    import json, torch
+    import json, torch, torch_xla
     import distkit.compat as compat            # DISTKIT_NO_COMPAT=1: nothing applied yet
     import ignite.distributed as idist
     import torch_xla.core.xla_model as xm
@@ -63,6 +63,8 @@ SHIMS_BEFORE_AND_AFTER = """
     except AttributeError as e:
         out["without_shim"] = str(e)
     out["patched_rank"] = compat.patch_rank_and_world_size(ignite_xla._XlaDistModel, xm, xr)
+    idist.get_rank()  # in the launching process: ignite's XLA backend starts the runtime
+    out["runtime_started_by_get_rank"] = torch_xla._XLAC._xla_runtime_is_initialized()
     idist.initialize("xla-tpu")
     out["world_size"], out["rank"], out["backend"] = idist.get_world_size(), idist.get_rank(), idist.backend()
     model = torch.nn.Linear(3, 2).to(idist.device())
@@ -95,6 +97,7 @@ def test_the_failures_exist_without_the_shims_and_the_shims_repair_them(xla_pyth
     assert out["applied_on_import"] == [] and out["xm_has_xrt_world_size"] is False
     assert "xrt_world_size" in out["without_shim"]            # all of idist failed
     assert out["patched_rank"] is True
+    assert out["runtime_started_by_get_rank"] is True  # xmp.spawn would now refuse to start replicas
     assert (out["world_size"], out["rank"], out["backend"]) == (1, 0, "xla-tpu")
     assert "super(type, obj)" in out["auto_optim_without_shim"]
     assert out["patched_optim"] is True
@@ -126,14 +129,16 @@ def test_distkit_train_runs_on_xla_and_learns(xla_python, tmp_path):
 @pytest.mark.timeout(300)
 def test_import_distkit_applies_every_shim_and_the_pitfalls_show(xla_python, tmp_path):
     code = """
-        import json, distkit, ignite.distributed as idist
+        import json, distkit, ignite.distributed as idist, torch_xla
         from distkit.collectives import run_per_rank
         from distkit.compat import APPLIED
         from distkit.config import Config
         from distkit.errors import DistkitError
         from distkit.launch import default_nproc, preflight
         from distkit import xla_pitfalls as xp
-        out = {"applied": APPLIED, "world_size": idist.get_world_size(), "default_nproc": default_nproc("xla-tpu")}
+        out = {"applied": APPLIED, "rank": idist.get_rank(), "backend": idist.backend(),
+               "runtime_started": torch_xla._XLAC._xla_runtime_is_initialized(),
+               "default_nproc": default_nproc("xla-tpu")}
         try:
             preflight(Config(backend="xla-tpu", nproc_per_node=2), spawning=True)
         except DistkitError as e:
@@ -150,8 +155,10 @@ def test_import_distkit_applies_every_shim_and_the_pitfalls_show(xla_python, tmp
     assert r.returncode == 0, r.stderr[-3000:]
     out = last_json(r.stdout)
     assert [a for a in out["applied"] if a.startswith("xla_")] == \
-        ["xla_rank_and_world_size", "xla_optimizer_init", "xla_pjrt_spawn"]
-    assert out["world_size"] == 1 and out["default_nproc"] == 1  # XLA:CPU has 1 device
+        ["xla_rank_and_world_size", "xla_optimizer_init", "xla_pjrt_spawn", "xla_lazy_context"]
+    # asking for the rank in the launching process leaves the XLA runtime (the TPU) alone
+    assert (out["rank"], out["backend"], out["runtime_started"]) == (0, None, False)
+    assert out["default_nproc"] == 1  # XLA:CPU has 1 device
     assert out["error"].startswith("--nproc-per-node 2 with xla-tpu") and "\n" not in out["error"]
     # auto_model on XLA does not wrap (no DDP): nothing would broadcast rank 0's weights
     assert out["weights"]["auto_model_returned"] == "SmallCNN"

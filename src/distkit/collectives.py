@@ -53,16 +53,24 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
                            "use it: restart the kernel and start the processes before any cell "
                            "touches the GPU")
     threads = threads_per_process(nproc_per_node)
-    with tempfile.TemporaryDirectory() as folder:
-        with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node,
-                            master_port=free_port(), **spawn_kwargs) as parallel:
-            logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)
-            parallel.run(_record_worker, fn, folder, threads, args, kwargs)
-        values = []
-        for rank in range(nproc_per_node):
-            with open(os.path.join(folder, f"rank{rank}.json")) as f:
-                values.append(json.load(f))
-        return values
+    previous = logging.root.manager.disable
+    logging.disable(logging.INFO)  # ignite's launcher logs; the caller prints what matters
+    try:
+        with tempfile.TemporaryDirectory() as folder:
+            with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node,
+                                master_port=free_port(), **spawn_kwargs) as parallel:
+                parallel.run(_record_worker, fn, folder, threads, args, kwargs)
+            return _read_per_rank(folder, nproc_per_node)
+    finally:
+        logging.disable(previous)
+
+
+def _read_per_rank(folder, nproc_per_node):
+    values = []
+    for rank in range(nproc_per_node):
+        with open(os.path.join(folder, f"rank{rank}.json")) as f:
+            values.append(json.load(f))
+    return values
 
 
 def _in_ipython() -> bool:
@@ -92,6 +100,8 @@ def process_info(local_rank: int) -> dict:
         "nproc_per_node": idist.get_nproc_per_node(),
         "backend": idist.backend(),
         "device": str(idist.device()),
+        "device_name": torch.cuda.get_device_name(idist.device()) if idist.device().type == "cuda"
+        else "CPU",
         "pid": os.getpid(),
     }
 
@@ -274,3 +284,13 @@ def copy_bandwidth(device=None, sizes_mb=(1, 16, 64), repeats: int = 5, pin_memo
                      "host_to_device_ms": 1e3 * h2d, "device_to_host_ms": 1e3 * d2h,
                      "host_to_device_GBps": mb / 1024 / h2d, "device_to_host_GBps": mb / 1024 / d2h})
     return rows
+
+
+def rank_copy_bandwidth(local_rank: int, sizes_mb=(1, 16, 64), repeats: int = 5) -> dict:
+    """:func:`copy_bandwidth` on this rank's device; on CUDA from pinned and from ordinary
+    (pageable) host memory."""
+    device = idist.device()
+    pinned_options = (True, False) if device.type == "cuda" else (False,)
+    rows = [row for pinned in pinned_options
+            for row in copy_bandwidth(device, sizes_mb, repeats, pin_memory=pinned)]
+    return {"rank": idist.get_rank(), "device": str(device), "rows": rows}

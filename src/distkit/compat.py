@@ -30,6 +30,11 @@ torch 2.9-2.15, torch-xla 2.9.0):
     those straight through, so ``idist.Parallel(backend="xla-tpu", nproc_per_node=8)``
     fails. The shim maps ``nproc_per_node`` = the host's device count to ``None`` and
     refuses other counts in one line.
+``xla_lazy_context``
+    The first ``idist.get_rank()`` / ``idist.device()`` (ignite's own launcher logs call
+    one) makes ignite's XLA backend start the XLA runtime in the *launching* process, so
+    ``xmp.spawn`` then refuses to start replicas: "Runtime is already initialized. Do not
+    use the XLA device before calling xmp.spawn." The shim keeps ignite from starting it.
 """
 from __future__ import annotations
 
@@ -78,6 +83,7 @@ def _apply_xla() -> list[str]:
 
     if not ignite_xla.has_xla_support:  # torch_xla present but not importable
         return []
+    import torch_xla
     import torch_xla.core.xla_model as xm
     import torch_xla.distributed.xla_multiprocessing as xmp
     import torch_xla.runtime as xr
@@ -89,6 +95,8 @@ def _apply_xla() -> list[str]:
         applied.append("xla_optimizer_init")
     if patch_pjrt_spawn(ignite_xla._XlaDistModel, xmp, xla_local_device_count):
         applied.append("xla_pjrt_spawn")
+    if patch_lazy_context(ignite_xla._XlaDistModel, torch_xla._XLAC):
+        applied.append("xla_lazy_context")
     return applied
 
 
@@ -206,4 +214,28 @@ def patch_pjrt_spawn(model_cls, xmp, local_device_count) -> bool:
         xmp.spawn(original_worker, args=(backend, fn, args, kwargs_dict), nprocs=nprocs, **kwargs)
 
     model_cls.spawn = staticmethod(_mark(pjrt_spawn))
+    return True
+
+
+# --------------------------------------------------------------------- no runtime in the parent
+
+def patch_lazy_context(model_cls, xlac) -> bool:
+    """ignite asks every backend "are we inside you?" at the first ``idist.get_rank()``,
+    ``idist.device()`` or logger set-up, and the XLA backend answers by *starting* the XLA
+    runtime (``xr.world_size()``). In the launching process that grabs the TPU, after
+    which ``xmp.spawn`` refuses to start the replicas ("Runtime is already initialized").
+    The shim makes it answer "no" until the runtime has been started by someone else
+    (a replica, ``idist.initialize("xla-tpu")`` or the user's own XLA tensors)."""
+    create = model_cls.__dict__["create_from_context"]
+    function = getattr(create, "__func__", create)
+    if getattr(function, SHIM_MARK, False) or _uses(function, "_xla_runtime_is_initialized") \
+            or not hasattr(xlac, "_xla_runtime_is_initialized"):
+        return False
+
+    def create_from_context():
+        if not xlac._xla_runtime_is_initialized():
+            return None  # not inside XLA yet: leave the runtime (and the TPU) alone
+        return function()
+
+    model_cls.create_from_context = staticmethod(_mark(create_from_context))
     return True

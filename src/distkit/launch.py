@@ -207,7 +207,7 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int) -> Di
     exit_code = getattr(error, "exit_code", None)
     if signal_name:
         return DistkitError(f"rank {rank} (local rank {index}) was killed by {signal_name}; the other "
-                            "processes were stopped. Resume with --resume-from <last checkpoint>")
+                            "processes were stopped. Resume with --resume-from latest (the newest checkpoint under --output-dir)")
     if exit_code is not None:
         return DistkitError(f"rank {rank} (local rank {index}) exited with code {exit_code}; the "
                             "other processes were stopped. See its output above")

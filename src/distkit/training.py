@@ -21,7 +21,7 @@ import torch.nn as nn
 from ignite.engine import Events, create_supervised_evaluator
 from ignite.engine.deterministic import DeterministicEngine
 from ignite.handlers import Checkpoint, DiskSaver, EarlyStopping, PiecewiseLinear, ProgressBar
-from ignite.metrics import Accuracy, Loss, RunningAverage
+from ignite.metrics import Accuracy, Average, Loss
 from ignite.utils import manual_seed
 
 from distkit import profiling
@@ -142,7 +142,9 @@ def create_trainer(model, optimizer, criterion, config):
         return {"loss": loss.item(), "batch_size": len(x)}  # .item(): a device sync point
 
     trainer = Trainer(train_step)
-    RunningAverage(output_transform=lambda out: out["loss"]).attach(trainer, "train_loss")
+    # Mean of the batch losses over the epoch, all-reduced once at the epoch's end (a
+    # RunningAverage would all-reduce at every iteration: ~20% of a step here).
+    Average(output_transform=lambda out: out["loss"]).attach(trainer, "train_loss")
     return trainer
 
 
@@ -193,11 +195,11 @@ def check_checkpoint_fits(path: str, config) -> None:
 def resolve_run_dir(config) -> str:
     """The launcher made the run folder already (spawn); under torchrun rank 0 makes it
     and tells the others."""
-    if config.run_dir:
-        return config.run_dir
-    run_dir = ""
-    if idist.get_rank() == 0:
+    run_dir = config.run_dir or ""
+    if idist.get_rank() == 0 and not run_dir:
         run_dir = make_run_dir(config.output_dir, idist.backend() or "none", idist.get_world_size())
+    # Every rank takes part, even where the launcher set run_dir: with --nnodes 2 only
+    # node 0's launcher made the folder, and node 1's ranks must learn its name.
     return idist.broadcast(run_dir, src=0, safe_mode=True)
 
 
@@ -307,7 +309,8 @@ def training(local_rank: int, config) -> dict | None:
         Checkpoint.load_objects(objects, load_checkpoint(config.resume_from))
 
     if rank == 0 and config.progress_bar:
-        ProgressBar(persist=False).attach(trainer, metric_names=["train_loss"])
+        # rank 0's own batch loss: showing it needs no communication
+        ProgressBar(persist=False).attach(trainer, output_transform=lambda out: {"loss": out["loss"]})
 
     samples_seen = [0]
 

@@ -18,6 +18,7 @@ COMMANDS = {
     "doctor": ("distkit.doctor", "report versions, cores, GPUs, TPU, backends and the launch to use"),
     "bench": ("distkit.bench_cmd", "measure what the kit costs vs hand-written loops, scaling, data loading"),
     "shard-check": ("distkit.shard_cmd", "check which process sees which sample: overlap, coverage, padding"),
+    "check": ("distkit.check_cmd", "check your exercise files (exercises/), or show a hint or a solution"),
 }
 
 

@@ -1,0 +1,262 @@
+"""What every exercise check shares.
+
+- :func:`load` imports the exercise file the checks should grade: the stubs in
+  ``exercises/`` (default), the reference answers in ``exercises/solutions/``
+  (``DISTKIT_EXERCISES=solutions``), or any folder of ``NN_topic.py`` files
+  (``DISTKIT_EXERCISES=/path/to/folder``).
+- :func:`run_ranks` runs a check function in 2 real processes joined by the gloo backend
+  (``idist.Parallel``) and returns what each rank returned.
+- :class:`ExerciseFailure` carries the sentence the learner reads; ``conftest.py`` prints
+  it without a traceback.
+
+Processes start with ``fork`` on Linux (about 0.3 s instead of about 10 s with
+``spawn``); set ``DISTKIT_START_METHOD=spawn`` to use spawn (the default on macOS and
+Windows). Every function that runs on a rank is defined at module level so that spawn
+can pickle it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from types import ModuleType
+
+EXERCISES_DIR = Path(__file__).resolve().parent.parent
+SOLUTIONS_DIR = EXERCISES_DIR / "solutions"
+NPROC = 2
+# A rank that waits this long in a collective that another rank never joined fails,
+# instead of hanging the check.
+COLLECTIVE_TIMEOUT_S = float(os.environ.get("DISTKIT_CHECK_TIMEOUT", "30"))
+
+
+class ExerciseFailure(AssertionError):
+    """The learner's code ran but did the wrong thing; the message says what and why."""
+
+
+class NotSolved(ExerciseFailure):
+    """The learner's code still raises ``NotImplementedError``."""
+
+
+# --- which files are graded -----------------------------------------------------------
+
+def exercise_dir() -> Path:
+    choice = os.environ.get("DISTKIT_EXERCISES", "").strip()
+    if choice in ("", "stubs"):
+        return EXERCISES_DIR
+    if choice == "solutions":
+        return SOLUTIONS_DIR
+    path = Path(choice).expanduser().resolve()
+    if not path.is_dir():
+        raise ExerciseFailure(
+            f"DISTKIT_EXERCISES={choice!r} is neither 'stubs', 'solutions' nor a folder: "
+            "unset it to check your own files in exercises/")
+    return path
+
+
+def exercise_file(number: str) -> Path:
+    folder = exercise_dir()
+    found = sorted(folder.glob(f"{number}_*.py"))
+    if not found:
+        raise ExerciseFailure(f"no file {number}_*.py in {folder}: restore it from git "
+                              f"(git checkout -- exercises/) or copy it from exercises/solutions/")
+    return found[0]
+
+
+def load(number: str) -> ModuleType:
+    """Import exercise ``number`` (e.g. ``"03"``) from the chosen folder, once per process."""
+    path = exercise_file(number)
+    name = f"distkit_exercise_{number}"
+    module = sys.modules.get(name)
+    if module is not None and Path(module.__file__) == path:
+        return module
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def not_solved_message(error: BaseException) -> str:
+    """'exercise 03 is not solved yet: ...' for a NotImplementedError from an exercise file."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return not_solved_message_from(_exercise_frame(frames), type(error).__name__)
+
+
+def _in_exercise_file(filename: str) -> bool:
+    path = Path(filename)
+    return path.parent == exercise_dir() and path.name[:2].isdigit()
+
+
+def _exercise_frame(frames):
+    for frame in reversed(frames):
+        if _in_exercise_file(frame.filename):
+            return (frame.filename, frame.lineno, frame.name)
+    last = frames[-1] if frames else None
+    return (last.filename, last.lineno, last.name) if last else ("?", 0, "?")
+
+
+def not_solved_message_from(where, error_type="NotImplementedError") -> str:
+    filename, lineno, func = where
+    number = Path(filename).name[:2]
+    try:
+        shown = os.path.relpath(filename)
+    except ValueError:
+        shown = filename
+    return (f"exercise {number} is not solved yet: {func}() in {shown}:{lineno} still raises "
+            f"{error_type}. Replace the TODO with your code; stuck? run "
+            f"`distkit check {number} --hint` or read exercises/hints.md")
+
+
+# --- running code on several ranks ----------------------------------------------------
+
+def start_method() -> str:
+    default = "fork" if sys.platform.startswith("linux") else "spawn"
+    return os.environ.get("DISTKIT_START_METHOD", default)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(target, *args, nproc: int = NPROC) -> list:
+    """Run ``target(*args)`` on ``nproc`` gloo ranks; return the list of their return values
+    (index = rank). A learner error on any rank becomes one :class:`ExerciseFailure`."""
+    import ignite.distributed as idist
+
+    # ignite logs the launch and every auto_* call at INFO level; the learner only needs
+    # to see failures (and their own prints).
+    for name in ("launcher.Parallel", "auto.auto_dataloader", "auto.auto_model", "auto.auto_optim"):
+        logging.getLogger(f"ignite.distributed.{name}").setLevel(logging.WARNING)
+    # torch warns when it stops the other ranks after one failed; the failure says enough.
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    for attempt in range(3):
+        out = Path(tempfile.mkdtemp(prefix="distkit-check-"))
+        try:
+            try:
+                with idist.Parallel(backend="gloo", nproc_per_node=nproc, master_port=free_port(),
+                                    start_method=start_method(),
+                                    timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S)) as parallel:
+                    parallel.run(_rank_main, target, str(out), args)
+            except Exception as error:  # a rank raised or died: say which, and why
+                reports = _read_reports(out, nproc)
+                if attempt < 2 and _port_taken(reports, error):
+                    continue  # another program grabbed the port between bind and use
+                failure = _rank_failure(reports, error)
+            else:
+                return [_read(out / f"rank{r}.pt") for r in range(nproc)]
+            raise failure  # outside the except block: no exception chain in the report
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _rank_main(local_rank, target, out, args):
+    import ignite.distributed as idist
+    import torch
+
+    torch.set_num_threads(1)  # 2 processes on 2 cores: never oversubscribe
+    rank = idist.get_rank()
+    try:
+        result = target(*args)
+    except BaseException as error:
+        torch.save(_describe(error), os.path.join(out, f"error{rank}.pt"))
+        raise  # torch.multiprocessing then stops the other ranks instead of leaving them waiting
+    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
+
+
+def _describe(error: BaseException) -> dict:
+    frames = traceback.extract_tb(error.__traceback__)
+    if isinstance(error, ExerciseFailure):
+        kind = "failure"
+    elif isinstance(error, NotImplementedError):
+        kind = "todo"
+    else:
+        kind = "error"
+    learner = [f for f in frames if _in_exercise_file(f.filename)]
+    return {
+        "kind": kind,
+        "type": type(error).__name__,
+        "message": str(error),
+        "where": list(_exercise_frame(frames)),
+        "traceback": "".join(traceback.format_list(learner or frames[-3:])),
+    }
+
+
+def _read(path: Path):
+    import torch
+
+    return torch.load(path, weights_only=True)
+
+
+def _read_reports(out: Path, nproc: int) -> dict:
+    reports = {}
+    for r in range(nproc):
+        path = out / f"error{r}.pt"
+        if path.exists():
+            reports[r] = _read(path)
+    return reports
+
+
+def _port_taken(reports, error) -> bool:
+    text = " ".join(str(rep["message"]) for rep in reports.values()) + str(error)
+    return "EADDRINUSE" in text or "address already in use" in text.lower()
+
+
+def _rank_failure(reports: dict, error: Exception) -> ExerciseFailure:
+    for kind in ("failure", "todo", "error"):
+        for rank, rep in sorted(reports.items()):
+            if rep["kind"] != kind:
+                continue
+            if kind == "failure":
+                return ExerciseFailure(rep["message"])
+            if kind == "todo":
+                return NotSolved(not_solved_message_from(rep["where"], rep["type"]))
+            return ExerciseFailure(_explain_error(rank, rep))
+    return ExerciseFailure(f"a process of the check died without a Python error "
+                          f"({type(error).__name__}: {str(error).strip()[:300]})")
+
+
+def _explain_error(rank: int, rep: dict) -> str:
+    message = rep["message"].strip().splitlines()
+    first = (message[0] if message else "")[:300]
+    lowered = rep["message"].lower()
+    other = "the other rank" if NPROC == 2 else "another rank"
+    if "timed out" in lowered or "timeout" in lowered:
+        text = (f"rank {rank} waited {COLLECTIVE_TIMEOUT_S:.0f} s in a collective that {other} "
+                "never joined: every rank must call the same collectives, in the same order. ")
+    elif "connection closed by peer" in lowered or "connection reset" in lowered:
+        text = (f"rank {rank} was still in a collective when {other} had already finished: "
+                "every rank must call the same collectives, in the same order. ")
+    else:
+        text = ""
+    return (f"{text}rank {rank} raised {rep['type']}: {first}\n"
+            f"where, in your code:\n{rep['traceback']}")
+
+
+# --- small helpers the checks share ---------------------------------------------------
+
+def flat_weights(model):
+    """All parameters of ``model`` (DDP-wrapped or not) as one detached CPU vector."""
+    import torch
+
+    module = getattr(model, "module", model)
+    return torch.cat([p.detach().reshape(-1).cpu() for p in module.parameters()])
+
+
+def short_list(values, limit: int = 6) -> str:
+    values = list(values)
+    shown = ", ".join(str(v) for v in values[:limit])
+    return shown + (f" (and {len(values) - limit} more)" if len(values) > limit else "")

@@ -1,0 +1,100 @@
+"""Checks for exercise 02: ``training(local_rank, config)`` on 2 processes.
+
+Each rank trains on a dataset that records which samples it hands out, then reports
+them with its final weights; the parent compares the ranks."""
+import pytest
+import torch
+from distkit.data import synthetic_dataset
+
+import harness
+
+pytestmark = pytest.mark.ex02
+
+N_SAMPLES = 64
+GLOBAL_BATCH = 16
+EPOCHS = 2
+
+
+class RecordingDataset(torch.utils.data.Dataset):
+    """A learnable 4-class set of 1x4x4 images that notes every index it is asked for."""
+
+    def __init__(self, n=N_SAMPLES, seed=0):
+        self.data = synthetic_dataset(n, num_classes=4, shape=(1, 4, 4), noise=0.5, seed=seed)
+        self.fetched = []
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, i):
+        self.fetched.append(int(i))
+        return self.data[i]
+
+
+def full_loss(model, dataset):
+    module = getattr(model, "module", model)
+    x = dataset.data.images
+    y = dataset.data.labels
+    with torch.no_grad():
+        return torch.nn.functional.cross_entropy(module(x), y).item()
+
+
+def on_rank():
+    import ignite.distributed as idist
+
+    ex = harness.load("02")
+    dataset = RecordingDataset()
+    torch.manual_seed(0)
+    initial_loss = full_loss(ex.make_model(), dataset)
+    config = {"dataset": dataset, "batch_size": GLOBAL_BATCH, "lr": 0.2, "epochs": EPOCHS}
+    returned = ex.training(idist.get_local_rank(), config)
+    if not (isinstance(returned, tuple) and len(returned) == 2):
+        raise harness.ExerciseFailure(
+            f"training returned {type(returned).__name__}; return the pair (model, train_loader)")
+    model, loader = returned
+    return {
+        "fetched": list(dataset.fetched),
+        "batch_size": getattr(loader, "batch_size", None),
+        "weights": harness.flat_weights(model),
+        "wrapped": type(model).__name__,
+        "initial_loss": initial_loss,
+        "final_loss": full_loss(model, dataset),
+    }
+
+
+def test_training_shards_data_and_keeps_replicas_equal():
+    ranks = harness.run_ranks(on_rank)
+    per_rank = N_SAMPLES // len(ranks)
+    for rank, r in enumerate(ranks):
+        if r["batch_size"] != GLOBAL_BATCH // len(ranks):
+            raise harness.ExerciseFailure(
+                f"rank {rank}'s loader takes {r['batch_size']} samples per step, but a GLOBAL "
+                f"batch of {GLOBAL_BATCH} over {len(ranks)} processes is "
+                f"{GLOBAL_BATCH // len(ranks)} each: pass the global batch size to "
+                f"idist.auto_dataloader, which divides it by the world size itself")
+    for epoch in range(EPOCHS):
+        seen = [set(r["fetched"][epoch * per_rank:(epoch + 1) * per_rank]) for r in ranks]
+        both = sorted(seen[0] & seen[1])
+        if both:
+            raise harness.ExerciseFailure(
+                f"rank 0 and rank 1 both trained on sample {both[0]} in epoch {epoch + 1} "
+                f"({len(both)} samples in common): build the loader with idist.auto_dataloader "
+                f"so that each process reads its own shard")
+    for rank, r in enumerate(ranks):
+        if len(r["fetched"]) != EPOCHS * per_rank:
+            raise harness.ExerciseFailure(
+                f"rank {rank} read {len(r['fetched'])} samples in {EPOCHS} epochs of a "
+                f"{N_SAMPLES}-sample dataset, but with {len(ranks)} processes each should read "
+                f"{per_rank} per epoch ({EPOCHS * per_rank} in all): give each process its own "
+                f"shard with idist.auto_dataloader, and train for config['epochs'] epochs")
+    diff = (ranks[0]["weights"] - ranks[1]["weights"]).abs().max().item()
+    if diff > 1e-5:
+        raise harness.ExerciseFailure(
+            f"after training, rank 0 and rank 1 hold different weights (largest difference "
+            f"{diff:.3g}; the model is a {ranks[0]['wrapped']}): wrap it with idist.auto_model "
+            f"so that DistributedDataParallel averages the gradients and the replicas stay equal")
+    r = ranks[0]
+    if not r["final_loss"] < 0.8 * r["initial_loss"]:
+        raise harness.ExerciseFailure(
+            f"the model did not learn: loss {r['initial_loss']:.3f} before training, "
+            f"{r['final_loss']:.3f} after; build the optimizer on model.parameters() of the "
+            f"model idist.auto_model returned, and run the trainer")

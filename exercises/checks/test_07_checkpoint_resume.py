@@ -1,0 +1,146 @@
+"""Checks for exercise 07: on 2 processes, a run stopped after STOP iterations and resumed
+from its checkpoint must end with exactly the weights of a run that never stopped."""
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+from distkit.data import synthetic_dataset
+from ignite.engine import Events, create_supervised_trainer
+
+import harness
+
+pytestmark = pytest.mark.ex07
+
+EPOCHS = 3
+ITERS_PER_EPOCH = 4  # 32 samples, global batch 8, 2 processes: 4 steps of 4 per epoch
+STOP = 6  # in the middle of epoch 2
+TOTAL = EPOCHS * ITERS_PER_EPOCH
+
+
+def setup(seed):
+    """A fresh process's training objects; ``seed`` sets the initial weights."""
+    import ignite.distributed as idist
+
+    dataset = synthetic_dataset(32, num_classes=4, shape=(1, 4, 4), noise=0.5, seed=0)
+    loader = idist.auto_dataloader(dataset, batch_size=8, shuffle=True)
+    torch.manual_seed(seed)
+    model = idist.auto_model(nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.ReLU(),
+                                           nn.Linear(16, 4)))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    # deterministic=True: a run resumed mid-epoch skips the batches it already trained on.
+    trainer = create_supervised_trainer(model, optimizer, nn.CrossEntropyLoss(),
+                                        deterministic=True)
+    trainer.add_event_handler(
+        Events.EPOCH_STARTED, lambda engine: loader.sampler.set_epoch(engine.state.epoch - 1))
+    return trainer, model, optimizer, loader
+
+
+def momentum(optimizer):
+    buffers = [s.get("momentum_buffer") for s in optimizer.state.values()]
+    buffers = [b.reshape(-1) for b in buffers if b is not None]
+    return torch.cat(buffers) if buffers else torch.zeros(0)
+
+
+def same(a, b):
+    return a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-6)
+
+
+def on_rank(dirname):
+    import ignite.distributed as idist
+    from ignite.handlers import Checkpoint
+
+    ex = harness.load("07")
+    report = {}
+    trainer, model, optimizer, loader = setup(seed=0)
+    trainer.run(loader, max_epochs=EPOCHS)
+    report["uninterrupted"] = harness.flat_weights(model)
+
+    trainer, model, optimizer, loader = setup(seed=0)
+    checkpoint = ex.attach_checkpointing(trainer, model, optimizer, dirname)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=STOP), lambda e: e.terminate())
+    trainer.run(loader, max_epochs=EPOCHS)
+    stopped_weights, stopped_momentum = harness.flat_weights(model), momentum(optimizer)
+    report["returned"] = type(checkpoint).__name__
+    last = checkpoint.last_checkpoint if isinstance(checkpoint, Checkpoint) else None
+    report["last"] = None if last is None else str(last)
+    if idist.all_reduce(float(last is None)) > 0:  # every rank stops here, or none does
+        return report
+
+    trainer, model, optimizer, loader = setup(seed=1)  # a new process: other random weights
+    ex.resume(trainer, model, optimizer, str(last))
+    report["resumed_iteration"] = trainer.state.iteration
+    report["weights_restored"] = same(harness.flat_weights(model), stopped_weights)
+    report["momentum_restored"] = same(momentum(optimizer), stopped_momentum)
+    ok = (report["resumed_iteration"] == STOP and report["weights_restored"]
+          and report["momentum_restored"])
+    if idist.all_reduce(float(not ok)) > 0:
+        return report
+    ran = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: ran.append(1))
+    trainer.run(loader, max_epochs=EPOCHS)
+    report["ran_after_resume"] = len(ran)
+    report["resumed_final"] = harness.flat_weights(model)
+    return report
+
+
+def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
+    dirname = str(tmp_path / "checkpoints")
+    ranks = harness.run_ranks(on_rank, dirname)
+    fail = harness.ExerciseFailure
+    for rank, r in enumerate(ranks):
+        if r["returned"] != "Checkpoint":
+            raise fail(
+                f"on rank {rank} attach_checkpointing returned {r['returned']}: create the "
+                f"ignite.handlers.Checkpoint on EVERY rank (its DiskSaver writes on rank 0 only) "
+                f"and return it")
+    if any(r["last"] is None for r in ranks):
+        raise fail(f"the run stopped after {STOP} iterations without saving a checkpoint: "
+                   f"attach the Checkpoint to the trainer at Events.ITERATION_COMPLETED")
+    if not os.path.isdir(dirname):
+        raise fail(f"no checkpoint folder {dirname}: save into the dirname you are given")
+    files = sorted(f for f in os.listdir(dirname) if f.endswith(".pt"))
+    if len(files) > 2:
+        raise fail(f"{len(files)} checkpoint files in the folder after {STOP} iterations "
+                   f"({harness.short_list(files, 3)}): keep only the last 2 (n_saved=2)")
+    ex = harness.load("07")
+    for name in files:
+        try:
+            ex.read_checkpoint(os.path.join(dirname, name))
+        except Exception as error:
+            problem = f"{name} does not load with weights_only=True ({type(error).__name__})"
+        else:
+            continue
+        raise fail(f"{problem}: save state dicts, as ignite's Checkpoint does")
+    iterations = [r["resumed_iteration"] for r in ranks]
+    if len(set(iterations)) > 1 or len({r["weights_restored"] for r in ranks}) > 1:
+        states = ", ".join(
+            f"rank {k} at iteration {r['resumed_iteration']} with "
+            f"{'the checkpoint' if r['weights_restored'] else 'its own fresh'} weights"
+            for k, r in enumerate(ranks))
+        raise fail(f"after resume {states}: EVERY rank must load the checkpoint (each holds "
+                   f"its own replica; DDP does not copy weights after it wrapped the model)")
+    if all(i == 0 for i in iterations):
+        raise fail(f"after resume the trainer starts again at iteration 0, but the run stopped "
+                   f"after iteration {STOP}: save and load the trainer too (its state says "
+                   f"where to continue)")
+    if iterations[0] != STOP:
+        raise fail(f"the run stopped after iteration {STOP} but resumed from iteration "
+                   f"{iterations[0]}: save after EVERY iteration (Events.ITERATION_COMPLETED), "
+                   f"so a crash loses at most one step")
+    if not all(r["weights_restored"] for r in ranks):
+        raise fail("after resume the model does not hold the weights of the checkpoint: save "
+                   "and load the model")
+    if not all(r["momentum_restored"] for r in ranks):
+        raise fail("after resume the optimizer has lost its momentum (SGD keeps a running "
+                   "average of past gradients): save and load the optimizer too, or the next "
+                   "steps differ from those of a run that never stopped")
+    for rank, r in enumerate(ranks):
+        if r["ran_after_resume"] != TOTAL - STOP:
+            raise fail(f"after resuming at iteration {STOP}, rank {rank} trained "
+                       f"{r['ran_after_resume']} more iterations instead of {TOTAL - STOP}")
+        diff = (r["resumed_final"] - r["uninterrupted"]).abs().max().item()
+        if diff > 1e-6:
+            raise fail(f"the resumed run ended with other weights than a run that never "
+                       f"stopped (largest difference {diff:.3g} on rank {rank}): the checkpoint "
+                       f"must hold everything the next steps depend on")

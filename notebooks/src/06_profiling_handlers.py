@@ -55,8 +55,8 @@ print(profiling.format_summary(profile, top=10))
 #   many ranks ran it. A handler that runs a collective (a metric that all-reduces, the
 #   validation, which all-reduces its counts) also absorbs the time it waits there for
 #   the slowest rank: that is what a gap between min and max often means.
-#   `Metric.iteration_completed` is the trainer's only metric, the `RunningAverage` of
-#   the loss, which all-reduces the loss across ranks at every iteration.
+#   `Metric.iteration_completed` is the trainer's only metric, the epoch `Average` of
+#   the loss: it only adds the batch loss locally; it all-reduces once, at the epoch's end.
 # - The last lines: the verdict (data- or compute-bound) and whether the `Timer`s agree
 #   with the profiler (notebook 07 looks at those).
 #

@@ -72,7 +72,7 @@ print(f"per epoch: {c.total / 3:.3f} s compute + {d.total / 3:.3f} s data + "
 # %% [markdown]
 # Data wait is small next to compute: the digits sit in memory (notebook 06 shows a loop
 # where it is not). The rest of the epoch, beyond compute and data, is mostly the handlers that run
-# on every iteration (the running average of the loss, the learning-rate schedule).
+# on every iteration (the epoch average of the loss, the learning-rate schedule).
 #
 # One detail inside `attach_timers`: a `Timer` *runs* from its `start` event on. Started
 # on `STARTED` and first resumed on `ITERATION_STARTED`, it would also count everything

@@ -239,3 +239,31 @@ def patch_lazy_context(model_cls, xlac) -> bool:
 
     model_cls.create_from_context = staticmethod(_mark(create_from_context))
     return True
+
+
+# --------------------------------------------------------------------- is there a TPU?
+
+# PCI ids of TPU chips (vendor Google), as torch-xla 2.9 lists them in torch_xla/_internal/tpu.py.
+GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_PCI_DEVICES = {"0x0027": "v2/v3", "0x005e": "v4", "0x0063": "v5e", "0x006f": "v6e", "0x0076": "7x"}
+
+
+def tpu_chips(sys_root: str = "/sys") -> dict:
+    """TPU chips attached to this machine, by generation, read from the PCI bus: works
+    before torch_xla is installed (to decide whether to install it) and never starts the
+    XLA runtime. ``{}`` on a machine without TPU."""
+    import glob
+
+    found: dict = {}
+    for vendor in glob.glob(os.path.join(sys_root, "bus", "pci", "devices", "*", "vendor")):
+        try:
+            with open(vendor) as f:
+                if f.read().strip() != GOOGLE_PCI_VENDOR:
+                    continue
+            with open(os.path.join(os.path.dirname(vendor), "device")) as f:
+                generation = TPU_PCI_DEVICES.get(f.read().strip())
+        except OSError:
+            continue
+        if generation:
+            found[generation] = found.get(generation, 0) + 1
+    return found

@@ -19,9 +19,11 @@ Run them in every rank (``distkit.collectives.run_per_rank(fn, n, backend)``);
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
+import ignite
 import ignite.distributed as idist
 import torch
 import torch.nn as nn
@@ -132,3 +134,28 @@ def data_time_split(local_rank: int, use_mp_device_loader: bool, iterations: int
     d, c = statistics.median(data[2:]), statistics.median(compute[2:])  # after compilation
     return {"rank": idist.get_rank(), "mp_device_loader": use_mp_device_loader,
             "data_ms": 1e3 * d, "compute_ms": 1e3 * c, "data_share": d / (d + c)}
+
+
+def ignite_source_evidence() -> dict:
+    """The lines of the installed ignite that cause each pitfall, as ``file:line: code``
+    (readable on any runtime, TPU or not)."""
+    import inspect
+
+    import ignite.distributed.auto as auto
+    import ignite.engine as engine
+
+    wanted = {
+        "auto_model wraps in DDP (which broadcasts weights) only for these backends":
+            (auto, "bnd in (idist_native.NCCL"),
+        "create_supervised_trainer's step on XLA": (engine, "xm.optimizer_step(optimizer"),
+        "the optimizer auto_optim returns on XLA": (auto, "xm.optimizer_step(self.wrapped_optimizer"),
+        "auto_dataloader on XLA with several replicas": (auto, "mp_device_loader_cls(dataloader"),
+    }
+    found = {}
+    for what, (module, needle) in wanted.items():
+        lines, _ = inspect.findsource(module)
+        path = inspect.getsourcefile(module)
+        hits = [f"{os.path.relpath(path, os.path.dirname(os.path.dirname(ignite.__file__)))}:{i + 1}: "
+                f"{line.strip()}" for i, line in enumerate(lines) if needle in line]
+        found[what] = hits
+    return found

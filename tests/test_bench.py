@@ -180,6 +180,10 @@ def test_bench_tiny_ratios_come_from_the_measured_rates(tiny_run):
     assert results["ddp"]["world_size"] == 2 and results["ddp"]["backend"] == "gloo"
     variants = results["overhead"]["variants"]
     assert set(variants) == {"kit", "kit: create_trainer only", "kit + progress bar"}
+    for name, cmp in variants.items():
+        side = results["overhead"]["sides"][name]
+        assert cmp["cpu_ratio"] == pytest.approx(
+            side["cpu_median"] / results["overhead"]["sides"]["hand-written"]["cpu_median"])
 
 
 @pytest.mark.slow

@@ -154,7 +154,7 @@ def benchmark_chart(results):
     bars = []
     if "overhead" in results:
         o = results["overhead"]
-        bars += [(f"1 proc: {name}", ratio, o["target_cost"]) for name, ratio in o["variants"].items()]
+        bars += [(f"1 proc: {name}", v["ratio"], o["target_cost"]) for name, v in o["variants"].items()]
     if "ddp" in results:
         d = results["ddp"]
         bars.append((f"DDP {d['world_size']} procs: kit", d["ratio"], d["target_cost"]))

@@ -1,8 +1,8 @@
 """Exercise 01: average a number across ranks with a collective.
 
-Goes with the notebook on processes, ranks and collectives. Every process (a "rank")
-computes its own number, for example the loss on its own shard of the data. To report
-ONE number for the whole run, every rank has to end up with the same average:
+Topic: processes, ranks and collectives. Every process (a "rank") computes its own
+number, for example the loss on its own shard of the data. To report ONE number for the
+whole run, every rank has to end up with the same average:
 
     rank 0: average_across_ranks(1.0)  ->  2.5
     rank 1: average_across_ranks(4.0)  ->  2.5

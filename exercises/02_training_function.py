@@ -1,8 +1,8 @@
 """Exercise 02: one training function for every launcher, with idist.auto_*.
 
-Goes with the notebook on the training function. The same ``training(local_rank,
-config)`` runs in 1 plain process, in N spawned processes, under torchrun and on a TPU;
-``ignite.distributed`` adapts it to where it runs:
+Topic: the training function. The same ``training(local_rank, config)`` runs in 1 plain
+process, in N spawned processes, under torchrun and on a TPU; ``ignite.distributed``
+adapts it to where it runs:
 
 - ``idist.auto_dataloader(dataset, batch_size=GLOBAL, shuffle=True)`` gives each process
   its own shard of the data (a ``DistributedSampler``) and divides the GLOBAL batch size

@@ -1,7 +1,7 @@
 """Exercise 03: every rank its own samples, reshuffled every epoch.
 
-Goes with the notebook on sharding. A learner wrote this loader for 2 processes, and
-both processes trained on the same samples, so the run was no faster than one process:
+Topic: sharding. A learner wrote this loader for 2 processes, and both processes trained
+on the same samples, so the run was no faster than one process:
 
     loader = DataLoader(dataset, batch_size=global_batch_size, shuffle=True)
 

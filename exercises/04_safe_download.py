@@ -1,13 +1,12 @@
 """Exercise 04: a download that is safe when several processes start at once.
 
-Goes with the notebook on real datasets. Every process of a run executes the same code,
-so a naive "download if missing" runs in every process at the same moment: they all see
-no file, all download into the same file, and the fastest one starts reading a file that
-another one is still writing. With 4 processes on a node that is 4 downloads and a
-crash.
+Topic: real datasets. Every process of a run executes the same code, so a naive
+"download if missing" runs in every process at the same moment: they all see no file,
+all download into the same file, and the fastest one starts reading a file that another
+one is still writing. With 4 processes on a node that is 4 downloads and a crash.
 
 ``download``, ``is_downloaded`` and ``load`` below are GIVEN: a pretend download that
-takes half a second and, like many real ones, writes straight into its final file (so for
+takes almost a second and, like many real ones, writes straight into its final file (so for
 a moment the file exists but is incomplete), and a loader that refuses an incomplete file.
 
 Task: write ``get_dataset(root)`` so that, called by every process at once:
@@ -30,7 +29,7 @@ import torch
 
 DATA_FILE = "numbers.bin"
 PAYLOAD = bytes(range(256)) * 64  # the "dataset": 16 KiB
-DOWNLOAD_SECONDS = 0.5
+DOWNLOAD_SECONDS = 0.8
 
 
 class IncompleteDataset(RuntimeError):
@@ -38,7 +37,7 @@ class IncompleteDataset(RuntimeError):
 
 
 def download(root: str) -> None:
-    """Given: pretend to download the dataset into ``root`` (about half a second). Each
+    """Given: pretend to download the dataset into ``root`` (almost a second). Each
     call notes itself in ``root/downloads.log``. Do not change it."""
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "downloads.log"), "a") as log:

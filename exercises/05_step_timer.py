@@ -1,9 +1,9 @@
 """Exercise 05: a Timer that measures only the training step.
 
-Goes with the notebook on timing and profiling. "How long does a step take?" has a
-precise answer only if the clock runs during the step and stops while the next batch is
-loaded and while other handlers (validation, checkpoints, logging) run. ignite's
-``Timer`` can be started, resumed, paused and stepped on engine events.
+Topic: timing and profiling. "How long does a step take?" has a precise answer only if
+the clock runs during the step and stops while the next batch is loaded and while other
+handlers (validation, checkpoints, logging) run. ignite's ``Timer`` can be started,
+resumed, paused and stepped on engine events.
 
 Task: write two functions.
 

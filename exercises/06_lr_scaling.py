@@ -1,11 +1,11 @@
 """Exercise 06: scale the learning rate, and warm it up, for a larger world size.
 
-Goes with the notebook on scaling. With N processes and the same per-process batch, the
-GLOBAL batch is N times larger, so each step averages N times more samples and there are
-N times fewer steps per epoch. The linear scaling rule (Goyal et al., 2017, "Accurate,
-Large Minibatch SGD") compensates: multiply the learning rate by N. A large learning
-rate at the very first steps, when the weights are random, can blow training up, so it
-is reached through a linear warm-up.
+Topic: scaling. With N processes and the same per-process batch, the GLOBAL batch is N
+times larger, so each step averages N times more samples and there are N times fewer
+steps per epoch. The linear scaling rule (Goyal et al., 2017, "Accurate, Large Minibatch
+SGD") compensates: multiply the learning rate by N. A large learning rate at the very
+first steps, when the weights are random, can blow training up, so it is reached through
+a linear warm-up.
 
 Task: write ``create_lr_scheduler(optimizer, base_lr, warmup_iters, total_iters)``,
 returning an ignite parameter scheduler that the trainer calls at every

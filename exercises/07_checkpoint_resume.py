@@ -1,8 +1,8 @@
 """Exercise 07: rank-safe checkpoints, and a resume that continues exactly.
 
-Goes with the notebook on checkpoints and fault tolerance. A run on many processes can
-die at any iteration. A checkpoint must then hold everything that the next step depends
-on, so that a resumed run ends with EXACTLY the weights of a run that never stopped:
+Topic: checkpoints and fault tolerance. A run on many processes can die at any
+iteration. A checkpoint must then hold everything that the next step depends on, so that
+a resumed run ends with EXACTLY the weights of a run that never stopped:
 
 - the model's weights,
 - the optimizer's state (SGD with momentum keeps a running average of past gradients),

@@ -1,9 +1,9 @@
 """Exercise 08: gradient accumulation with no_sync, equal to one step on a larger batch.
 
-Goes with the notebook on larger batches. When a batch does not fit in memory, split it
-into micro-batches, add up their gradients, and step once: the update is the same as one
-step on the whole batch, if each micro-batch's loss is scaled so that the sum of the
-scaled losses is the mean loss of the whole batch.
+Topic: larger batches. When a batch does not fit in memory, split it into micro-batches,
+add up their gradients, and step once: the update is the same as one step on the whole
+batch, if each micro-batch's loss is scaled so that the sum of the scaled losses is the
+mean loss of the whole batch.
 
 Under DistributedDataParallel every ``backward()`` also all-reduces the gradients across
 the processes. With 4 micro-batches that is 4 exchanges where 1 would do: inside

@@ -1,13 +1,13 @@
 """Exercise 09 (advanced): a two-stage pipeline with micro-batches.
 
-Goes with the notebook on what data parallelism cannot do. Data parallelism keeps a
-WHOLE copy of the model in every process; when the model does not fit in one device,
-that is not enough. Pipeline parallelism cuts the model into stages, one per process:
-process 0 runs the first layers and sends their output (the activations) to process 1,
-which runs the rest and the loss; in the backward pass process 1 sends back the gradient
-of the loss with respect to those activations, and process 0 continues the backward pass
-with it. The batch is cut into micro-batches so that both stages can work at the same
-time (the GPipe schedule: all forwards, then all backwards).
+Beyond the notebooks. Data parallelism keeps a WHOLE copy of the model in every process;
+when the model does not fit in one device, that is not enough. Pipeline parallelism cuts
+the model into stages, one per process: process 0 runs the first layers and sends their
+output (the activations) to process 1, which runs the rest and the loss; in the backward
+pass process 1 sends back the gradient of the loss with respect to those activations,
+and process 0 continues the backward pass with it. The batch is cut into micro-batches
+so that both stages can work at the same time (the GPipe schedule: all forwards, then
+all backwards).
 
 Task: write ``pipeline_step(stage, inputs, targets, activation_shape)``, called on 2
 processes at once:

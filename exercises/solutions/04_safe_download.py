@@ -10,7 +10,7 @@ import torch
 
 DATA_FILE = "numbers.bin"
 PAYLOAD = bytes(range(256)) * 64  # the "dataset": 16 KiB
-DOWNLOAD_SECONDS = 0.5
+DOWNLOAD_SECONDS = 0.8
 
 
 class IncompleteDataset(RuntimeError):
@@ -18,7 +18,7 @@ class IncompleteDataset(RuntimeError):
 
 
 def download(root: str) -> None:
-    """Given: pretend to download the dataset into ``root`` (about half a second). Each
+    """Given: pretend to download the dataset into ``root`` (almost a second). Each
     call notes itself in ``root/downloads.log``. Do not change it."""
     os.makedirs(root, exist_ok=True)
     with open(os.path.join(root, "downloads.log"), "a") as log:

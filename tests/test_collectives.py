@@ -54,6 +54,7 @@ def test_placement_report_shows_what_the_auto_helpers_did():
         assert s["batches_per_epoch"] == 4  # 64 samples, 32 per rank, 8 per batch
         assert s["sampler"] == "DistributedSampler"
         assert s["model"] == "MLP -> DistributedDataParallel"
+        assert s["loader"] == "TensorImageDataset (64 samples) -> DataLoader"
         assert s["param_device"] == s["batch_device"] == "cpu"
         assert s["optimizer_is_same_object"] is True  # auto_optim is a no-op on gloo
 

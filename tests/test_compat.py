@@ -208,3 +208,19 @@ def test_the_xla_context_is_only_reported_once_the_runtime_runs():
     assert compat.patch_lazy_context(Model, xlac) is False
     assert compat.patch_lazy_context(type("Old", (), {"create_from_context": staticmethod(lambda: 1)}),
                                      types.SimpleNamespace()) is False  # torch_xla without the probe
+
+
+def test_tpu_chips_are_counted_from_the_pci_bus(tmp_path):
+    def device(name, vendor, dev):
+        d = tmp_path / "bus" / "pci" / "devices" / name
+        d.mkdir(parents=True)
+        (d / "vendor").write_text(vendor + "\n")
+        (d / "device").write_text(dev + "\n")
+
+    assert compat.tpu_chips(str(tmp_path)) == {}
+    device("0000:00:04.0", "0x1ae0", "0x0063")  # TPU v5e
+    device("0000:00:05.0", "0x1ae0", "0x0063")
+    device("0000:00:06.0", "0x1ae0", "0x0042")  # Google, but a network card (gVNIC)
+    device("0000:00:07.0", "0x10de", "0x0063")  # NVIDIA
+    assert compat.tpu_chips(str(tmp_path)) == {"v5e": 2}
+    assert compat.tpu_chips() == {}  # this machine has no TPU

@@ -159,25 +159,36 @@ def one_rank_first_demo(local_rank: int, folder: str) -> dict:
             "entered_at": entered, "left_at": left}
 
 
-def placement_report(local_rank: int, dataset_size: int = 64, global_batch_size: int = 16) -> dict:
+def placement_report(local_rank: int, config=None) -> dict:
     """Where things live in this process, and what ``auto_dataloader``, ``auto_model`` and
-    ``auto_optim`` turned them into (type before -> type after)."""
-    from distkit.data import synthetic_dataset
+    ``auto_optim`` turned the plain objects into (type before -> type after).
+
+    With a :class:`~distkit.config.Config`: its dataset, model, global batch size and lr,
+    built as ``distkit.training`` builds them. Without: 64 synthetic samples, the MLP and
+    a global batch of 16."""
+    from distkit.config import Config
+    from distkit.data import dataset_info, get_datasets
     from distkit.models import get_model
 
-    data = synthetic_dataset(dataset_size)
-    loader = idist.auto_dataloader(data, batch_size=global_batch_size, shuffle=True)
-    model_before = get_model("mlp", in_channels=1, image_size=8, num_classes=10)
+    config = config or Config(dataset="synthetic", dataset_size=64, model="mlp", batch_size=16, lr=0.1)
+    if config.dataset == "synthetic" and config.dataset_size == 64:
+        from distkit.data import synthetic_dataset
+
+        data = synthetic_dataset(64)  # exactly 64 samples, no validation split
+    else:
+        data, _ = get_datasets(config)
+    loader = idist.auto_dataloader(data, batch_size=config.batch_size, shuffle=True)
+    model_before = get_model(config.model, **dataset_info(config.dataset))
     model_before_type = type(model_before).__name__
     model = idist.auto_model(model_before)
-    optimizer_before = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer_before = torch.optim.SGD(model.parameters(), lr=config.lr)
     optimizer = idist.auto_optim(optimizer_before)
     x, y = next(iter(loader))
     x = x.to(idist.device())
     return {
         "rank": idist.get_rank(),
         "device": str(idist.device()),
-        "loader": f"DataLoader -> {type(loader).__name__}",
+        "loader": f"{type(data).__name__} ({len(data)} samples) -> {type(loader).__name__}",
         "sampler": type(getattr(loader, "sampler", None)).__name__,
         "per_process_batch": len(y),
         "batches_per_epoch": len(loader),

@@ -22,6 +22,7 @@ def test_expected_collectives_are_the_textbook_values():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_three_gloo_ranks_see_the_predicted_collectives_and_know_who_they_are():
+    # spawned (fresh interpreters: what scripts get); the other tests fork, as notebooks do
     seen = collectives.run_per_rank(collectives.collectives_demo, nproc_per_node=3)
     expected = collectives.expected_collectives(3)
     assert [s["rank"] for s in seen] == [0, 1, 2]
@@ -30,7 +31,7 @@ def test_three_gloo_ranks_see_the_predicted_collectives_and_know_who_they_are():
     # rank 0 arrives 0.2 s late at the barrier: the others must have waited for it
     assert all(s["waited_at_barrier_s"] > 0.15 for s in seen[1:])
 
-    info = collectives.run_per_rank(collectives.process_info, nproc_per_node=3)
+    info = collectives.run_per_rank(collectives.process_info, nproc_per_node=3, start_method="fork")
     assert [(i["rank"], i["local_rank"], i["world_size"], i["backend"], i["device"]) for i in info] == \
         [(r, r, 3, "gloo", "cpu") for r in range(3)]
     assert len({i["pid"] for i in info}) == 3 and os.getpid() not in {i["pid"] for i in info}
@@ -39,7 +40,8 @@ def test_three_gloo_ranks_see_the_predicted_collectives_and_know_who_they_are():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_one_rank_first_lets_rank_0_finish_before_the_others_enter(tmp_path):
-    seen = collectives.run_per_rank(collectives.one_rank_first_demo, 3, "gloo", str(tmp_path))
+    seen = collectives.run_per_rank(collectives.one_rank_first_demo, 3, "gloo", str(tmp_path),
+                                    start_method="fork")  # as in a notebook
     assert [s["found_file_already"] for s in seen] == [False, True, True]
     assert all(s["entered_at"] >= seen[0]["left_at"] for s in seen[1:])
     assert (tmp_path / "dataset.bin").stat().st_size == 1024
@@ -48,7 +50,7 @@ def test_one_rank_first_lets_rank_0_finish_before_the_others_enter(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_placement_report_shows_what_the_auto_helpers_did():
-    seen = collectives.run_per_rank(collectives.placement_report, nproc_per_node=2)
+    seen = collectives.run_per_rank(collectives.placement_report, nproc_per_node=2, start_method="fork")
     for s in seen:
         assert s["per_process_batch"] == 8  # global batch 16 over 2 processes
         assert s["batches_per_epoch"] == 4  # 64 samples, 32 per rank, 8 per batch

@@ -142,16 +142,18 @@ plots.oversubscription_plot(rows);
 # %%
 by_n = {r["processes"]: r for r in rows}
 ratio = by_n[2 * cores]["seconds"] / by_n[cores]["seconds"]
-print(f"doubling the processes beyond the {cores} cores made the same per-process work take "
-      f"{ratio:.2f}x as long")
+gain = by_n[4 * cores]["matmuls_per_second"] / by_n[cores]["matmuls_per_second"]
+print(f"{2 * cores} processes instead of {cores}: the same per-process work took {ratio:.2f}x as long")
+print(f"{4 * cores} processes instead of {cores}: {gain:.2f}x the total work per second (4x the processes)")
 assert ratio > 1.3, "beyond the core count, processes must share the cores"
+assert gain < 3, "more processes than cores cannot do proportionally more work"
 
 # %% [markdown]
-# Up to the number of cores the processes run side by side. Beyond it they take turns,
-# so each one takes longer (the ratio printed above) while the total work per second
-# gains little: on a quiet machine it stays flat. (On a busy shared machine extra
-# processes can win a bigger share of the CPU from *other* programs, so the right-hand
-# curve may still rise a little.)
+# Up to the number of cores the processes run side by side. Beyond it they take turns:
+# each one takes longer (first ratio above), and four times the processes do far less
+# than four times the work (second ratio); on a quiet machine the total stays flat. (On
+# a busy shared machine extra processes win a bigger share of the CPU from *other*
+# programs, so the right-hand curve may still rise a little.)
 #
 # The same holds for **threads**: by default every PyTorch process starts one thread per
 # core, so N processes run N × cores threads. That is why `distkit` gives each process

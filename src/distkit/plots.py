@@ -217,3 +217,57 @@ def benchmark_chart(results):
                  f"{v['torch']}, ignite {v['ignite']}", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def scaling_curves(summary):
+    """Seconds per epoch, samples/s, scaling efficiency and final validation loss against
+    the number of processes: one line per scaling mode and lr rule.
+
+    ``summary``: rows of :func:`distkit.scaling.summarize`."""
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    panels = [("epoch_time_s", "seconds per epoch (median)"), ("samples_per_s", "samples / s"),
+              ("efficiency", "efficiency = speed-up / N"), ("final_val_loss", "final validation loss")]
+    curves = sorted({(r["mode"], r["lr_rule"]) for r in summary})
+    sizes = sorted({r["world_size"] for r in summary})
+    for mode, rule in curves:
+        rows = sorted((r for r in summary if (r["mode"], r["lr_rule"]) == (mode, rule)),
+                      key=lambda r: r["world_size"])
+        n = [r["world_size"] for r in rows]
+        for ax, (key, _) in zip(axes, panels):
+            ax.plot(n, [r[key] for r in rows], "-" if mode == "strong" else "--", marker="o",
+                    label=f"{mode} scaling, {rule}")
+    axes[2].plot(sizes, [1.0] * len(sizes), ":", color="gray", label="linear (ideal)")
+    for ax, (_, title) in zip(axes, panels):
+        ax.set_title(title)
+        ax.set_xlabel("processes (N)")
+        ax.set_xticks(sizes)
+        ax.grid(alpha=0.3)
+    axes[2].set_ylim(bottom=0)
+    axes[3].legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def step_costs(costs):
+    """Time of one training step split into compute and the communication it could not
+    hide, per world size and batch per process, labelled with the bytes all-reduced.
+
+    ``costs``: dicts of :func:`distkit.scaling.measure_step_costs`."""
+    costs = sorted(costs, key=lambda c: (c["world_size"], -c["per_process_batch"]))
+    fig, ax = plt.subplots(figsize=(1.5 + 1.6 * len(costs), 3.6))
+    x = range(len(costs))
+    compute = [1e3 * c["compute_s"] for c in costs]
+    comm = [1e3 * max(0.0, c["step_s"] - c["compute_s"]) for c in costs]
+    ax.bar(x, compute, color="tab:blue", label="compute (no all-reduce)")
+    ax.bar(x, comm, bottom=compute, color="tab:red", label="gradient all-reduce (not hidden)")
+    for i, c in enumerate(costs):
+        ax.text(i, compute[i] + comm[i], f"{c['bytes_allreduced_per_step'] / 1e3:.0f} kB\n"
+                f"{c['communication_share']:.0%} comm", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), [f"N={c['world_size']}\n{c['per_process_batch']}/proc" for c in costs])
+    ax.set_ylabel("ms per step (slowest rank)")
+    ax.set_ylim(0, 1.3 * max(a + b for a, b in zip(compute, comm)))
+    ax.set_title("one step: compute vs communication")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig

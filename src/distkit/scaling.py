@@ -80,6 +80,8 @@ def plan(world_sizes=(1, 2, 4), strong_batch: int = 64, weak_batch: int = 16) ->
         jobs.setdefault((n, weak_batch, False), []).append((WEAK, PLAIN))
         if n > 1:
             jobs.setdefault((n, weak_batch, True), []).append((WEAK, SCALED))
+        else:  # lr x 1 and no warm-up: the one baseline of both weak-scaling curves
+            jobs[(n, weak_batch, False)].append((WEAK, SCALED))
     return [Job(n, b, s, tuple(labels)) for (n, b, s), labels in jobs.items()]
 
 
@@ -277,8 +279,9 @@ def summarize(runs: list) -> list[dict]:
             "final_val_accuracy": statistics.median(r["final_val_accuracy"] for r in rs),
         })
     for row in rows:
-        # the baseline is 1 process of the same mode (at N = 1 both lr rules are the same run)
-        base = next((b for b in rows if b["mode"] == row["mode"] and b["world_size"] == 1), None)
+        # the baseline: 1 process, same mode and lr rule (at N = 1 both rules are one run)
+        base = next((b for b in rows if (b["mode"], b["lr_rule"], b["world_size"]) ==
+                     (row["mode"], row["lr_rule"], 1)), None)
         row["speedup"] = row["samples_per_s"] / base["samples_per_s"] if base else None
         row["efficiency"] = (efficiency(row["samples_per_s"], row["world_size"], base["samples_per_s"])
                              if base else None)

@@ -1,0 +1,241 @@
+"""Surviving failure: a rank killed with SIGKILL ends the job fast, naming it; a kill
+during a checkpoint save leaves the previous checkpoint loadable; torchrun restarts and
+resumes from the newest checkpoint, ending parameter for parameter where an
+uninterrupted run ends."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, subprocess_env
+from distkit import failure
+from distkit.config import Config
+from distkit.errors import DistkitError
+from distkit.launch import free_port
+from distkit.training import load_checkpoint
+
+KILL_DEADLINE_S = 30
+TRAIN = ["--epochs", "2", "--no-progress", "--checkpoint-every", "5"]  # digits: 23 iterations per epoch
+
+
+def distkit_cmd(*args):
+    return [sys.executable, "-m", "distkit", "train", *map(str, args)]
+
+
+def start(cmd, cwd, **env):
+    return subprocess.Popen(cmd, cwd=cwd, env=subprocess_env(**env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def finish(proc, timeout):
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"still running {timeout} s after the kill (hang):\n{out[-3000:]}")
+    return out
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def fake_checkpoint(path: Path, iteration: int, epoch_length: int = 23, max_epochs: int = 2):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"trainer": {"iteration": iteration, "epoch_length": epoch_length, "max_epochs": max_epochs},
+                "model": {}, "optimizer": {}, "lr_scheduler": {}}, path)
+    return path
+
+
+# --- finding the checkpoint to resume from ----------------------------------------------
+
+def test_latest_checkpoint_is_the_newest_pt_and_ignores_interrupted_saves(tmp_path):
+    assert failure.latest_checkpoint(tmp_path) is None
+    old = fake_checkpoint(tmp_path / "run-a" / "checkpoints" / "training_checkpoint_40.pt", 40)
+    new = fake_checkpoint(tmp_path / "run-b" / "checkpoints" / "training_checkpoint_15.pt", 15)
+    os.utime(old, ns=(1_000_000_000, 1_000_000_000))  # older file, higher iteration
+    (tmp_path / "run-b" / "checkpoints" / "tmpab12cd").write_bytes(b"half a checkpoint")
+    assert failure.latest_checkpoint(tmp_path) == str(new)
+    assert failure.checkpoint_iteration(new) == 15
+
+
+def test_resume_from_latest_resolves_starts_fresh_or_refuses_a_finished_run(tmp_path, capsys):
+    config = Config(output_dir=str(tmp_path), resume_from="latest")
+    assert failure.resolve_resume_from(config).resume_from is None
+    assert "starting from scratch" in capsys.readouterr().out
+    mid = fake_checkpoint(tmp_path / "r" / "checkpoints" / "training_checkpoint_15.pt", 15)
+    assert failure.resolve_resume_from(config).resume_from == str(mid)
+    done = fake_checkpoint(tmp_path / "r2" / "checkpoints" / "training_checkpoint_46.pt", 46)
+    with pytest.raises(DistkitError, match="finished run.*own --output-dir"):
+        failure.resolve_resume_from(config)
+    os.remove(done)
+    other = Config(output_dir=str(tmp_path), resume_from=str(mid))
+    assert failure.resolve_resume_from(other) is other  # an explicit path is left alone
+
+
+def test_restart_warning_only_for_restarts_with_a_shared_store(monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in failure.restart_store_warning()
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    assert failure.restart_store_warning() is None
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
+    assert failure.restart_store_warning() is None
+
+
+# --- a rank killed mid-epoch --------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_sigkill_one_rank_ends_the_spawned_job_fast_naming_the_rank(tmp_path):
+    proc = start(distkit_cmd("--nproc-per-node", 2, *TRAIN, "--output-dir", tmp_path / "runs"), tmp_path)
+    ckpt = failure.wait_for_checkpoint(tmp_path / "runs", 10, timeout=100)  # mid epoch 1
+    assert failure.checkpoint_iteration(ckpt) < 23
+    workers = failure.worker_pids(proc.pid)
+    assert sorted(workers) == [0, 1], workers
+    killed_at = time.monotonic()
+    failure.kill_rank(proc.pid, 1)
+    out = finish(proc, KILL_DEADLINE_S)
+    took = time.monotonic() - killed_at
+    assert proc.returncode != 0
+    assert took < KILL_DEADLINE_S
+    last = out.strip().splitlines()[-1]
+    assert re.match(r"distkit: error: rank 1 \(local rank 1\) was killed by SIGKILL", last), out[-2000:]
+    assert not alive(workers[0]), "rank 0 outlived the job"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_sigkill_one_rank_ends_the_torchrun_job_fast_naming_the_rank(tmp_path):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "distkit", "train", *TRAIN, "--output-dir", tmp_path / "runs"]
+    proc = start(list(map(str, cmd)), tmp_path)
+    failure.wait_for_checkpoint(tmp_path / "runs", 10, timeout=100)
+    workers = failure.wait_for_workers(proc.pid, 2)  # torchrun gives each worker its RANK
+    killed_at = time.monotonic()
+    failure.kill_rank(proc.pid, 1)
+    out = finish(proc, KILL_DEADLINE_S)
+    assert proc.returncode != 0
+    assert time.monotonic() - killed_at < KILL_DEADLINE_S
+    root_cause = out.split("Root Cause")[-1]
+    assert re.search(r"rank\s*: 1 \(local_rank: 1\)", root_cause), out[-2000:]
+    assert "SIGKILL" in root_cause
+    assert not alive(workers[0])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_sigkill_on_one_of_two_nodes_ends_both_nodes(tmp_path):
+    """Two "nodes" on 127.0.0.1 (``distkit train --nnodes 2``, each spawning 1 process):
+    node 1's launcher names rank 1; node 0's rank 0 sees its peer gone, and says so."""
+    port = free_port()
+    nodes = [start(distkit_cmd("--nnodes", 2, "--node-rank", r, "--nproc-per-node", 1,
+                               "--master-addr", "127.0.0.1", "--master-port", port, *TRAIN,
+                               "--output-dir", tmp_path / f"node{r}"), tmp_path) for r in (0, 1)]
+    try:
+        failure.wait_for_checkpoint(tmp_path / "node0", 10, timeout=100)
+        killed_at = time.monotonic()
+        failure.kill_rank(nodes[1].pid, 1, first_rank=1)
+        outs = [finish(p, KILL_DEADLINE_S) for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill()
+    assert time.monotonic() - killed_at < KILL_DEADLINE_S
+    assert [p.returncode != 0 for p in nodes] == [True, True]
+    assert "distkit: error: rank 1 (local rank 0) was killed by SIGKILL" in outs[1]
+    assert re.search(r"distkit: error: rank 0 .*(closed|reset|peer)", outs[0]), outs[0][-2000:]
+
+
+# --- a kill during a checkpoint save ------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_loadable(tmp_path):
+    """ResNet-18 (about 90 MB with its momentum buffers) checkpointed every iteration:
+    kill the process while DiskSaver is writing its temporary file."""
+    runs = tmp_path / "runs"
+    proc = start(distkit_cmd("--backend", "none", "--nproc-per-node", 1, "--model", "resnet18",
+                             "--dataset", "synthetic", "--dataset-size", 256, "--batch-size", 16,
+                             "--checkpoint-every", 1, "--epochs", 1, "--no-progress",
+                             "--output-dir", runs), tmp_path)
+    deadline, partial = time.monotonic() + 120, None
+    while time.monotonic() < deadline and proc.poll() is None:
+        done = list(runs.glob("*/checkpoints/*.pt"))
+        tmps = list(runs.glob("*/checkpoints/tmp*"))
+        try:
+            if done and tmps and tmps[0].stat().st_size > 1_000_000:  # well into a save
+                proc.send_signal(signal.SIGKILL)
+                partial = tmps[0]
+                break
+        except FileNotFoundError:  # the save finished (renamed) while we looked
+            pass
+        time.sleep(0.002)
+    out = finish(proc, 30)
+    assert partial is not None, f"never caught a save in progress:\n{out[-2000:]}"
+    assert proc.returncode == -signal.SIGKILL
+    complete = sorted(runs.glob("*/checkpoints/*.pt"))
+    assert complete, "the previous checkpoint is gone"
+    assert partial.exists() and partial.stat().st_size < complete[-1].stat().st_size
+    with pytest.raises(DistkitError, match="not a loadable checkpoint"):
+        load_checkpoint(str(partial))  # the half-written file is garbage...
+    for path in complete:  # ...but every finished checkpoint loads (weights_only=True)
+        ckpt = load_checkpoint(str(path))
+        assert ckpt["trainer"]["iteration"] == failure.checkpoint_iteration(path)
+        assert "fc.weight" in ckpt["model"]
+    assert failure.latest_checkpoint(runs) == str(complete[-1])  # and resume picks it
+
+
+# --- torchrun --max-restarts resumes from the newest checkpoint ---------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_torchrun_restart_resumes_and_ends_identical_to_an_uninterrupted_run(tmp_path):
+    """scripts/torchrun_1node.sh with one restart allowed; rank 1 is killed mid epoch 1.
+    The restart resumes from the newest checkpoint and the final weights equal, bit for
+    bit, those of an uninterrupted run (spawned by distkit, run alongside)."""
+    epochs = ["--epochs", "2", "--no-progress"]
+    reference = start(distkit_cmd("--nproc-per-node", 2, *epochs, "--output-dir", tmp_path / "ref"), tmp_path)
+    bindir = os.path.dirname(sys.executable)  # torchrun lives beside this python
+    job = subprocess.Popen(
+        ["bash", str(REPO_ROOT / "scripts" / "torchrun_1node.sh"), *epochs], cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        env=subprocess_env(NPROC=2, MAX_RESTARTS=1, CHECKPOINT_EVERY=5, OUTPUT_DIR=tmp_path / "job",
+                           PATH=f"{bindir}:{os.environ['PATH']}"))
+    try:
+        failure.wait_for_checkpoint(tmp_path / "job", 10, timeout=150)
+        failure.kill_rank(job.pid, 1)  # bash exec'd torchrun: same pid
+        newest_at_kill = failure.latest_checkpoint(tmp_path / "job")
+        out = finish(job, 150)
+        ref_out = finish(reference, 150)
+    finally:
+        job.kill()
+        reference.kill()
+    assert job.returncode == 0, out[-3000:]
+    assert reference.returncode == 0, ref_out[-3000:]
+    # torchrun's agent names the dead worker (-9: SIGKILL) before it restarts the group
+    assert re.search(r"failed \(exitcode: -9\) local_rank: 1 ", out), out[-3000:]
+    resumed = re.search(r"--resume-from latest \(TORCHELASTIC_RESTART_COUNT=1\): resuming from (\S+)", out)
+    assert resumed, out[-3000:]
+    assert failure.checkpoint_iteration(resumed.group(1)) >= failure.checkpoint_iteration(newest_at_kill)
+    final = {d: load_checkpoint(failure.latest_checkpoint(tmp_path / d)) for d in ("job", "ref")}
+    assert final["job"]["trainer"]["iteration"] == final["ref"]["trainer"]["iteration"] == 46
+    a, b = final["job"]["model"], final["ref"]["model"]
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), f"{name} differs after the restart"
+    first = load_checkpoint(resumed.group(1))["model"]  # and the check can fail:
+    assert any(not torch.equal(first[n], a[n]) for n in a)

@@ -1,0 +1,180 @@
+"""The launch templates in scripts/: each header states the exact command the script
+runs (checked against what it prints), and each runs as far as this machine allows:
+torchrun on two "nodes" on 127.0.0.1, SLURM in a simulated job (a stand-in ``srun`` that
+sets the variables the real one sets, for 2 tasks on 1 node), and the Colab launcher.
+torchrun_1node.sh itself is run, with a crash and a restart, in test_failure.py."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import REPO_ROOT, subprocess_env
+from distkit.launch import free_port
+from distkit.multinode import clean_env, slurm_env
+
+SCRIPTS = REPO_ROOT / "scripts"
+TINY = ["--epochs", "1", "--no-progress", "--dataset", "synthetic", "--dataset-size", "256"]
+
+
+def header_command(path):
+    """The line after 'Exact command' in a script's header comment."""
+    lines = path.read_text().splitlines()
+    i = next(i for i, ln in enumerate(lines) if "Exact command" in ln)
+    return lines[i + 1].lstrip("#").strip()
+
+
+def dry_run(script, args, **env):
+    out = subprocess.run(["bash", str(SCRIPTS / script), *args], capture_output=True, text=True,
+                         env=subprocess_env(DRY_RUN=1, **env), timeout=30)
+    assert out.returncode == 0, out.stderr
+    (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("+ ")]
+    return line[2:]
+
+
+@pytest.mark.parametrize("script, env", [
+    ("torchrun_1node.sh", {"NPROC": 3, "MAX_RESTARTS": 2, "OUTPUT_DIR": "runs/x", "CHECKPOINT_EVERY": 7}),
+    ("torchrun_nnodes.sh", {"NNODES": 2, "NPROC": 4, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": 29501,
+                            "JOB_ID": "j9", "MAX_RESTARTS": 1, "OUTPUT_DIR": "/shared/runs/j9",
+                            "CHECKPOINT_EVERY": 20}),
+    ("slurm.sbatch", {"SLURM_JOB_ID": 123, "OUTPUT_DIR": "runs/slurm-123", "CHECKPOINT_EVERY": 100}),
+])
+def test_header_states_the_exact_command_the_script_runs(script, env):
+    args = ["--epochs", "3"]
+    expected = header_command(SCRIPTS / script)
+    for name, value in env.items():
+        expected = expected.replace(f"${name}", str(value))
+    expected = expected.replace('"$@"', " ".join(args))
+    assert "$" not in expected, f"{script}: header uses a variable the test does not set: {expected}"
+    assert dry_run(script, args, **env) == expected
+    assert f"scripts/{script}" in (SCRIPTS / script).read_text().split("Exact command")[0], \
+        "the header shows how to invoke the script"
+
+
+def test_slurm_script_directives_come_before_any_command():
+    lines = (SCRIPTS / "slurm.sbatch").read_text().splitlines()
+    first_command = next(i for i, ln in enumerate(lines[1:], 1) if ln.strip() and not ln.startswith("#"))
+    directives = [i for i, ln in enumerate(lines) if ln.startswith("#SBATCH")]
+    assert directives and max(directives) < first_command  # sbatch ignores later ones
+    text = "\n".join(lines)
+    assert "--kill-on-bad-exit=1" in text and "#SBATCH --requeue" in text
+
+
+def test_what_ignite_reads_from_slurm():
+    """ignite's own translation of srun's variables (no process started)."""
+    from ignite.distributed.comp_models.native import _setup_ddp_vars_from_slurm_env
+
+    env = slurm_env(procid=3, ntasks=4, localid=1, nnodes=2, nodeid=1, job_id="5551234",
+                    nodelist="gpu[07-08]")
+    assert _setup_ddp_vars_from_slurm_env(env) == {
+        "RANK": 3, "LOCAL_RANK": 1, "WORLD_SIZE": 4, "MASTER_ADDR": "gpu07", "MASTER_PORT": 15000 + 1234}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_torchrun_nnodes_script_on_two_loopback_nodes(tmp_path):
+    env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), JOB_ID="loopback",
+                         OUTPUT_DIR=tmp_path / "runs", PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    nodes = [subprocess.Popen(["bash", str(SCRIPTS / "torchrun_nnodes.sh"), *TINY], cwd=tmp_path, env=env,
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            p.kill()
+    for p, out in zip(nodes, outs):
+        assert p.returncode == 0, out[-3000:]
+    (results,) = (tmp_path / "runs").glob("*/results.json")
+    res = json.loads(results.read_text())
+    assert (res["world_size"], res["nnodes"]) == (2, 2)
+    assert res["replicas_identical"]
+
+
+FAKE_SRUN = textwrap.dedent('''\
+    #!{python}
+    """Stand-in for srun on one node: start SLURM_NTASKS copies of the command, each with
+    the per-task variables srun sets; --kill-on-bad-exit=1: a failed task ends all."""
+    import os, subprocess, sys, time
+    args = sys.argv[1:]
+    kill_on_bad_exit = "--kill-on-bad-exit=1" in args
+    while args and args[0].startswith("-"):
+        args.pop(0)
+    n = int(os.environ["SLURM_NTASKS"])
+    procs = [subprocess.Popen(args, env=dict(os.environ, SLURM_PROCID=str(i), SLURM_LOCALID=str(i),
+                                                 SLURM_NODEID="0", SLURM_STEP_ID="0"))
+             for i in range(n)]
+    while any(p.poll() is None for p in procs):
+        if kill_on_bad_exit and any(p.poll() not in (None, 0) for p in procs):
+            for p in procs:
+                p.kill()
+        time.sleep(0.1)
+    sys.exit(max(abs(p.returncode) for p in procs))
+''')
+
+
+def slurm_port_job_id() -> str:
+    """A job id whose port (15000 + its last 4 digits, as ignite derives it) is free."""
+    for last4 in range(2000, 9999, 97):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", 15000 + last4))
+                return f"77{last4:04d}"
+            except OSError:
+                continue
+    pytest.skip("no free port in 17000-24999 for the simulated SLURM job")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_slurm_script_in_a_simulated_slurm_job(tmp_path):
+    """The unchanged slurm.sbatch and distkit train, in the environment sbatch + srun give
+    a job of 2 tasks on 1 node."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    srun = bindir / "srun"
+    srun.write_text(FAKE_SRUN.format(python=sys.executable))
+    srun.chmod(0o755)
+    job_id = slurm_port_job_id()
+    job_env = {k: v for k, v in slurm_env(0, 2, job_id=job_id, nodelist="localhost").items()
+               if k not in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_ID")}
+    env = clean_env(**job_env, PATH=f"{bindir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    out = subprocess.run(["bash", str(SCRIPTS / "slurm.sbatch"), *TINY], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    (results,) = (tmp_path / "runs" / f"slurm-{job_id}").glob("*/results.json")
+    res = json.loads(results.read_text())
+    assert (res["world_size"], res["nnodes"]) == (2, 1)
+    assert res["replicas_identical"]
+    assert "no checkpoint yet: starting from scratch" in out.stdout
+
+
+def test_colab_launcher_chooses_the_runtime_command():
+    out = subprocess.run([sys.executable, str(SCRIPTS / "colab_launch.py"), "--dry-run", "--epochs", "3"],
+                         capture_output=True, text=True, env=subprocess_env(), timeout=60)
+    assert out.returncode == 0, out.stderr
+    command = out.stdout.splitlines()[-1]
+    import torch
+
+    expected = "--backend nccl" if torch.cuda.is_available() else "--backend gloo --nproc-per-node 2"
+    assert command == f"+ distkit train {expected}" + (
+        f" --nproc-per-node {torch.cuda.device_count()}" if torch.cuda.is_available() else "") + " --epochs 3"
+    assert re.search(r"python \S*scripts/colab_launch\.py", (SCRIPTS / "colab_launch.py").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_colab_launcher_runs_distkit_train(tmp_path):
+    # the user's flags win over the chosen ones; one plain process keeps this test short
+    out = subprocess.run([sys.executable, str(SCRIPTS / "colab_launch.py"), "--backend", "none",
+                          "--nproc-per-node", "1", *TINY, "--output-dir", "runs"],
+                         cwd=tmp_path, capture_output=True, text=True, env=subprocess_env(), timeout=100)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "+ distkit train --backend none --nproc-per-node 1 --epochs 1" in out.stdout
+    assert "final validation accuracy" in out.stdout
+    assert list((tmp_path / "runs").glob("*/results.json"))

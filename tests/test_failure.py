@@ -199,6 +199,21 @@ def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_loadable(tmp_p
     assert failure.latest_checkpoint(runs) == str(complete[-1])  # and resume picks it
 
 
+def test_kill_during_an_atomic_disksaver_save_keeps_the_previous_file(tmp_path):
+    """The same with ignite's DiskSaver alone (the helper notebook 09 uses)."""
+    from ignite.handlers import DiskSaver
+
+    state = {"model": {"w": torch.arange(6_000_000, dtype=torch.float32)}}  # 24 MB
+    saver = DiskSaver(str(tmp_path), atomic=True, require_empty=False)
+    caught = failure.kill_during_save(lambda i: saver(state, f"training_checkpoint_{i}.pt"), tmp_path,
+                                      min_bytes=1_000_000)
+    assert 1_000_000 <= caught["partial_bytes"] < os.path.getsize(caught["complete"][-1])
+    with pytest.raises(Exception):
+        torch.load(caught["partial"], weights_only=True)
+    for path in caught["complete"]:
+        assert torch.equal(torch.load(path, weights_only=True)["model"]["w"], state["model"]["w"])
+
+
 # --- torchrun --max-restarts resumes from the newest checkpoint ---------------------------
 
 @pytest.mark.slow

@@ -180,3 +180,41 @@ def kill_rank(launcher_pid: int, rank: int, sig: int = signal.SIGKILL, first_ran
         raise LookupError(f"no rank {rank} under process {launcher_pid} (found ranks {sorted(pids)})")
     os.kill(pids[rank], sig)
     return pids[rank]
+
+
+def kill_during_save(save, directory, min_bytes: int = 10_000_000, timeout: float = 60) -> dict:
+    """Run ``save(i)`` for i = 0, 1, ... in a forked process that writes into
+    ``directory``; SIGKILL it while a temporary file of a save (``tmp*``, as
+    ``DiskSaver(atomic=True)`` writes) holds at least ``min_bytes`` and a complete
+    ``*.pt`` exists. Return ``{"partial": path, "partial_bytes": n, "complete": [paths]}``."""
+    import multiprocessing as mp
+
+    directory = Path(directory)
+    proc = mp.get_context("fork").Process(target=_save_forever, args=(save,))
+    proc.start()
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and proc.is_alive():
+            try:
+                tmps = [(p, p.stat().st_size) for p in directory.glob("tmp*")]
+                ready = [t for t in tmps if t[1] >= min_bytes]
+                if ready and list(directory.glob("*.pt")):
+                    os.kill(proc.pid, signal.SIGKILL)
+                    proc.join()
+                    return {"partial": str(ready[0][0]), "partial_bytes": ready[0][1],
+                            "complete": sorted(str(p) for p in directory.glob("*.pt"))}
+            except FileNotFoundError:  # renamed while we looked: that save completed
+                pass
+            time.sleep(0.001)
+        raise TimeoutError(f"no save in progress with >= {min_bytes} bytes caught within {timeout} s")
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _save_forever(save):
+    i = 0
+    while True:
+        save(i)
+        i += 1

@@ -110,6 +110,31 @@ def run_nodes(commands: list, timeout: float = 180, envs: list | None = None, cw
     return results
 
 
+def fork_nodes(fn, nnodes: int, timeout: float = 180) -> list:
+    """Run ``fn(node_rank)`` in ``nnodes`` forked processes at once, one "node" each, and
+    return their exit codes (None: killed after ``timeout`` s). Forking is cheap (no
+    re-import) and lets a notebook cell define ``fn``; each node may start its own
+    processes, e.g. with ``idist.Parallel(nnodes=..., node_rank=...)``."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=fn, args=(r,)) for r in range(nnodes)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        p.join(max(0.1, deadline - time.monotonic()))
+    codes = []
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+            codes.append(None)
+        else:
+            codes.append(p.exitcode)
+    return codes
+
+
 def torchrun_node(node_rank: int, nnodes: int, port: int, args: list, nproc_per_node: int = 1,
                   module: str = "distkit", addr: str = "127.0.0.1") -> list[str]:
     """The torchrun command line of one node of a static (``--master_addr``) launch."""

@@ -30,7 +30,10 @@ all-reduce alone, with the bytes all-reduced per step.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import statistics
 import tempfile
@@ -102,11 +105,14 @@ def gradient_bytes(model) -> int:
 
 
 def _median_time(fn, repeats: int) -> float:
+    sync = torch.cuda.synchronize if idist.device().type == "cuda" else (lambda: None)
     times = []
     for _ in range(repeats):
+        sync()
         idist.barrier()  # start together, so no rank's wait for another is counted
         start = time.perf_counter()
         fn()
+        sync()  # a GPU works asynchronously: wait for it before reading the clock
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -124,8 +130,9 @@ def measure_step_costs(config: Config, per_process_batch: int, repeats: int = 20
     model, optimizer, criterion = initialize(config)
     info = dataset_info(config.dataset)
     g = torch.Generator().manual_seed(idist.get_rank())
-    x = torch.randn(per_process_batch, info["in_channels"], info["image_size"], info["image_size"], generator=g)
-    y = torch.randint(0, info["num_classes"], (per_process_batch,), generator=g)
+    x = torch.randn(per_process_batch, info["in_channels"], info["image_size"], info["image_size"],
+                    generator=g).to(idist.device())
+    y = torch.randint(0, info["num_classes"], (per_process_batch,), generator=g).to(idist.device())
     ddp = isinstance(model, DistributedDataParallel)
 
     def step(sync: bool):
@@ -139,7 +146,7 @@ def measure_step_costs(config: Config, per_process_batch: int, repeats: int = 20
     nbytes = gradient_bytes(model)
     compute = _median_time(lambda: step(False), repeats)
     full = _median_time(lambda: step(True), repeats)
-    flat = torch.zeros(nbytes // 4)
+    flat = torch.zeros(nbytes // 4, device=idist.device())
     allreduce = _median_time(lambda: idist.all_reduce(flat), repeats) if ddp else 0.0
     n = idist.get_world_size()
     slowest = [idist.all_reduce(v, op="MAX") for v in (compute, full, allreduce)]
@@ -153,7 +160,8 @@ def measure_step_costs(config: Config, per_process_batch: int, repeats: int = 20
         "compute_s": slowest[0],
         "step_s": slowest[1],
         "allreduce_s": slowest[2],
-        "communication_share": max(0.0, slowest[1] - slowest[0]) / slowest[1] if slowest[1] else 0.0,
+        # the part of a step the all-reduce adds (what DDP could not overlap with backward)
+        "communication_share": max(0.0, slowest[1] - slowest[0]) / slowest[1] if ddp else 0.0,
     }
 
 
@@ -180,15 +188,14 @@ def _world_size_worker(local_rank: int, base: Config, jobs: list, repeats: int, 
                        threads: int, cost_repeats: int, out_path: str) -> None:
     """One process of one world size: every job x repeat through the unchanged
     ``training`` function, then the step costs; rank 0 appends JSON lines to out_path."""
-    import logging
-
     from distkit.training import training
 
-    logging.getLogger("ignite").setLevel(logging.WARNING)  # keep the notebook output short
+    logging.disable(logging.INFO)  # ignite's INFO lines, once per run: keep the output short
     rows = []
     for repeat in range(repeats):
         for job in jobs:
-            results = training(local_rank, job_config(base, job, warmup_epochs, threads))
+            with contextlib.redirect_stdout(io.StringIO()):  # the per-epoch lines: in the rows
+                results = training(local_rank, job_config(base, job, warmup_epochs, threads))
             if results is not None:
                 rows.append({"kind": "run", **_compact(results, job, repeat)})
     for batch in sorted({job.per_process_batch for job in jobs}):
@@ -210,15 +217,24 @@ def run_world_size(base: Config, jobs: list, repeats: int = 2, warmup_epochs: fl
 
     n = jobs[0].world_size
     assert all(j.world_size == n for j in jobs)
+    previous = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the processes
-    with tempfile.TemporaryDirectory() as tmp:
-        out_path = os.path.join(tmp, "rows.jsonl")
-        with idist.Parallel(backend=backend, nproc_per_node=n, master_port=free_port(),
-                            timeout=timedelta(seconds=base.timeout_s)) as parallel:
-            parallel.run(_world_size_worker, base, jobs, repeats, warmup_epochs, threads,
-                         cost_repeats, out_path)
-        with open(out_path) as f:
-            return [json.loads(line) for line in f]
+    logging.disable(logging.INFO)  # the launcher's INFO lines
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out_path = os.path.join(tmp, "rows.jsonl")
+            with idist.Parallel(backend=backend, nproc_per_node=n, master_port=free_port(),
+                                timeout=timedelta(seconds=base.timeout_s)) as parallel:
+                parallel.run(_world_size_worker, base, jobs, repeats, warmup_epochs, threads,
+                             cost_repeats, out_path)
+            with open(out_path) as f:
+                return [json.loads(line) for line in f]
+    finally:
+        logging.disable(logging.NOTSET)
+        if previous is None:
+            os.environ.pop("OMP_NUM_THREADS", None)
+        else:
+            os.environ["OMP_NUM_THREADS"] = previous
 
 
 def scaling_study(base: Config, world_sizes=(1, 2, 4), strong_batch: int = 64, weak_batch: int = 16,

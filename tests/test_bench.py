@@ -124,6 +124,19 @@ def test_an_output_path_that_is_a_file_fails_before_measuring(capsys, tmp_path):
     assert capsys.readouterr().err.startswith(f"distkit: error: cannot create --output '{target}'")
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
+def test_check_passes_when_nothing_was_compared(capsys, tmp_path):
+    """Without CUDA the GPU comparison is skipped, so ``--check`` has no target to miss."""
+    from distkit.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--tiny", "--only", "gpu", "--check", "--output", str(tmp_path)])
+    assert exit_info.value.code == 0
+    assert "5 GPU (ResNet-18, bf16, channels_last): skipped: no CUDA device" in capsys.readouterr().out
+    with open(tmp_path / "bench-tiny.json") as f:
+        assert json.load(f)["gpu"] == {"skipped": "no CUDA device"}
+
+
 # --- the real command, end to end -----------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -217,7 +230,8 @@ def test_bench_tiny_scaling_reports_efficiency_and_allreduced_bytes(tiny_run):
 def test_bench_tiny_data_pipeline_verdicts_follow_the_medians(tiny_run):
     _, results, _ = tiny_run
     d = results["data"]
-    workers = results["settings"]["data_workers"]
+    workers = d["num_workers"]
+    assert workers[0] == 0 and len(workers) >= 2
     for pname, p in d["pipelines"].items():
         assert set(p["loader"]) >= {f"workers={w} pin=False" for w in workers}
         zero = p["loader"]["workers=0 pin=False"]["median"]

@@ -669,7 +669,10 @@ def _pipelines(settings, size):
 def _loader_side(dataset, batch, workers, pin, batches):
     """Times ``batches`` batches after the first; the first (workers started, first batch
     made) is recorded apart in ``side.startup_s``: without ``persistent_workers`` a
-    loader pays it again at every epoch."""
+    loader pays it again at every epoch. With CUDA each batch is also copied to the GPU
+    (asynchronously from pinned memory), which is where ``pin_memory`` pays off."""
+    cuda = torch.cuda.is_available()
+
     def side():
         start = time.perf_counter()
         loader = DataLoader(dataset, batch_size=batch, shuffle=True, num_workers=workers,
@@ -679,7 +682,11 @@ def _loader_side(dataset, batch, workers, pin, batches):
         side.startup_s.append(time.perf_counter() - start)
         start = time.perf_counter()
         for _ in range(batches):
-            next(it)
+            x, y = next(it)
+            if cuda:
+                x, y = x.to("cuda", non_blocking=pin), y.to("cuda", non_blocking=pin)
+        if cuda:
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         del it
         return batches * batch, seconds
@@ -693,17 +700,19 @@ def measure_data(settings: Settings, threads: int | None = None) -> dict:
     training is data-bound when the loader is the slower of the two."""
     cores = threads_per_process(1)
     threads = threads or cores
+    # more workers than cores only makes them take turns (and torch warns)
+    workers = [w for w in settings.data_workers if w <= max(2, cores)]
     b = settings.data_batch
     size = (settings.data_batches + 1) * b
     pins = (False, True) if torch.cuda.is_available() else (False,)
     runs = settings.warmup + settings.repeats
-    out = {"batch_size": b, "threads": threads, "cores": cores, "pipelines": {},
+    out = {"batch_size": b, "threads": threads, "cores": cores, "num_workers": workers, "pipelines": {},
            "pin_memory": ("measured" if torch.cuda.is_available()
                           else "not measured: pinning only helps copies to a CUDA device")}
     with _threads(threads):
         for pname, (dataset, shape) in _pipelines(settings, size).items():
             loader_sides = {f"workers={w} pin={p}": _loader_side(dataset, b, w, p, settings.data_batches)
-                            for w in settings.data_workers for p in pins}
+                            for w in workers for p in pins}
             compute_sides, kits = {}, {}
             for model in ("cnn", "mlp"):
                 config = Config(model=model, batch_size=b, epochs=runs, progress_bar=False)
@@ -721,7 +730,7 @@ def measure_data(settings: Settings, threads: int | None = None) -> dict:
             compute = {m: summarize(rates[f"compute {m}"]) for m in kits}
             verdicts = {}
             for m, c in compute.items():
-                bound = [w for w in settings.data_workers
+                bound = [w for w in workers
                          if loaders[f"workers={w} pin=False"]["median"] >= c["median"]]
                 verdicts[m] = {
                     "compute_samples_per_s": c["median"],

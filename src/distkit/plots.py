@@ -180,16 +180,19 @@ def benchmark_chart(results):
         models = results["scaling"]["models"]
         variants = [p["variant"] for p in next(iter(models.values()))["points"]]
         width = 0.8 / len(variants)
+        top = 0.0
         for j, variant in enumerate(variants):
             values = [next(p for p in m["points"] if p["variant"] == variant)["median"]
                       for m in models.values()]
+            top = max([top] + values)
             ax.bar([i + j * width for i in range(len(models))], values, width, label=variant)
+        ax.set_ylim(0, top * 1.4)  # room for the legend above the bars
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(models))],
                       [f"{name}\nstrong eff {m['strong_efficiency']:.2f}, weak {m['weak_efficiency']:.2f}"
                        f"\n{m['allreduce_bytes_per_step'] / 2**20:.1f} MiB all-reduced/step"
                        for name, m in models.items()], fontsize=8)
         ax.set_ylabel("samples/s")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, ncol=3, loc="upper center")
         ax.set_title(f"scaling to {results['scaling']['world_sizes'][-1]} processes", fontsize=10)
     else:
         ax.set_axis_off()
@@ -206,6 +209,7 @@ def benchmark_chart(results):
                 ax.axhline(c["median"], color=color, ls=ls, lw=1,
                            label=f"compute: {model} on {pname.split()[0]}")
         ax.set_yscale("log")
+        ax.set_xticks(results["data"].get("num_workers", ax.get_xticks()))
         ax.set_xlabel("num_workers")
         ax.set_ylabel("samples/s")
         ax.legend(fontsize=7)

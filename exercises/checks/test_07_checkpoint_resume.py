@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn as nn
 from distkit.data import synthetic_dataset
-from ignite.engine import Events, create_supervised_trainer
+from distkit.training import Trainer
+from ignite.engine import Events, supervised_training_step
 
 import harness
 
@@ -28,9 +29,9 @@ def setup(seed):
     model = idist.auto_model(nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.ReLU(),
                                            nn.Linear(16, 4)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    # deterministic=True: a run resumed mid-epoch skips the batches it already trained on.
-    trainer = create_supervised_trainer(model, optimizer, nn.CrossEntropyLoss(),
-                                        deterministic=True)
+    # A DeterministicEngine (distkit's Trainer): a run resumed mid-epoch skips the batches
+    # it already trained on.
+    trainer = Trainer(supervised_training_step(model, optimizer, nn.CrossEntropyLoss()))
     trainer.add_event_handler(
         Events.EPOCH_STARTED, lambda engine: loader.sampler.set_epoch(engine.state.epoch - 1))
     return trainer, model, optimizer, loader

@@ -191,6 +191,9 @@ def test_bench_tiny_ratios_come_from_the_measured_rates(tiny_run):
         assert m["ratio"] == pytest.approx(kit["median"] / hand["median"])
         assert m["within_target"] == (m["ratio"] >= 1 - m["target_cost"])
     assert results["ddp"]["world_size"] == 2 and results["ddp"]["backend"] == "gloo"
+    per = results["ddp"]["per_step_us"]
+    assert per["kit_extra_cpu_us_per_step_per_process"] == pytest.approx(
+        per["cpu_us_per_step_per_process"]["kit"] - per["cpu_us_per_step_per_process"]["hand-written"])
     variants = results["overhead"]["variants"]
     assert set(variants) == {"kit", "kit: create_trainer only", "kit + progress bar"}
     per = results["overhead"]["per_step_us"]

@@ -417,28 +417,39 @@ def _collective(fn, threads):
     return side
 
 
+def _ddp_sides(config, world_size, threads, runs):
+    """Kit and hand-written DDP, on the same tensors, in the same processes and process
+    group: (steps per run, {"kit": side, "hand-written": side})."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    train_loader, _ = get_dataflow(config)  # DistributedSampler, batch / world size
+    model, optimizer, criterion = initialize(config)  # DDP via idist.auto_model
+    kit = KitRun(model, optimizer, criterion, train_loader, config)
+    hand_model, hand_opt, hand_loss = handwritten_setup(config, idist.device(), ddp=True)
+    sampler = DistributedSampler(train_loader.dataset, num_replicas=world_size,
+                                 rank=idist.get_rank(), shuffle=True)
+    hand_loader = DataLoader(train_loader.dataset, batch_size=config.batch_size // world_size,
+                             sampler=sampler)
+    hand_sched = linear_decay(hand_opt, runs * len(hand_loader))
+    return len(train_loader), {
+        "kit": _collective(kit, threads),
+        "hand-written": _collective(lambda: handwritten_epochs(
+            hand_model, hand_opt, hand_loss, hand_loader, scheduler=hand_sched, sampler=sampler), threads),
+    }
+
+
 def _pool_variants(settings, world_size, threads, cores, tasks):
     runs = settings.warmup + settings.repeats
     variants, info = {}, {}
     if "ddp" in tasks:
-        config = _bench_config(settings, runs=runs)
-        train_loader, _ = get_dataflow(config)  # DistributedSampler, batch / world size
-        model, optimizer, criterion = initialize(config)  # DDP via idist.auto_model
-        kit = KitRun(model, optimizer, criterion, train_loader, config)
-        variants["ddp/kit"] = _collective(kit, threads)
-        # Hand-written DDP on the same tensors, in the same processes and process group.
-        from torch.utils.data.distributed import DistributedSampler
-
-        hand_model, hand_opt, hand_loss = handwritten_setup(config, idist.device(), ddp=True)
-        sampler = DistributedSampler(train_loader.dataset, num_replicas=world_size,
-                                     rank=idist.get_rank(), shuffle=True)
-        hand_loader = DataLoader(train_loader.dataset, batch_size=config.batch_size // world_size,
-                                 sampler=sampler)
-        hand_sched = linear_decay(hand_opt, runs * len(hand_loader))
-        variants["ddp/hand-written"] = _collective(
-            lambda: handwritten_epochs(hand_model, hand_opt, hand_loss, hand_loader,
-                                       scheduler=hand_sched, sampler=sampler), threads)
-        info["ddp_steps_per_run"] = len(train_loader)
+        steps, sides = _ddp_sides(_bench_config(settings, runs=runs), world_size, threads, runs)
+        variants.update({f"ddp/{k}": side for k, side in sides.items()})
+        info["ddp_steps_per_run"] = steps
+        # the same on a model so small that a step is almost all overhead
+        small = _bench_config(settings, model="mlp", batch_size=8 * world_size, runs=runs,
+                              steps=settings.overhead_probe_steps)
+        _, sides = _ddp_sides(small, world_size, threads, runs)
+        variants.update({f"ddp-probe/{k}": side for k, side in sides.items()})
     if "scaling" in tasks:
         info["allreduce_bytes"] = {}
         for name, (build, _) in scaling_models(settings).items():
@@ -567,7 +578,8 @@ def measure_processes(settings: Settings, tasks=("ddp", "scaling")) -> dict:
             sides[f"{name}/1-all-cores"] = _with_threads(_timed(every_core), cores)
     pool = ProcessPool(settings, world, threads, cores, tasks)
     try:
-        names = (["ddp/kit", "ddp/hand-written"] if "ddp" in tasks else [])
+        names = (["ddp/kit", "ddp/hand-written", "ddp-probe/kit", "ddp-probe/hand-written"]
+                 if "ddp" in tasks else [])
         if "scaling" in tasks:
             names += [f"{m}/{kind}" for m in scaling_models(settings)
                       for kind in ("strong", "weak", "oversubscribed")]
@@ -587,6 +599,15 @@ def measure_processes(settings: Settings, tasks=("ddp", "scaling")) -> dict:
                       "hand-written": summarize(rates["ddp/hand-written"], cpu["ddp/hand-written"])},
             **compare(rates["ddp/kit"], rates["ddp/hand-written"], TARGETS["ddp"],
                       cpu["ddp/kit"], cpu["ddp/hand-written"]),
+        }
+        # CPU per step and process, on the tiny model (8 samples per process)
+        us = {k: 1e6 * 8 / statistics.median(cpu[f"ddp-probe/{k}"]) for k in ("kit", "hand-written")}
+        step_ms = 1000 * settings.batch_size / statistics.median(rates["ddp/hand-written"])
+        out["ddp"]["per_step_us"] = {
+            "model": "mlp, batch 8 per process", "steps_per_run": settings.overhead_probe_steps,
+            "cpu_us_per_step_per_process": us,
+            "kit_extra_cpu_us_per_step_per_process": us["kit"] - us["hand-written"],
+            "hand_written_step_ms_of_the_real_model": step_ms,
         }
     if "scaling" in tasks:
         out["scaling"] = _scaling_report(settings, rates, world, threads, cores, pool.info)
@@ -975,6 +996,10 @@ def table(results: dict) -> str:
         d = results["ddp"]
         lines.append(kit_row(f"2 DDP overhead, {d['world_size']} gloo processes (batch "
                              f"{d['global_batch_size']})", d["sides"]["kit"], d["sides"]["hand-written"], d))
+        per = d["per_step_us"]
+        extra, step_ms = per["kit_extra_cpu_us_per_step_per_process"], per["hand_written_step_ms_of_the_real_model"]
+        lines.append(f"    the kit's own cost per step and process ({per['model']}): {extra:+.0f} us of "
+                     f"CPU; against a {step_ms:.1f} ms step: {step_ms / (step_ms + extra / 1000):.3f} expected")
     if "gpu" in results:
         g = results["gpu"]
         if "skipped" in g:

@@ -86,6 +86,11 @@ def test_resume_from_latest_resolves_starts_fresh_or_refuses_a_finished_run(tmp_
     assert failure.resolve_resume_from(other) is other  # an explicit path is left alone
 
 
+def test_spawned_ranks_are_told_apart_across_a_pid_wrap():
+    assert failure.creation_order([32761, 5, 32767], parent=32760, pid_max=32768) == [32761, 32767, 5]
+    assert failure.creation_order([12, 11], parent=10, pid_max=32768) == [11, 12]
+
+
 def test_restart_warning_only_for_restarts_with_a_shared_store(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")

@@ -89,8 +89,8 @@ def restart_store_warning() -> str | None:
     read the addresses the dead attempt left there and fail to connect (torch 2.15 here:
     4 of 8 restarts failed so, with static or c10d rendezvous; see pytorch issue 135712).
     With a fresh store per attempt, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` and
-    ``--rdzv-backend=c10d`` (or ``--standalone``), 5 of 5 passed; ``scripts/torchrun_*.sh``
-    launch so."""
+    ``--rdzv-backend=c10d`` (or ``--standalone``), none of 15 failed;
+    ``scripts/torchrun_*.sh`` launch so."""
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and \
             os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return ("torchrun --max-restarts with a store shared across restarts: a restart may fail "
@@ -134,15 +134,24 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def creation_order(pids: list, parent: int, pid_max: int) -> list:
+    """Children's pids in the order they were created: pids are handed out upwards from
+    the parent's and wrap around at ``pid_max``, so 5 can be newer than 32760."""
+    return sorted(pids, key=lambda p: (p - parent) % pid_max)
+
+
 def worker_pids(launcher_pid: int, first_rank: int = 0) -> dict[int, int]:
     """``{rank: pid}`` of the training processes started by ``launcher_pid``.
 
     Under torchrun each worker's environment holds its ``RANK``. Processes spawned by
     ``idist.Parallel`` (``distkit train``) get their rank only after they start; they are
     started in local-rank order, so the n-th child is local rank n and its rank is
-    ``first_rank + n`` (``first_rank = node_rank * nproc_per_node``)."""
-    kids = [p for p in _children(launcher_pid)
-            if "resource_tracker" not in _cmdline(p) and "forkserver" not in _cmdline(p)]
+    ``first_rank + n`` (``first_rank = node_rank * nproc_per_node``). "n-th" counts pids
+    from the launcher's own, modulo ``pid_max``: pids wrap around (at 32768 here)."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    kids = creation_order([p for p in _children(launcher_pid)
+                           if "resource_tracker" not in _cmdline(p) and "forkserver" not in _cmdline(p)],
+                          launcher_pid, pid_max)
     ranks = {}
     for n, pid in enumerate(kids):
         env = _environ(pid)

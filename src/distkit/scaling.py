@@ -25,8 +25,11 @@ all-reduce alone, with the bytes all-reduced per step.
     from distkit.config import Config
     from distkit.scaling import scaling_study, format_table
 
-    study = scaling_study(Config(dataset="digits", epochs=4), world_sizes=(1, 2, 4))
-    print(format_table(study["summary"]))
+    if __name__ == "__main__":  # in a script: the processes are spawned, and import it
+        study = scaling_study(Config(dataset="digits", epochs=4), world_sizes=(1, 2, 4))
+        print(format_table(study["summary"]))
+
+In a notebook ``idist.Parallel`` forks instead, and the guard is not needed.
 """
 from __future__ import annotations
 

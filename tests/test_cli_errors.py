@@ -74,6 +74,19 @@ def test_checkpoint_of_another_model(run_cli, tmp_path):
     assert_one_line_error(result, "another model", "--model cnn", tmp_path=tmp_path)
 
 
+def test_checkpoint_of_a_finished_run(run_cli, tmp_path):
+    from distkit.models import get_model
+
+    done = tmp_path / "done.pt"
+    model = get_model("cnn")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    torch.save({"trainer": {"iteration": 46, "epoch_length": 23, "max_epochs": 2},
+                "model": model.state_dict(), "optimizer": opt.state_dict(),
+                "lr_scheduler": {}}, done)
+    result = run_cli("train", "--output-dir", tmp_path / "runs", "--resume-from", done, timeout=FAST)
+    assert_one_line_error(result, "finished run", "all 2 epochs", tmp_path=tmp_path)
+
+
 def test_dataset_that_needs_a_download_while_offline(run_cli, tmp_path):
     # This machine (and CI) cannot reach the dataset mirrors: the run must say so, and
     # point to the offline default, instead of hanging or printing a traceback.

@@ -21,6 +21,7 @@ def test_auto_backend_on_this_cpu_machine_is_gloo_with_two_processes():
     assert not torch.cuda.is_available()  # the CI machine has no GPU
     assert resolve_backend("auto") == "gloo"
     assert default_nproc("gloo") == 2
+    assert default_nproc("none") == 1
 
 
 def test_preflight_fills_in_backend_processes_and_a_free_port():

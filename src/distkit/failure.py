@@ -75,12 +75,10 @@ def resolve_resume_from(config):
 
 
 def checkpoint_finished(path) -> bool:
-    """True if the checkpoint's trainer had done all its epochs. Resuming it would make
-    ignite start a new run from those weights, so ``latest`` refuses it instead."""
-    from distkit.training import load_checkpoint
+    """True if the checkpoint's trainer had done all its epochs; ``latest`` refuses it."""
+    from distkit.training import checkpoint_is_finished, load_checkpoint
 
-    state = load_checkpoint(str(path))["trainer"]
-    return state["iteration"] >= state["epoch_length"] * state["max_epochs"]
+    return checkpoint_is_finished(load_checkpoint(str(path)))
 
 
 def restart_store_warning() -> str | None:

@@ -73,6 +73,8 @@ def default_nproc(backend: str) -> int:
         from distkit.compat import xla_local_device_count
 
         return xla_local_device_count()
+    if backend == "none":
+        return 1  # one plain process, no process group
     return CPU_DEFAULT_NPROC
 
 

@@ -190,6 +190,18 @@ def check_checkpoint_fits(path: str, config) -> None:
             f"--resume-from {path!r} holds weights for another model or dataset than "
             f"--model {config.model} --dataset {config.dataset}: resume with the flags of the "
             "run that wrote it") from None
+    if checkpoint_is_finished(ckpt):
+        raise DistkitError(
+            f"--resume-from {path!r} is the end of a finished run (all "
+            f"{ckpt['trainer']['max_epochs']} epochs done): nothing is left to resume; start a "
+            "new run without --resume-from")
+
+
+def checkpoint_is_finished(ckpt: dict) -> bool:
+    """True if the checkpoint's trainer had done all its epochs: ignite would start a new
+    run from it (epoch 1, lr schedule at its end) instead of resuming."""
+    state = ckpt["trainer"]
+    return state["iteration"] >= state["epoch_length"] * state["max_epochs"]
 
 
 def resolve_run_dir(config) -> str:

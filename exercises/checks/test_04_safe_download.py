@@ -40,7 +40,7 @@ def test_one_download_and_nobody_reads_too_early(tmp_path):
     ranks = harness.run_ranks(on_rank, root)
     first = ranks[0][0].get("downloads_so_far") or downloads(os.path.join(root, "downloads.log"))
     if len(first) > 1:
-        who = " and ".join(f"rank {r}" for r in first)
+        who = " and ".join(f"rank {r}" for r in sorted(first))
         raise harness.ExerciseFailure(
             f"{len(first)} processes downloaded the dataset ({who}), at the same time and into "
             f"the same file: let one process per node download first, inside "

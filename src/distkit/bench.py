@@ -51,7 +51,7 @@ from distkit.config import Config
 from distkit.data import TensorImageDataset, get_dataflow, synthetic_dataset
 from distkit.errors import DistkitError
 from distkit.models import MLP, get_model
-from distkit.training import (create_lr_scheduler, create_trainer, initialize, threads_per_process,
+from distkit.training import (attach_step_handlers, create_lr_scheduler, create_trainer, initialize, threads_per_process,
                               versions)
 
 MEASUREMENTS = ("overhead", "ddp", "scaling", "data", "gpu")
@@ -165,25 +165,17 @@ class KitRun:
     sample counter. Validation and checkpoints, which ``training()`` runs between epochs,
     are not training throughput and are left out (the hand-written loop has none).
 
-    ``handlers=False`` leaves only ``create_trainer`` (plus the counter);
+    ``handlers=False`` leaves out the lr schedule (``attach_step_handlers`` with no
+    scheduler: the per-epoch reshuffle and the sample counter stay);
     ``progress_bar=True`` adds the ``ProgressBar`` that ``distkit train`` shows by
     default (written to /dev/null here). Calling it trains ``epochs`` epochs and returns
     the samples this process trained on."""
 
     def __init__(self, model, optimizer, criterion, loader, config, handlers=True, progress_bar=False):
-        self.loader, self.samples = loader, 0
+        self.loader = loader
         self.trainer = create_trainer(model, optimizer, criterion, config)
-        if handlers:
-            length = len(loader)
-            self.trainer.add_event_handler(Events.ITERATION_STARTED,
-                                           create_lr_scheduler(config, optimizer, length))
-
-            @self.trainer.on(Events.EPOCH_STARTED)
-            def reshuffle(engine):
-                sampler = getattr(loader, "sampler", None)
-                if hasattr(sampler, "set_epoch"):
-                    sampler.set_epoch(engine.state.epoch - 1)
-
+        schedule = create_lr_scheduler(config, optimizer, len(loader)) if handlers else None
+        attach_step_handlers(self.trainer, loader, schedule)
         if progress_bar:
             from ignite.handlers import ProgressBar
 
@@ -191,14 +183,9 @@ class KitRun:
             ProgressBar(persist=False, file=self._devnull).attach(
                 self.trainer, output_transform=lambda out: {"loss": out["loss"]})
 
-        @self.trainer.on(Events.ITERATION_COMPLETED)
-        def count_samples(engine):
-            self.samples += engine.state.output["batch_size"]
-
     def __call__(self, epochs: int = 1) -> int:
-        before = self.samples
         self.trainer.run(self.loader, max_epochs=epochs)
-        return self.samples - before
+        return self.trainer.state.samples
 
 
 def handwritten_epochs(model, optimizer, criterion, loader, epochs=1, scheduler=None,

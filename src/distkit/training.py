@@ -148,6 +148,29 @@ def create_trainer(model, optimizer, criterion, config):
     return trainer
 
 
+def attach_step_handlers(trainer, train_loader, lr_scheduler=None):
+    """The handlers every epoch or step of training needs: the lr schedule (if given),
+    the sampler's reshuffle, and ``trainer.state.samples``, the samples this process
+    trained on since ``run()`` started. ``benchmarks`` reuse it to time the same work."""
+    if lr_scheduler is not None:
+        trainer.add_event_handler(Events.ITERATION_STARTED, lr_scheduler)
+
+    @trainer.on(Events.EPOCH_STARTED)
+    def reshuffle(engine):
+        # Without this every epoch would see the same order on every rank.
+        sampler = getattr(train_loader, "sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(engine.state.epoch - 1)
+
+    @trainer.on(Events.STARTED)
+    def reset_count(engine):
+        engine.state.samples = 0
+
+    @trainer.on(Events.ITERATION_COMPLETED)
+    def count_samples(engine):
+        engine.state.samples += engine.state.output["batch_size"]
+
+
 def create_evaluator(model, criterion, config):
     """Accuracy and loss over the validation shard of each rank; ignite's metrics
     all-reduce their counts, so every rank gets the global values."""
@@ -262,14 +285,7 @@ def training(local_rank: int, config) -> dict | None:
     lr_scheduler = create_lr_scheduler(config, optimizer, len(train_loader))
     trainer = create_trainer(model, optimizer, criterion, config)
     evaluator = create_evaluator(model, criterion, config)
-    trainer.add_event_handler(Events.ITERATION_STARTED, lr_scheduler)
-
-    @trainer.on(Events.EPOCH_STARTED)
-    def reshuffle(engine):
-        # Without this every epoch would see the same order on every rank.
-        sampler = getattr(train_loader, "sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(engine.state.epoch - 1)
+    attach_step_handlers(trainer, train_loader, lr_scheduler)
 
     history = []
 
@@ -324,12 +340,6 @@ def training(local_rank: int, config) -> dict | None:
         # rank 0's own batch loss: showing it needs no communication
         ProgressBar(persist=False).attach(trainer, output_transform=lambda out: {"loss": out["loss"]})
 
-    samples_seen = [0]
-
-    @trainer.on(Events.ITERATION_COMPLETED)
-    def count_samples(engine):
-        samples_seen[0] += engine.state.output["batch_size"]
-
     start = time.perf_counter()
     trainer.run(train_loader, max_epochs=config.epochs)
     wall = time.perf_counter() - start
@@ -337,7 +347,7 @@ def training(local_rank: int, config) -> dict | None:
     profile = profiling.summarize(profiler) if profiler is not None else None
     digests = {"initial": initial_digests, "final": replica_digests(model)}
     results = _report(rank, run_dir, config, history, trainer, checkpoint, profile,
-                      samples_seen[0] * world_size, wall, digests)
+                      trainer.state.samples * world_size, wall, digests)
     idist.barrier()  # leave together: a rank that tears down early aborts the others
     return results
 

@@ -8,6 +8,7 @@ optimizer (XLA). The few lines that care about the rank are marked ``rank == 0``
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -274,6 +275,17 @@ def training(local_rank: int, config) -> dict | None:
     """Train ``config.model`` on ``config.dataset`` in this process, as one of
     ``idist.get_world_size()`` replicas. Returns the results on rank 0 (also written to
     ``<run_dir>/results.json``), ``None`` on the other ranks."""
+    results = _train(local_rank, config)
+    # Free the trainer, the DDP model and the loaders (held by reference cycles) now, while
+    # the interpreter and the process group are alive: left to the interpreter's exit,
+    # gloo's pending work objects can abort a process that has finished its work
+    # (SIGABRT, "terminate called without an active exception").
+    gc.collect()
+    idist.barrier()  # leave together: a rank that tears down early can abort the others
+    return results
+
+
+def _train(local_rank: int, config) -> dict | None:
     rank, world_size = idist.get_rank(), idist.get_world_size()
     torch.set_num_threads(config.threads_per_process or threads_per_process(idist.get_nproc_per_node()))
     config.check_batch_fits(world_size)
@@ -348,7 +360,6 @@ def training(local_rank: int, config) -> dict | None:
     digests = {"initial": initial_digests, "final": replica_digests(model)}
     results = _report(rank, run_dir, config, history, trainer, checkpoint, profile,
                       trainer.state.samples * world_size, wall, digests)
-    idist.barrier()  # leave together: a rank that tears down early aborts the others
     return results
 
 

@@ -15,7 +15,7 @@ def learning_curves(results_list, labels=None):
         axes[0].plot(epochs, [h["train_loss"] for h in res["history"]], marker="o", label=label)
         axes[1].plot(epochs, [h["val_loss"] for h in res["history"]], marker="o", label=label)
         axes[2].plot(epochs, [h["val_accuracy"] for h in res["history"]], marker="o", label=label)
-    for ax, title in zip(axes, ["train loss (running avg)", "validation loss", "validation accuracy"]):
+    for ax, title in zip(axes, ["train loss (epoch mean)", "validation loss", "validation accuracy"]):
         ax.set_title(title)
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)

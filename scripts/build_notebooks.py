@@ -29,8 +29,9 @@ INSTALL_CELL = f'''# Installs what Colab lacks: pytorch-ignite and distkit (torc
 # Locally, where distkit is already installed, this cell does nothing.
 import importlib.util, subprocess, sys
 REPO_URL = "https://github.com/{REPO}"
+PIP_INSTALL = [sys.executable, "-m", "pip", "install", "-q", f"git+{{REPO_URL}}@{BRANCH}"]  # pip install git+REPO_URL
 if importlib.util.find_spec("distkit") is None:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"git+{{REPO_URL}}@{BRANCH}"], check=True)'''
+    subprocess.run(PIP_INSTALL, check=True)'''
 
 
 def badge(name: str) -> str:

@@ -60,29 +60,28 @@ def test_garbage_checkpoint(run_cli, tmp_path):
     assert_one_line_error(result, "not a loadable checkpoint", tmp_path=tmp_path)
 
 
-def test_checkpoint_of_another_model(run_cli, tmp_path):
+def write_checkpoint(path, model_name, iteration, epoch_length=23, max_epochs=2):
+    """A file shaped like distkit's checkpoints, for a model of the given name."""
     from distkit.models import get_model
 
-    other = tmp_path / "mlp.pt"
-    model = get_model("mlp")
+    model = get_model(model_name)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    torch.save({"trainer": {"iteration": 1, "epoch_length": 1, "max_epochs": 1},
+    torch.save({"trainer": {"iteration": iteration, "epoch_length": epoch_length,
+                            "max_epochs": max_epochs},
                 "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "lr_scheduler": {}}, other)
+                "lr_scheduler": {}}, path)
+    return path
+
+
+def test_checkpoint_of_another_model(run_cli, tmp_path):
+    other = write_checkpoint(tmp_path / "mlp.pt", "mlp", iteration=5)
     result = run_cli("train", "--output-dir", tmp_path / "runs", "--model", "cnn",
                      "--resume-from", other, timeout=FAST)
     assert_one_line_error(result, "another model", "--model cnn", tmp_path=tmp_path)
 
 
 def test_checkpoint_of_a_finished_run(run_cli, tmp_path):
-    from distkit.models import get_model
-
-    done = tmp_path / "done.pt"
-    model = get_model("cnn")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    torch.save({"trainer": {"iteration": 46, "epoch_length": 23, "max_epochs": 2},
-                "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "lr_scheduler": {}}, done)
+    done = write_checkpoint(tmp_path / "done.pt", "cnn", iteration=46)  # 2 x 23: all done
     result = run_cli("train", "--output-dir", tmp_path / "runs", "--resume-from", done, timeout=FAST)
     assert_one_line_error(result, "finished run", "all 2 epochs", tmp_path=tmp_path)
 

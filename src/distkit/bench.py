@@ -43,7 +43,6 @@ from datetime import datetime, timedelta
 import ignite.distributed as idist
 import torch
 import torch.nn as nn
-from ignite.engine import Events
 from ignite.utils import manual_seed
 from torch.utils.data import DataLoader, Dataset
 

@@ -15,12 +15,13 @@ Example::
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
+import pickle
 import statistics
 import tempfile
 import time
+from datetime import timedelta
 
 import ignite.distributed as idist
 import torch
@@ -31,11 +32,11 @@ from distkit.errors import DistkitError
 # --------------------------------------------------------------------------- spawning
 
 def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
-                 start_method: str | None = None, **kwargs) -> list:
+                 start_method: str | None = None, timeout_s: float = 120.0, **kwargs) -> list:
     """Run ``fn(local_rank, *args, **kwargs)`` in ``nproc_per_node`` fresh processes on
     this machine and return the list of what each rank returned (index = rank).
 
-    Returned values must be JSON-serialisable. Under IPython the processes are forked
+    Returned values must pickle. Collectives are bounded by ``timeout_s``. Under IPython the processes are forked
     (ignite's default there), so ``fn`` may be defined in a notebook cell; elsewhere they
     are spawned and ``fn`` must be importable (defined in a module), unless
     ``start_method="fork"``."""
@@ -47,6 +48,8 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
         preflight(Config(backend=backend, nproc_per_node=nproc_per_node,
                          batch_size=max(64, nproc_per_node)), spawning=True)
     spawn_kwargs = {"start_method": start_method} if start_method else {}
+    if backend in ("gloo", "nccl"):
+        spawn_kwargs["timeout"] = timedelta(seconds=timeout_s)
     forking = start_method == "fork" or (start_method is None and _in_ipython())
     if forking and torch.cuda.is_available() and torch.cuda.is_initialized():
         raise DistkitError("CUDA is already initialised in this process, and a forked child cannot "
@@ -68,8 +71,8 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
 def _read_per_rank(folder, nproc_per_node):
     values = []
     for rank in range(nproc_per_node):
-        with open(os.path.join(folder, f"rank{rank}.json")) as f:
-            values.append(json.load(f))
+        with open(os.path.join(folder, f"rank{rank}.pkl"), "rb") as f:
+            values.append(pickle.load(f))
     return values
 
 
@@ -83,9 +86,9 @@ def _record_worker(local_rank, fn, folder, threads, args, kwargs):
     torch.set_num_threads(threads)  # never more threads than this process's share of cores
     value = fn(local_rank, *args, **kwargs)
     # One file per rank (every backend can do that on one machine; XLA cannot gather objects).
-    path = os.path.join(folder, f"rank{idist.get_rank()}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(value, f, default=str)
+    path = os.path.join(folder, f"rank{idist.get_rank()}.pkl")
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(value, f)
     os.replace(path + ".tmp", path)
 
 

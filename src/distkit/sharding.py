@@ -25,11 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import pickle
-import tempfile
 from collections import Counter
-from datetime import timedelta
 
 import ignite.distributed as idist
 import torch
@@ -172,17 +168,6 @@ def collect_indices(dataset, batch_size: int, epochs: int = 1, drop_last: bool =
     }
 
 
-def _keep_rank0(local_rank, fn, path, args, kwargs):
-    from distkit.training import threads_per_process
-
-    torch.set_num_threads(threads_per_process(idist.get_nproc_per_node()))
-    quiet_ignite_logs()
-    out = fn(local_rank, *args, **kwargs)
-    if idist.get_rank() == 0:
-        with open(path, "wb") as f:
-            pickle.dump(out, f)
-
-
 def quiet_ignite_logs() -> None:
     """Silence ignite's INFO lines about loader kwargs and process spawning (warnings
     still show). ignite's ``setup_logger`` keeps the level of a logger that exists."""
@@ -194,25 +179,14 @@ def quiet_ignite_logs() -> None:
 def run_on_ranks(fn, nproc_per_node: int, *args, backend: str = "gloo", timeout_s: float = 120.0,
                  start_method: str | None = None, **kwargs):
     """Run ``fn(local_rank, *args, **kwargs)`` in ``nproc_per_node`` processes on this
-    machine (``idist.Parallel``) and return what rank 0 returned (it must pickle).
+    machine and return what rank 0 returned: :func:`distkit.collectives.run_per_rank`,
+    which also says how processes start (forked under IPython, so ``fn`` may be defined
+    in a notebook cell; spawned from a script, so ``fn`` must live in a module)."""
+    from distkit.collectives import run_per_rank
 
-    Under IPython the processes are forked, so ``fn`` may be defined in a notebook cell;
-    from a script they are spawned, so ``fn`` must live in a module (``start_method``
-    overrides ignite's choice)."""
-    from distkit.launch import free_port
-
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     quiet_ignite_logs()
-    spawn = {"timeout": timedelta(seconds=timeout_s)} if backend in ("gloo", "nccl") else {}
-    if start_method:
-        spawn["start_method"] = start_method
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "rank0.pkl")
-        with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node,
-                            master_port=free_port(), **spawn) as parallel:
-            parallel.run(_keep_rank0, fn, path, args, kwargs)
-        with open(path, "rb") as f:
-            return pickle.load(f)
+    return run_per_rank(fn, nproc_per_node, backend, *args, start_method=start_method,
+                        timeout_s=timeout_s, **kwargs)[0]
 
 
 # --------------------------------------------------------------------------------------

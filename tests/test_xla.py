@@ -167,4 +167,6 @@ def test_import_distkit_applies_every_shim_and_the_pitfalls_show(xla_python, tmp
     assert out["reductions"]["create_supervised_trainer"] == 2.0
     assert out["reductions"]["distkit.training.create_trainer"] == 1.0
     # MpDeviceLoader: the step's graph runs while "fetching data"
-    assert out["mp"]["data_share"] > 0.5 > out["plain"]["data_share"], out
+    # (a timing: on XLA:CPU the share swung from 0.34 to 0.92 between runs while the plain
+    # loader's stayed near 0.02, so assert the direction with a wide margin)
+    assert out["mp"]["data_share"] > max(0.2, 3 * out["plain"]["data_share"]), out

@@ -93,6 +93,32 @@ def test_every_exercise_has_a_task_a_todo_a_hint_a_solution_and_a_marker():
         assert re.search(rf"^\s+ex{n}:", ini, flags=re.M), f"marker ex{n} not registered"
 
 
+def given_parts(path: Path) -> dict:
+    """What a stub hands the learner ready-made: functions whose docstring starts with
+    "Given:", classes, and module-level constants, each as source text."""
+    text = path.read_text()
+    tree = ast.parse(text)
+    parts = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and (ast.get_docstring(node) or "").startswith("Given:"):
+            parts[node.name] = ast.get_source_segment(text, node)
+        elif isinstance(node, ast.ClassDef):
+            parts[node.name] = ast.get_source_segment(text, node)
+        elif isinstance(node, ast.Assign) and all(isinstance(t, ast.Name) for t in node.targets):
+            parts[",".join(t.id for t in node.targets)] = ast.get_source_segment(text, node)
+    return parts
+
+
+@pytest.mark.parametrize("stub", STUBS, ids=lambda p: p.stem)
+def test_solution_keeps_the_stubs_given_code_unchanged(stub):
+    # The solution mirrors the stub file; what the stub gives ("Do not change it") must
+    # not drift between the two, or the solution would pass against other helpers.
+    given = given_parts(stub)
+    in_solution = given_parts(SOLUTIONS / stub.name)
+    for name, source in given.items():
+        assert in_solution.get(name) == source, f"{stub.name}: {name} differs in the solution"
+
+
 # --- both sides -----------------------------------------------------------------------
 
 @pytest.mark.slow

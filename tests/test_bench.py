@@ -107,7 +107,7 @@ def test_gpu_measurement_says_it_is_skipped_without_cuda():
     (["--threads", "0"], "--threads must be >= 1, got 0"),
 ])
 def test_bad_input_fails_in_one_line(args, message, capsys, tmp_path):
-    from distkit.cli import main
+    from distkit.commands import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--tiny", "--output", str(tmp_path / "out"), *args])
@@ -118,7 +118,7 @@ def test_bad_input_fails_in_one_line(args, message, capsys, tmp_path):
 
 
 def test_an_output_path_that_is_a_file_fails_before_measuring(capsys, tmp_path):
-    from distkit.cli import main
+    from distkit.commands import main
 
     target = tmp_path / "a-file"
     target.write_text("")
@@ -131,7 +131,7 @@ def test_an_output_path_that_is_a_file_fails_before_measuring(capsys, tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU answer")
 def test_check_passes_when_nothing_was_compared(capsys, tmp_path):
     """Without CUDA the GPU comparison is skipped, so ``--check`` has no target to miss."""
-    from distkit.cli import main
+    from distkit.commands import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--tiny", "--only", "gpu", "--check", "--output", str(tmp_path)])

@@ -1,4 +1,4 @@
-"""distkit.collectives: real gloo processes report what each rank saw; the measurements
+"""distkit.lessons.collectives: real gloo processes report what each rank saw; the measurements
 behave as the notebooks say."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from distkit import collectives
+from distkit.lessons import collectives
 from distkit.errors import DistkitError
 
 

@@ -324,7 +324,7 @@ def test_every_exercise_has_wrong_answers():
 
 def distkit(capfd, *args) -> tuple:
     """``distkit ARGS`` through the real CLI entry point; returns (exit code, out, err)."""
-    from distkit.cli import main
+    from distkit.commands import main
 
     try:
         main(list(args))

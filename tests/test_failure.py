@@ -16,11 +16,12 @@ import pytest
 import torch
 
 from conftest import REPO_ROOT, subprocess_env
-from distkit import failure
+from distkit.lessons import failure
 from distkit.config import Config
 from distkit.errors import DistkitError
 from distkit.launch import free_port
-from distkit.training import load_checkpoint
+from distkit import checkpoint
+from distkit.checkpoint import load_checkpoint
 
 KILL_DEADLINE_S = 30
 TRAIN = ["--epochs", "2", "--no-progress", "--checkpoint-every", "5"]  # digits: 23 iterations per epoch
@@ -63,27 +64,27 @@ def fake_checkpoint(path: Path, iteration: int, epoch_length: int = 23, max_epoc
 # --- finding the checkpoint to resume from ----------------------------------------------
 
 def test_latest_checkpoint_is_the_newest_pt_and_ignores_interrupted_saves(tmp_path):
-    assert failure.latest_checkpoint(tmp_path) is None
+    assert checkpoint.latest_checkpoint(tmp_path) is None
     old = fake_checkpoint(tmp_path / "run-a" / "checkpoints" / "training_checkpoint_40.pt", 40)
     new = fake_checkpoint(tmp_path / "run-b" / "checkpoints" / "training_checkpoint_15.pt", 15)
     os.utime(old, ns=(1_000_000_000, 1_000_000_000))  # older file, higher iteration
     (tmp_path / "run-b" / "checkpoints" / "tmpab12cd").write_bytes(b"half a checkpoint")
-    assert failure.latest_checkpoint(tmp_path) == str(new)
-    assert failure.checkpoint_iteration(new) == 15
+    assert checkpoint.latest_checkpoint(tmp_path) == str(new)
+    assert checkpoint.checkpoint_iteration(new) == 15
 
 
 def test_resume_from_latest_resolves_starts_fresh_or_refuses_a_finished_run(tmp_path, capsys):
     config = Config(output_dir=str(tmp_path), resume_from="latest")
-    assert failure.resolve_resume_from(config).resume_from is None
+    assert checkpoint.resolve_resume_from(config).resume_from is None
     assert "starting from scratch" in capsys.readouterr().out
     mid = fake_checkpoint(tmp_path / "r" / "checkpoints" / "training_checkpoint_15.pt", 15)
-    assert failure.resolve_resume_from(config).resume_from == str(mid)
+    assert checkpoint.resolve_resume_from(config).resume_from == str(mid)
     done = fake_checkpoint(tmp_path / "r2" / "checkpoints" / "training_checkpoint_46.pt", 46)
     with pytest.raises(DistkitError, match="finished run.*own --output-dir"):
-        failure.resolve_resume_from(config)
+        checkpoint.resolve_resume_from(config)
     os.remove(done)
     other = Config(output_dir=str(tmp_path), resume_from=str(mid))
-    assert failure.resolve_resume_from(other) is other  # an explicit path is left alone
+    assert checkpoint.resolve_resume_from(other) is other  # an explicit path is left alone
 
 
 def test_spawned_ranks_are_told_apart_across_a_pid_wrap():
@@ -94,12 +95,12 @@ def test_spawned_ranks_are_told_apart_across_a_pid_wrap():
 def test_restart_warning_only_for_restarts_with_a_shared_store(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in failure.restart_store_warning()
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in checkpoint.restart_store_warning()
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
-    assert failure.restart_store_warning() is None
+    assert checkpoint.restart_store_warning() is None
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "0")
-    assert failure.restart_store_warning() is None
+    assert checkpoint.restart_store_warning() is None
 
 
 # --- a rank killed mid-epoch --------------------------------------------------------------
@@ -109,7 +110,7 @@ def test_restart_warning_only_for_restarts_with_a_shared_store(monkeypatch):
 def test_sigkill_one_rank_ends_the_spawned_job_fast_naming_the_rank(tmp_path):
     proc = start(distkit_cmd("--nproc-per-node", 2, *TRAIN, "--output-dir", tmp_path / "runs"), tmp_path)
     ckpt = failure.wait_for_checkpoint(tmp_path / "runs", 10, timeout=100)  # mid epoch 1
-    assert failure.checkpoint_iteration(ckpt) < 23
+    assert checkpoint.checkpoint_iteration(ckpt) < 23
     workers = failure.worker_pids(proc.pid)
     assert sorted(workers) == [0, 1], workers
     killed_at = time.monotonic()
@@ -199,9 +200,9 @@ def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_loadable(tmp_p
         load_checkpoint(str(partial))  # the half-written file is garbage...
     for path in complete:  # ...but every finished checkpoint loads (weights_only=True)
         ckpt = load_checkpoint(str(path))
-        assert ckpt["trainer"]["iteration"] == failure.checkpoint_iteration(path)
+        assert ckpt["trainer"]["iteration"] == checkpoint.checkpoint_iteration(path)
         assert "fc.weight" in ckpt["model"]
-    assert failure.latest_checkpoint(runs) == str(complete[-1])  # and resume picks it
+    assert checkpoint.latest_checkpoint(runs) == str(complete[-1])  # and resume picks it
 
 
 def test_kill_during_an_atomic_disksaver_save_keeps_the_previous_file(tmp_path):
@@ -238,7 +239,7 @@ def test_torchrun_restart_resumes_and_ends_identical_to_an_uninterrupted_run(tmp
     try:
         failure.wait_for_checkpoint(tmp_path / "job", 10, timeout=150)
         failure.kill_rank(job.pid, 1)  # bash exec'd torchrun: same pid
-        newest_at_kill = failure.latest_checkpoint(tmp_path / "job")
+        newest_at_kill = checkpoint.latest_checkpoint(tmp_path / "job")
         out = finish(job, 150)
         ref_out = finish(reference, 150)
     finally:
@@ -250,8 +251,8 @@ def test_torchrun_restart_resumes_and_ends_identical_to_an_uninterrupted_run(tmp
     assert re.search(r"failed \(exitcode: -9\) local_rank: 1 ", out), out[-3000:]
     resumed = re.search(r"--resume-from latest \(TORCHELASTIC_RESTART_COUNT=1\): resuming from (\S+)", out)
     assert resumed, out[-3000:]
-    assert failure.checkpoint_iteration(resumed.group(1)) >= failure.checkpoint_iteration(newest_at_kill)
-    final = {d: load_checkpoint(failure.latest_checkpoint(tmp_path / d)) for d in ("job", "ref")}
+    assert checkpoint.checkpoint_iteration(resumed.group(1)) >= checkpoint.checkpoint_iteration(newest_at_kill)
+    final = {d: load_checkpoint(checkpoint.latest_checkpoint(tmp_path / d)) for d in ("job", "ref")}
     assert final["job"]["trainer"]["iteration"] == final["ref"]["trainer"]["iteration"] == 46
     a, b = final["job"]["model"], final["ref"]["model"]
     assert a.keys() == b.keys()

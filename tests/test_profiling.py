@@ -137,7 +137,7 @@ def test_slow_pipeline_is_data_bound_and_workers_fix_it():
     prefetching take most of the wait away."""
     import warnings
 
-    from distkit.slow_data import profile_pipeline
+    from distkit.lessons.slow_data import profile_pipeline
 
     slow = profile_pipeline(0, delay_s=0.005, samples=256, epochs=1)
     assert slow["profile"]["bottleneck"] == "data", profiling.diagnose(slow["profile"])

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from distkit import scaling
+from distkit.lessons import scaling
 from distkit.config import Config
 from distkit.errors import DistkitError
 from distkit.models import get_model

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO_ROOT, subprocess_env
 from distkit.launch import free_port
-from distkit.multinode import clean_env, slurm_env
+from distkit.lessons.multinode import clean_env, slurm_env
 
 SCRIPTS = REPO_ROOT / "scripts"
 TINY = ["--epochs", "1", "--no-progress", "--dataset", "synthetic", "--dataset-size", "256"]

@@ -43,9 +43,9 @@ def cli_args(n, world, batch, drop_last, *extra):
 
 
 def in_process(argv, capsys):
-    """``distkit.cli.main(argv)`` in this process (its rank processes are still real,
+    """``distkit.commands.main(argv)`` in this process (its rank processes are still real,
     forked); returns (exit code, stdout, stderr)."""
-    from distkit.cli import main
+    from distkit.commands import main
 
     with pytest.raises(SystemExit) as exit_:
         main(argv)

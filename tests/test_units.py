@@ -14,7 +14,9 @@ from distkit.config import Config
 from distkit.errors import DistkitError
 from distkit.launch import (check_port_free, default_nproc, describe_process_failure,
                             free_port, preflight, resolve_backend)
-from distkit.training import create_lr_scheduler, make_run_dir, peak_lr, threads_per_process
+from distkit.checkpoint import make_run_dir
+from distkit.launch import threads_per_process
+from distkit.training import create_lr_scheduler, peak_lr
 
 
 def test_auto_backend_on_this_cpu_machine_is_gloo_with_two_processes():

@@ -130,12 +130,12 @@ def test_distkit_train_runs_on_xla_and_learns(xla_python, tmp_path):
 def test_import_distkit_applies_every_shim_and_the_pitfalls_show(xla_python, tmp_path):
     code = """
         import json, distkit, ignite.distributed as idist, torch_xla
-        from distkit.collectives import run_per_rank
+        from distkit.lessons.collectives import run_per_rank
         from distkit.compat import APPLIED
         from distkit.config import Config
         from distkit.errors import DistkitError
         from distkit.launch import default_nproc, preflight
-        from distkit import xla_pitfalls as xp
+        from distkit.lessons import xla_pitfalls as xp
         out = {"applied": APPLIED, "rank": idist.get_rank(), "backend": idist.backend(),
                "runtime_started": torch_xla._XLAC._xla_runtime_is_initialized(),
                "default_nproc": default_nproc("xla-tpu")}

@@ -22,7 +22,8 @@ import ignite
 import ignite.distributed as idist
 import torch
 
-from distkit import collectives, plots
+from distkit import plots
+from distkit.lessons import collectives
 
 cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 print(f"torch {torch.__version__}, ignite {ignite.__version__}, "
@@ -47,7 +48,7 @@ with idist.Parallel(backend="gloo", nproc_per_node=2) as parallel:
 
 # %% [markdown]
 # The lines may come in any order: the processes run at the same time. To *use* what each
-# process computed, `distkit.collectives.run_per_rank(fn, N)` runs `fn` the same way and
+# process computed, `distkit.lessons.collectives.run_per_rank(fn, N)` runs `fn` the same way and
 # hands back each rank's return value, in rank order. Here is what 1, 2 and 4 processes
 # report about themselves:
 

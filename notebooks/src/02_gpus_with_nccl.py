@@ -19,7 +19,7 @@ import time
 import distkit  # first: it makes torch's GPU check safe for the processes forked below
 import torch
 
-from distkit import collectives
+from distkit.lessons import collectives
 from distkit.config import Config
 from distkit.errors import DistkitError
 from distkit.launch import preflight
@@ -35,7 +35,7 @@ else:
 # **One rule first.** In a notebook, `idist.Parallel` starts the processes by *forking*
 # this kernel. A forked process cannot use CUDA if its parent already did, so this
 # notebook never touches the GPU in the kernel itself: every measurement runs inside the
-# processes. (`distkit.collectives.run_per_rank` refuses to fork once CUDA is
+# processes. (`distkit.lessons.collectives.run_per_rank` refuses to fork once CUDA is
 # initialised here, and says so.)
 #
 # ## 1. One process per GPU

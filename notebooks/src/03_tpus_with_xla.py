@@ -61,8 +61,8 @@ if ON_TPU:
     os.environ.setdefault("PJRT_DEVICE", "TPU")
 
 import distkit
-from distkit import xla_pitfalls
-from distkit.collectives import process_info, run_per_rank
+from distkit.lessons import xla_pitfalls
+from distkit.lessons.collectives import process_info, run_per_rank
 
 print("shims applied by import distkit:", distkit.compat.APPLIED)
 if ON_TPU:
@@ -200,7 +200,7 @@ if not ON_TPU:
 else:
     from distkit.config import Config
     from distkit.launch import run
-    from distkit.train_cmd import summary
+    from distkit.commands.train import summary
 
     results = run(Config(backend="xla-tpu", nproc_per_node=nproc, epochs=5, progress_bar=False,
                          output_dir="runs"))

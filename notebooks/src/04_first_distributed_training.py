@@ -18,10 +18,11 @@ import subprocess
 import sys
 
 import distkit
-from distkit import collectives, plots
+from distkit import plots
+from distkit.lessons import collectives
 from distkit.config import Config
 from distkit.launch import default_nproc, read_results, resolve_backend, run
-from distkit.train_cmd import summary
+from distkit.commands.train import summary
 
 logging.disable(logging.INFO)  # hides ignite's launcher logs; delete this line to see them
 backend = resolve_backend("auto")

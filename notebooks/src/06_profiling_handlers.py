@@ -26,7 +26,7 @@ from distkit import plots, profiling
 from distkit.config import Config
 from distkit.launch import run
 from distkit.sharding import quiet_ignite_logs, run_on_ranks
-from distkit.slow_data import profile_pipeline
+from distkit.lessons.slow_data import profile_pipeline
 
 torch.set_num_threads(1)
 quiet_ignite_logs()  # ignite's INFO lines about spawning and loader kwargs
@@ -96,14 +96,14 @@ assert bar["ranks"] == 1 and bar["per_rank_s"][1] is None   # rank 0 only
 # `profile.csv` next to `results.json`; this is its summary for the run above:
 
 # %%
-from distkit.train_cmd import summary
+from distkit.commands.train import summary
 
 print(summary(results))
 
 # %% [markdown]
 # ## 3. A data-bound run, detected and fixed
 #
-# `distkit.slow_data.SlowDataset` wraps the digits so that each sample takes 3 ms to
+# `distkit.lessons.slow_data.SlowDataset` wraps the digits so that each sample takes 3 ms to
 # load, as if read one by one from slow storage. The loop below is the kit's own trainer
 # and CNN (`distkit.training.create_trainer`), on 2 processes, loading in the training
 # process itself (`num_workers=0`, the default):

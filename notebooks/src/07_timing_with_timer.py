@@ -25,7 +25,7 @@ from distkit import profiling
 from distkit.config import Config
 from distkit.data import get_dataflow
 from distkit.sharding import quiet_ignite_logs, run_on_ranks
-from distkit.slow_data import profile_pipeline
+from distkit.lessons.slow_data import profile_pipeline
 from distkit.training import create_evaluator, create_trainer, initialize
 
 torch.set_num_threads(1)

@@ -25,7 +25,8 @@ import os
 
 import torch
 
-from distkit import plots, scaling
+from distkit import plots
+from distkit.lessons import scaling
 from distkit.config import Config
 
 if torch.cuda.device_count() >= 2:

@@ -27,10 +27,10 @@ from pathlib import Path
 import ignite.distributed as idist
 import torch
 
-from distkit import failure, multinode
+from distkit.lessons import failure, multinode
 from distkit.config import Config
 from distkit.launch import free_port, run
-from distkit.training import load_checkpoint
+from distkit.checkpoint import checkpoint_iteration, latest_checkpoint, load_checkpoint
 
 logging.disable(logging.INFO)  # ignite's launcher INFO lines; the logs below keep the rest
 # One thread per process in every run: the same arithmetic in every layout (a different
@@ -44,12 +44,12 @@ print("(digits: 23 iterations per epoch; a checkpoint every 5 and at each epoch'
 #
 # **torchrun**, two launches, as you would type them on two machines
 # (`--nnodes=2 --node_rank=0|1 --master_addr=...`). Each starts one process running
-# `python -m distkit.multinode`, which prints what `idist` makes of it and the launcher's
+# `python -m distkit.lessons.multinode`, which prints what `idist` makes of it and the launcher's
 # variables.
 
 # %%
 port = free_port()
-cmds = [multinode.torchrun_node(r, 2, port, [], module="distkit.multinode") for r in (0, 1)]
+cmds = [multinode.torchrun_node(r, 2, port, [], module="distkit.lessons.multinode") for r in (0, 1)]
 print("$", " ".join(["torchrun", *cmds[1][3:]]))
 nodes = multinode.run_nodes(cmds, timeout=120)
 for r, node in enumerate(nodes):
@@ -171,7 +171,7 @@ assert proc.returncode != 0 and took < 30 and "rank 1" in last and "SIGKILL" in 
 # checkpoint: `--resume-from latest` takes the newest under `--output-dir` (none: start
 # from scratch). `--standalone` and `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` give each
 # start a fresh rendezvous store (with a shared one, restarts sometimes failed to
-# reconnect: see `distkit.failure.restart_store_warning`); `scripts/torchrun_1node.sh`
+# reconnect: see `distkit.checkpoint.restart_store_warning`); `scripts/torchrun_1node.sh`
 # launches exactly so.
 
 # %%
@@ -183,7 +183,7 @@ proc = subprocess.Popen(cmd, env=multinode.clean_env(TORCH_DISABLE_SHARE_RDZV_TC
                         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 failure.wait_for_checkpoint("runs/restarted", 10, timeout=120)
 failure.kill_rank(proc.pid, 1)
-newest_at_kill = failure.latest_checkpoint("runs/restarted")
+newest_at_kill = latest_checkpoint("runs/restarted")
 out, _ = proc.communicate(timeout=240)
 keys = ("failed (exitcode", "--resume-from latest", "final validation", "results, checkpoints")
 print("\n".join(ln.split("] ")[-1] for ln in out.splitlines() if any(k in ln for k in keys)))
@@ -191,10 +191,10 @@ assert proc.returncode == 0
 
 # %%
 resumed_from = [ln for ln in out.splitlines() if "resuming from" in ln][-1].split("resuming from ")[-1]
-final = load_checkpoint(failure.latest_checkpoint("runs/restarted"))
+final = load_checkpoint(latest_checkpoint("runs/restarted"))
 print(f"killed after {Path(newest_at_kill).name}; the restart resumed from {Path(resumed_from).name}, "
       "so it lost at most the 5 iterations after it")
-assert failure.checkpoint_iteration(resumed_from) >= failure.checkpoint_iteration(newest_at_kill)
+assert checkpoint_iteration(resumed_from) >= checkpoint_iteration(newest_at_kill)
 assert final["trainer"]["iteration"] == reference["trainer"]["iteration"] == 46
 assert same_weights(final["model"], reference["model"])
 assert same_weights(final["optimizer"]["state"][0], reference["optimizer"]["state"][0])

@@ -1,4 +1,4 @@
-from distkit.cli import main
+from distkit.commands import main
 
 if __name__ == "__main__":
     main()

@@ -49,8 +49,9 @@ from torch.utils.data import DataLoader, Dataset
 from distkit.config import Config
 from distkit.data import TensorImageDataset, get_dataflow, synthetic_dataset
 from distkit.errors import DistkitError
+from distkit.launch import threads_per_process
 from distkit.models import MLP, get_model
-from distkit.training import (attach_step_handlers, create_lr_scheduler, create_trainer, initialize, threads_per_process,
+from distkit.training import (attach_step_handlers, create_lr_scheduler, create_trainer, initialize,
                               versions)
 
 MEASUREMENTS = ("overhead", "ddp", "scaling", "data", "gpu")

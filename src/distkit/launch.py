@@ -78,6 +78,15 @@ def default_nproc(backend: str) -> int:
     return CPU_DEFAULT_NPROC
 
 
+def threads_per_process(local_world_size: int) -> int:
+    """Cores this process may use, divided by the processes on this node (at least 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_world_size))
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago (bind to port 0, read it back)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -120,11 +129,11 @@ def preflight(config, spawning: bool):
         elif config.node_rank in (None, 0) and config.master_port is not None:
             check_port_free(config.master_port)
     if config.resume_from == "latest":  # the newest checkpoint under --output-dir, if any
-        from distkit.failure import resolve_resume_from
+        from distkit.checkpoint import resolve_resume_from
 
         config = resolve_resume_from(config)
     if config.resume_from:
-        from distkit.training import check_checkpoint_fits
+        from distkit.checkpoint import check_checkpoint_fits
 
         check_checkpoint_fits(config.resume_from, config)
     if spawning and config.dataset in ("mnist", "cifar10"):
@@ -138,7 +147,8 @@ def preflight(config, spawning: bool):
 def run(config) -> dict | None:
     """Run ``training`` as the config says; return rank 0's results (None on other ranks
     of an external launch)."""
-    from distkit.training import make_run_dir, training
+    from distkit.checkpoint import make_run_dir
+    from distkit.training import training
 
     spawning = config.nproc_per_node is not None or not launched_externally()
     config = preflight(config, spawning)
@@ -171,8 +181,6 @@ def run(config) -> dict | None:
 
 
 def _threads(config) -> int:
-    from distkit.training import threads_per_process
-
     return config.threads_per_process or threads_per_process(config.nproc_per_node)
 
 

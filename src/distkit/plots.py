@@ -122,7 +122,7 @@ def data_vs_compute(summaries, labels):
 
 def oversubscription_plot(rows):
     """Time for N busy processes to finish the same work each, and their total throughput,
-    against N, with the machine's core count marked. ``rows``: from ``distkit.collectives.oversubscription``."""
+    against N, with the machine's core count marked. ``rows``: from ``distkit.lessons.collectives.oversubscription``."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.4))
     n = [r["processes"] for r in rows]
     cores = rows[0]["cores"]
@@ -227,7 +227,7 @@ def scaling_curves(summary):
     """Seconds per epoch, samples/s, scaling efficiency and final validation loss against
     the number of processes: one line per scaling mode and lr rule.
 
-    ``summary``: rows of :func:`distkit.scaling.summarize`."""
+    ``summary``: rows of :func:`distkit.lessons.scaling.summarize`."""
     fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
     panels = [("epoch_time_s", "seconds per epoch (median)"), ("samples_per_s", "samples / s"),
               ("efficiency", "efficiency = speed-up / N"), ("final_val_loss", "final validation loss")]
@@ -256,7 +256,7 @@ def step_costs(costs):
     """Time of one training step split into compute and the communication it could not
     hide, per world size and batch per process, labelled with the bytes all-reduced.
 
-    ``costs``: dicts of :func:`distkit.scaling.measure_step_costs`."""
+    ``costs``: dicts of :func:`distkit.lessons.scaling.measure_step_costs`."""
     costs = sorted(costs, key=lambda c: (c["world_size"], -c["per_process_batch"]))
     fig, ax = plt.subplots(figsize=(1.5 + 1.6 * len(costs), 3.6))
     x = range(len(costs))

@@ -179,10 +179,10 @@ def quiet_ignite_logs() -> None:
 def run_on_ranks(fn, nproc_per_node: int, *args, backend: str = "gloo", timeout_s: float = 120.0,
                  start_method: str | None = None, **kwargs):
     """Run ``fn(local_rank, *args, **kwargs)`` in ``nproc_per_node`` processes on this
-    machine and return what rank 0 returned: :func:`distkit.collectives.run_per_rank`,
+    machine and return what rank 0 returned: :func:`distkit.lessons.collectives.run_per_rank`,
     which also says how processes start (forked under IPython, so ``fn`` may be defined
     in a notebook cell; spawned from a script, so ``fn`` must live in a module)."""
-    from distkit.collectives import run_per_rank
+    from distkit.runner import run_per_rank
 
     quiet_ignite_logs()
     return run_per_rank(fn, nproc_per_node, backend, *args, start_method=start_method,

@@ -26,36 +26,11 @@ from ignite.metrics import Accuracy, Average, Loss
 from ignite.utils import manual_seed
 
 from distkit import profiling
+from distkit.checkpoint import (CHECKPOINT_PREFIX, load_checkpoint, make_run_dir, to_save,
+                                write_results)
 from distkit.data import dataset_info, get_dataflow
-from distkit.errors import DistkitError
+from distkit.launch import threads_per_process
 from distkit.models import get_model
-
-CHECKPOINT_PREFIX = "training"
-
-
-def make_run_dir(output_dir: str, backend: str, world_size: int) -> str:
-    """Create a fresh folder ``<output_dir>/<time>-<backend>-<world_size>procs``; never
-    reuse one (a suffix is added if the name exists)."""
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    base = Path(output_dir) / f"{stamp}-{backend}-{world_size}procs"
-    for n in range(1000):
-        path = base if n == 0 else base.with_name(f"{base.name}-{n}")
-        try:
-            path.mkdir(parents=True, exist_ok=False)
-            return str(path)
-        except FileExistsError:
-            continue
-    raise DistkitError(f"could not create a fresh run folder under {output_dir}: clean it up")
-
-
-def threads_per_process(local_world_size: int) -> int:
-    """Cores this process may use, divided by the processes on this node (at least 1)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_world_size))
-
 
 def initialize(config):
     """Model, optimizer and loss, adapted to the current process by ``idist.auto_*``.
@@ -179,53 +154,6 @@ def create_evaluator(model, criterion, config):
     return create_supervised_evaluator(
         model, metrics=metrics, device=idist.device(), non_blocking=True,
         amp_mode="amp" if config.amp and idist.device().type == "cuda" else None)
-
-
-def to_save(trainer, model, optimizer, lr_scheduler) -> dict:
-    """What a checkpoint holds; the same dict is used to save and to load."""
-    return {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
-
-
-def load_checkpoint(path: str) -> dict:
-    """Load a checkpoint file safely (``weights_only=True``), or fail in one line."""
-    if not os.path.isfile(path):
-        raise DistkitError(f"--resume-from {path!r}: no such file; pass a checkpoint "
-                           "written by a previous run (<run dir>/checkpoints/*.pt)")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise DistkitError(f"--resume-from {path!r} is not a loadable checkpoint "
-                           f"({type(e).__name__}): pass a .pt file written by distkit train") from None
-    missing = {"trainer", "model", "optimizer", "lr_scheduler"} - set(ckpt if isinstance(ckpt, dict) else {})
-    if missing:
-        raise DistkitError(f"--resume-from {path!r} lacks {', '.join(sorted(missing))}: pass a "
-                           "checkpoint written by distkit train")
-    return ckpt
-
-
-def check_checkpoint_fits(path: str, config) -> None:
-    """Fail early if the checkpoint was written for another model or dataset."""
-    ckpt = load_checkpoint(path)
-    model = get_model(config.model, **dataset_info(config.dataset))
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError:
-        raise DistkitError(
-            f"--resume-from {path!r} holds weights for another model or dataset than "
-            f"--model {config.model} --dataset {config.dataset}: resume with the flags of the "
-            "run that wrote it") from None
-    if checkpoint_is_finished(ckpt):
-        raise DistkitError(
-            f"--resume-from {path!r} is the end of a finished run (all "
-            f"{ckpt['trainer']['max_epochs']} epochs done): nothing is left to resume; start a "
-            "new run without --resume-from")
-
-
-def checkpoint_is_finished(ckpt: dict) -> bool:
-    """True if the checkpoint's trainer had done all its epochs: ignite would start a new
-    run from it (epoch 1, lr schedule at its end) instead of resuming."""
-    state = ckpt["trainer"]
-    return state["iteration"] >= state["epoch_length"] * state["max_epochs"]
 
 
 def resolve_run_dir(config) -> str:
@@ -415,9 +343,3 @@ def _last_checkpoint_path(run_dir, checkpoint):
     return os.path.join(run_dir, "checkpoints", os.path.basename(str(checkpoint.last_checkpoint)))
 
 
-def write_results(run_dir: str, results: dict) -> None:
-    path = os.path.join(run_dir, "results.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2, default=str)
-    os.replace(tmp, path)  # readers never see a half-written file

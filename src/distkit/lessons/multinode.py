@@ -14,8 +14,8 @@ different names; ``idist`` reads whichever are there:
   into the torch variables (master address: the first host of the node list; master
   port: 15000 + the last 4 digits of the job id).
 
-``python -m distkit.multinode`` prints one process's view (run it under torchrun or
-srun); ``python -m distkit.multinode --nnodes 2 --node-rank R ...`` is the same through
+``python -m distkit.lessons.multinode`` prints one process's view (run it under torchrun or
+srun); ``python -m distkit.lessons.multinode --nnodes 2 --node-rank R ...`` is the same through
 ``idist.Parallel``. :func:`run_nodes` starts several "node" commands at once on this
 machine and collects their logs: two nodes on 127.0.0.1.
 """
@@ -159,7 +159,7 @@ def log_tail(output: str, lines: int = 8, drop=("INFO", "\t")) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m distkit.multinode", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m distkit.lessons.multinode", description=__doc__.splitlines()[0])
     p.add_argument("--nnodes", type=int, default=None,
                    help="spawn with idist.Parallel as one of this many nodes (default: join torchrun/srun)")
     p.add_argument("--node-rank", type=int, default=0)

@@ -10,7 +10,7 @@ The fix is the ``DataLoader``'s: worker processes that load batches in parallel
 ``pin_memory`` so that the copy to the GPU can overlap compute.
 
     from distkit.sharding import run_on_ranks
-    from distkit.slow_data import profile_pipeline
+    from distkit.lessons.slow_data import profile_pipeline
     slow = run_on_ranks(profile_pipeline, 2, delay_s=0.002)
     fast = run_on_ranks(profile_pipeline, 2, delay_s=0.002, num_workers=8, prefetch_factor=4,
                         persistent_workers=True)

@@ -11,7 +11,7 @@ def report() -> dict:
     import torch
 
     from distkit.launch import default_nproc, resolve_backend, tpu_available
-    from distkit.training import threads_per_process
+    from distkit.launch import threads_per_process
 
     info = {
         "python": platform.python_version(),

@@ -1,4 +1,5 @@
-"""Surviving failure: find the last checkpoint to resume from, and kill a rank on purpose.
+"""Surviving failure: kill a rank on purpose (finding the checkpoint to resume from is
+:mod:`distkit.checkpoint`'s job).
 
 A rank that dies mid-run must end the whole job quickly, with a message naming it, and a
 restarted job must lose at most the iterations since the last checkpoint:
@@ -29,72 +30,7 @@ from pathlib import Path
 
 from distkit.errors import DistkitError
 
-LATEST = "latest"
-_ITERATION = re.compile(r"_(\d+)\.pt$")
-
-
-def checkpoint_iteration(path) -> int:
-    """The iteration a checkpoint was saved at, from its name ``training_checkpoint_<it>.pt``."""
-    m = _ITERATION.search(str(path))
-    return int(m.group(1)) if m else -1
-
-
-def find_checkpoints(output_dir) -> list[Path]:
-    """Every checkpoint of every run under ``output_dir``, oldest first (by modification
-    time, then iteration). Temporary files of interrupted saves are not checkpoints."""
-    paths = Path(output_dir).glob("*/checkpoints/*.pt")
-    return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, checkpoint_iteration(p)))
-
-
-def latest_checkpoint(output_dir) -> str | None:
-    """The newest checkpoint under ``output_dir``, or None if there is none."""
-    found = find_checkpoints(output_dir)
-    return str(found[-1]) if found else None
-
-
-def resolve_resume_from(config):
-    """Turn ``resume_from="latest"`` into the newest checkpoint under ``output_dir`` (or
-    None: start from scratch). Every rank resolves it before the process group forms, so
-    no rank of this start has written a checkpoint yet and all find the same file."""
-    if config.resume_from != LATEST:
-        return config
-    path = latest_checkpoint(config.output_dir)
-    if path is not None and checkpoint_finished(path):
-        raise DistkitError(
-            f"--resume-from latest: the newest checkpoint under {config.output_dir!r} ({path}) ends "
-            "a finished run, so there is nothing to resume: give a new job its own --output-dir")
-    if int(os.environ.get("RANK", "0")) == 0:
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-        where = f"resuming from {path}" if path else "no checkpoint yet: starting from scratch"
-        print(f"--resume-from latest{f' (TORCHELASTIC_RESTART_COUNT={restart})' if restart else ''}: {where}",
-              flush=True)
-        warning = restart_store_warning()
-        if warning:
-            print(f"distkit: warning: {warning}", file=sys.stderr, flush=True)
-    return config.replace(resume_from=path)
-
-
-def checkpoint_finished(path) -> bool:
-    """True if the checkpoint's trainer had done all its epochs; ``latest`` refuses it."""
-    from distkit.training import checkpoint_is_finished, load_checkpoint
-
-    return checkpoint_is_finished(load_checkpoint(str(path)))
-
-
-def restart_store_warning() -> str | None:
-    """torchrun's static rendezvous (``--master_addr``/``--master_port``, no
-    ``--rdzv-backend``) keeps one store for every restart; a restarted process can then
-    read the addresses the dead attempt left there and fail to connect (torch 2.15 here:
-    4 of 8 restarts failed so, with static or c10d rendezvous; see pytorch issue 135712).
-    With a fresh store per attempt, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` and
-    ``--rdzv-backend=c10d`` (or ``--standalone``), none of 15 failed;
-    ``scripts/torchrun_*.sh`` launch so."""
-    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and \
-            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        return ("torchrun --max-restarts with a store shared across restarts: a restart may fail "
-                "to reconnect; launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun "
-                "--rdzv-backend=c10d (or --standalone), as scripts/torchrun_1node.sh does")
-    return None
+from distkit.checkpoint import checkpoint_iteration, find_checkpoints, latest_checkpoint  # noqa: F401  (re-exported for notebooks)
 
 
 # --- killing a rank on purpose (Linux: /proc) -------------------------------------------

@@ -14,11 +14,11 @@ from distkit.errors import DistkitError
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "train": ("distkit.train_cmd", "train a model, spawning processes or joining torchrun/SLURM"),
-    "doctor": ("distkit.doctor", "report versions, cores, GPUs, TPU, backends and the launch to use"),
-    "bench": ("distkit.bench_cmd", "measure what the kit costs vs hand-written loops, scaling, data loading"),
-    "shard-check": ("distkit.shard_cmd", "check which process sees which sample: overlap, coverage, padding"),
-    "check": ("distkit.check_cmd", "check your exercise files (exercises/), or show a hint or a solution"),
+    "train": ("distkit.commands.train", "train a model, spawning processes or joining torchrun/SLURM"),
+    "doctor": ("distkit.commands.doctor", "report versions, cores, GPUs, TPU, backends and the launch to use"),
+    "bench": ("distkit.commands.bench", "measure what the kit costs vs hand-written loops, scaling, data loading"),
+    "shard-check": ("distkit.commands.shard_check", "check which process sees which sample: overlap, coverage, padding"),
+    "check": ("distkit.commands.check", "check your exercise files (exercises/), or show a hint or a solution"),
 }
 
 

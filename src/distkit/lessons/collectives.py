@@ -1,7 +1,7 @@
 """What each process sees and does: the helpers behind notebooks 01 and 02.
 
-- :func:`run_per_rank` starts N processes with ``idist.Parallel`` and hands back what each
-  rank's function returned, in rank order, so a notebook can print and assert it.
+- :func:`distkit.runner.run_per_rank` (re-exported here) starts N processes with
+  ``idist.Parallel`` and hands back what each rank returned, in rank order.
 - :func:`process_info`, :func:`collectives_demo`, :func:`one_rank_first_demo`,
   :func:`placement_report`: functions to run in every rank.
 - :func:`oversubscription`: the cost of more busy processes than cores, measured.
@@ -9,7 +9,7 @@
 
 Example::
 
-    from distkit.collectives import run_per_rank, collectives_demo, expected_collectives
+    from distkit.lessons.collectives import run_per_rank, collectives_demo, expected_collectives
     seen = run_per_rank(collectives_demo, nproc_per_node=2)
     assert seen[0]["all_reduce_sum"] == expected_collectives(2)["all_reduce_sum"]
 """
@@ -27,69 +27,7 @@ import ignite.distributed as idist
 import torch
 
 from distkit.errors import DistkitError
-
-
-# --------------------------------------------------------------------------- spawning
-
-def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
-                 start_method: str | None = None, timeout_s: float = 120.0, **kwargs) -> list:
-    """Run ``fn(local_rank, *args, **kwargs)`` in ``nproc_per_node`` fresh processes on
-    this machine and return the list of what each rank returned (index = rank).
-
-    Returned values must pickle. Collectives are bounded by ``timeout_s``. Under IPython the processes are forked
-    (ignite's default there), so ``fn`` may be defined in a notebook cell; elsewhere they
-    are spawned and ``fn`` must be importable (defined in a module), unless
-    ``start_method="fork"``."""
-    from distkit.config import Config
-    from distkit.launch import free_port, preflight
-    from distkit.training import threads_per_process
-
-    if backend in ("nccl", "xla-tpu"):  # one line, before any process starts
-        preflight(Config(backend=backend, nproc_per_node=nproc_per_node,
-                         batch_size=max(64, nproc_per_node)), spawning=True)
-    spawn_kwargs = {"start_method": start_method} if start_method else {}
-    if backend in ("gloo", "nccl"):
-        spawn_kwargs["timeout"] = timedelta(seconds=timeout_s)
-    forking = start_method == "fork" or (start_method is None and _in_ipython())
-    if forking and torch.cuda.is_available() and torch.cuda.is_initialized():
-        raise DistkitError("CUDA is already initialised in this process, and a forked child cannot "
-                           "use it: restart the kernel and start the processes before any cell "
-                           "touches the GPU")
-    threads = threads_per_process(nproc_per_node)
-    previous = logging.root.manager.disable
-    logging.disable(logging.INFO)  # ignite's launcher logs; the caller prints what matters
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node,
-                                master_port=free_port(), **spawn_kwargs) as parallel:
-                parallel.run(_record_worker, fn, folder, threads, args, kwargs)
-            return _read_per_rank(folder, nproc_per_node)
-    finally:
-        logging.disable(previous)
-
-
-def _read_per_rank(folder, nproc_per_node):
-    values = []
-    for rank in range(nproc_per_node):
-        with open(os.path.join(folder, f"rank{rank}.pkl"), "rb") as f:
-            values.append(pickle.load(f))
-    return values
-
-
-def _in_ipython() -> bool:
-    import sys
-
-    return "IPython" in sys.modules and getattr(sys.modules["IPython"], "get_ipython", lambda: None)() is not None
-
-
-def _record_worker(local_rank, fn, folder, threads, args, kwargs):
-    torch.set_num_threads(threads)  # never more threads than this process's share of cores
-    value = fn(local_rank, *args, **kwargs)
-    # One file per rank (every backend can do that on one machine; XLA cannot gather objects).
-    path = os.path.join(folder, f"rank{idist.get_rank()}.pkl")
-    with open(path + ".tmp", "wb") as f:
-        pickle.dump(value, f)
-    os.replace(path + ".tmp", path)
+from distkit.runner import run_per_rank  # noqa: F401  (notebooks import it from here)
 
 
 # --------------------------------------------------------------------------- per rank

@@ -23,7 +23,7 @@ turn, then measures the cost of one step (:func:`measure_step_costs`): compute a
 all-reduce alone, with the bytes all-reduced per step.
 
     from distkit.config import Config
-    from distkit.scaling import scaling_study, format_table
+    from distkit.lessons.scaling import scaling_study, format_table
 
     if __name__ == "__main__":  # in a script: the processes are spawned, and import it
         study = scaling_study(Config(dataset="digits", epochs=4), world_sizes=(1, 2, 4))

@@ -1,0 +1,166 @@
+"""Checkpoints and run folders: where a run writes, what a checkpoint holds, loading it
+safely (``weights_only=True``), and finding the one to resume from.
+
+- ``distkit train --resume-from latest`` resumes from the newest checkpoint under
+  ``--output-dir`` (:func:`latest_checkpoint`), or starts from scratch when there is
+  none yet. That makes one command right for the first start *and* for every restart,
+  which is what ``torchrun --max-restarts`` needs: torchrun re-runs the same command,
+  and each start writes a fresh run folder, so the restart must look for the previous
+  start's checkpoint. Give each job its own ``--output-dir``: ``latest`` means the newest
+  checkpoint of any run under it. On several nodes the output dir must be on a file
+  system every node sees (rank 0 writes the checkpoints, every rank reads them).
+- Checkpoints are written atomically by ignite's ``DiskSaver(atomic=True)``: into a
+  temporary file ``tmp*`` in the same folder, then renamed. A process killed during the
+  save leaves that temporary file behind and every ``*.pt`` intact.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import torch
+
+from distkit.errors import DistkitError
+
+CHECKPOINT_PREFIX = "training"
+LATEST = "latest"
+_ITERATION = re.compile(r"_(\d+)\.pt$")
+
+
+def checkpoint_iteration(path) -> int:
+    """The iteration a checkpoint was saved at, from its name ``training_checkpoint_<it>.pt``."""
+    m = _ITERATION.search(str(path))
+    return int(m.group(1)) if m else -1
+
+
+def find_checkpoints(output_dir) -> list[Path]:
+    """Every checkpoint of every run under ``output_dir``, oldest first (by modification
+    time, then iteration). Temporary files of interrupted saves are not checkpoints."""
+    paths = Path(output_dir).glob("*/checkpoints/*.pt")
+    return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, checkpoint_iteration(p)))
+
+
+def latest_checkpoint(output_dir) -> str | None:
+    """The newest checkpoint under ``output_dir``, or None if there is none."""
+    found = find_checkpoints(output_dir)
+    return str(found[-1]) if found else None
+
+
+def resolve_resume_from(config):
+    """Turn ``resume_from="latest"`` into the newest checkpoint under ``output_dir`` (or
+    None: start from scratch). Every rank resolves it before the process group forms, so
+    no rank of this start has written a checkpoint yet and all find the same file."""
+    if config.resume_from != LATEST:
+        return config
+    path = latest_checkpoint(config.output_dir)
+    if path is not None and checkpoint_finished(path):
+        raise DistkitError(
+            f"--resume-from latest: the newest checkpoint under {config.output_dir!r} ({path}) ends "
+            "a finished run, so there is nothing to resume: give a new job its own --output-dir")
+    if int(os.environ.get("RANK", "0")) == 0:
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        where = f"resuming from {path}" if path else "no checkpoint yet: starting from scratch"
+        print(f"--resume-from latest{f' (TORCHELASTIC_RESTART_COUNT={restart})' if restart else ''}: {where}",
+              flush=True)
+        warning = restart_store_warning()
+        if warning:
+            print(f"distkit: warning: {warning}", file=sys.stderr, flush=True)
+    return config.replace(resume_from=path)
+
+
+def checkpoint_finished(path) -> bool:
+    """True if the checkpoint's trainer had done all its epochs; ``latest`` refuses it."""
+    return checkpoint_is_finished(load_checkpoint(str(path)))
+
+
+def restart_store_warning() -> str | None:
+    """torchrun's static rendezvous (``--master_addr``/``--master_port``, no
+    ``--rdzv-backend``) keeps one store for every restart; a restarted process can then
+    read the addresses the dead attempt left there and fail to connect (torch 2.15 here:
+    4 of 8 restarts failed so, with static or c10d rendezvous; see pytorch issue 135712).
+    With a fresh store per attempt, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` and
+    ``--rdzv-backend=c10d`` (or ``--standalone``), none of 15 failed;
+    ``scripts/torchrun_*.sh`` launch so."""
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and \
+            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return ("torchrun --max-restarts with a store shared across restarts: a restart may fail "
+                "to reconnect; launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun "
+                "--rdzv-backend=c10d (or --standalone), as scripts/torchrun_1node.sh does")
+    return None
+
+
+def make_run_dir(output_dir: str, backend: str, world_size: int) -> str:
+    """Create a fresh folder ``<output_dir>/<time>-<backend>-<world_size>procs``; never
+    reuse one (a suffix is added if the name exists)."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path(output_dir) / f"{stamp}-{backend}-{world_size}procs"
+    for n in range(1000):
+        path = base if n == 0 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir(parents=True, exist_ok=False)
+            return str(path)
+        except FileExistsError:
+            continue
+    raise DistkitError(f"could not create a fresh run folder under {output_dir}: clean it up")
+
+
+def to_save(trainer, model, optimizer, lr_scheduler) -> dict:
+    """What a checkpoint holds; the same dict is used to save and to load."""
+    return {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
+
+
+def load_checkpoint(path: str) -> dict:
+    """Load a checkpoint file safely (``weights_only=True``), or fail in one line."""
+    if not os.path.isfile(path):
+        raise DistkitError(f"--resume-from {path!r}: no such file; pass a checkpoint "
+                           "written by a previous run (<run dir>/checkpoints/*.pt)")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise DistkitError(f"--resume-from {path!r} is not a loadable checkpoint "
+                           f"({type(e).__name__}): pass a .pt file written by distkit train") from None
+    missing = {"trainer", "model", "optimizer", "lr_scheduler"} - set(ckpt if isinstance(ckpt, dict) else {})
+    if missing:
+        raise DistkitError(f"--resume-from {path!r} lacks {', '.join(sorted(missing))}: pass a "
+                           "checkpoint written by distkit train")
+    return ckpt
+
+
+def check_checkpoint_fits(path: str, config) -> None:
+    """Fail early if the checkpoint was written for another model or dataset."""
+    from distkit.data import dataset_info
+    from distkit.models import get_model
+
+    ckpt = load_checkpoint(path)
+    model = get_model(config.model, **dataset_info(config.dataset))
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError:
+        raise DistkitError(
+            f"--resume-from {path!r} holds weights for another model or dataset than "
+            f"--model {config.model} --dataset {config.dataset}: resume with the flags of the "
+            "run that wrote it") from None
+    if checkpoint_is_finished(ckpt):
+        raise DistkitError(
+            f"--resume-from {path!r} is the end of a finished run (all "
+            f"{ckpt['trainer']['max_epochs']} epochs done): nothing is left to resume; start a "
+            "new run without --resume-from")
+
+
+def checkpoint_is_finished(ckpt: dict) -> bool:
+    """True if the checkpoint's trainer had done all its epochs: ignite would start a new
+    run from it (epoch 1, lr schedule at its end) instead of resuming."""
+    state = ckpt["trainer"]
+    return state["iteration"] >= state["epoch_length"] * state["max_epochs"]
+
+
+def write_results(run_dir: str, results: dict) -> None:
+    path = os.path.join(run_dir, "results.json")
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    os.replace(tmp, path)  # readers never see a half-written file

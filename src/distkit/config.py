@@ -9,6 +9,8 @@ The CLI maps its flags one-to-one onto :class:`Config`; notebooks and courses bu
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Optional
 
@@ -43,6 +45,9 @@ class Config:
     dataset_size: int = 2048
     """Samples in the synthetic dataset (train + validation)."""
     model: str = "cnn"
+    task: Optional[str] = None
+    """A course's own task, ``module:attr`` or ``path/to/file.py:attr`` naming a
+    ``distkit.Task``; it replaces ``dataset`` and ``model`` (see ``distkit.tasks``)."""
     epochs: int = 10
     batch_size: int = 64
     """GLOBAL batch: summed over all processes. Each process gets batch_size // world_size."""
@@ -75,26 +80,19 @@ class Config:
     """Stop (and checkpoint) after this many iterations in total; for testing resume."""
 
     def validate(self) -> "Config":
-        """Check every field that can be checked without touching the hardware."""
+        """Check every field that can be checked without touching the hardware: choices,
+        and every number finite and in range (``nan <= 0`` is False, so a plain ``<= 0``
+        test lets NaN through)."""
         _choice("backend", self.backend, BACKENDS)
         _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
-        _positive("epochs", self.epochs)
-        _positive("batch_size", self.batch_size)
-        _positive("nnodes", self.nnodes)
-        _positive("dataset_size", self.dataset_size)
-        _positive("timeout_s", self.timeout_s)
-        if self.nproc_per_node is not None:
-            _positive("nproc_per_node", self.nproc_per_node)
-        if self.threads_per_process is not None:
-            _positive("threads_per_process", self.threads_per_process)
-        if self.max_iters is not None:
-            _positive("max_iters", self.max_iters)
-        if self.lr <= 0:
-            raise DistkitError(f"--lr must be > 0, got {self.lr}: pass a positive learning rate")
-        for name in ("num_workers", "checkpoint_every", "early_stopping_patience", "warmup_epochs"):
-            if getattr(self, name) < 0:
-                raise DistkitError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        for name, low, high in _WHOLE_NUMBERS:
+            _whole(name, getattr(self, name), low, high)
+        for name, low, low_open, high, high_open in _REAL_NUMBERS:
+            _real(name, getattr(self, name), low, low_open, high, high_open)
+        if self.warmup_epochs > self.epochs:
+            raise DistkitError(f"--warmup-epochs {self.warmup_epochs} is longer than --epochs "
+                               f"{self.epochs}: use --warmup-epochs {self.epochs} or less")
         if self.nnodes > 1:
             if self.master_addr is None:
                 raise DistkitError(
@@ -115,11 +113,20 @@ class Config:
         return self
 
     def check_batch_fits(self, world_size: int) -> None:
+        """The global batch must split evenly: ``auto_dataloader`` gives every process
+        ``batch_size // world_size``, so 3 on 2 processes would train with 2 while the
+        run's records say 3."""
         if self.batch_size < world_size:
             raise DistkitError(
                 f"global --batch-size {self.batch_size} is smaller than the world size "
                 f"{world_size}: every process needs at least one sample; use --batch-size "
                 f">= {world_size} or fewer processes")
+        if self.batch_size % world_size:
+            lower = self.batch_size // world_size * world_size
+            raise DistkitError(
+                f"global --batch-size {self.batch_size} does not divide by the world size "
+                f"{world_size} (each process would get {self.batch_size // world_size}, "
+                f"{lower} in all): use --batch-size {lower} or {lower + world_size}")
 
     def replace(self, **changes) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -128,8 +135,32 @@ class Config:
         return dataclasses.asdict(self)
 
 
+# Whole-number fields: (name, lowest, highest or None). None values of the Optional
+# fields mean "choose for me" and are not checked.
+_WHOLE_NUMBERS = (
+    ("nproc_per_node", 1, None), ("nnodes", 1, None), ("node_rank", 0, None),
+    ("master_port", 1, 65535), ("threads_per_process", 1, None), ("dataset_size", 1, None),
+    ("epochs", 1, None), ("batch_size", 1, None), ("num_workers", 0, None),
+    ("seed", 0, 2**32 - 1),  # numpy's seed (ignite's manual_seed sets it) takes 32 bits
+    ("early_stopping_patience", 0, None), ("checkpoint_every", 0, None), ("max_iters", 1, None),
+)
+# Real-number fields, always finite: (name, lowest, lowest excluded, highest or None,
+# highest excluded).
+_REAL_NUMBERS = (
+    # At most a day: beyond that a hung peer is never noticed (timedelta overflows ~1e14 s).
+    ("timeout_s", 0.0, True, 86400.0, False),
+    ("lr", 0.0, True, None, False),
+    ("warmup_epochs", 0.0, False, None, False),
+    ("momentum", 0.0, False, 1.0, True),  # momentum 1 never forgets a gradient
+    ("weight_decay", 0.0, False, None, False),
+    ("early_stopping_min_delta", 0.0, False, None, False),
+)
+# Fields whose CLI flag is not the field name with dashes.
+_FLAGS = {"timeout_s": "timeout"}
+
+
 def _flag(name: str) -> str:
-    return name.replace("_", "-")
+    return _FLAGS.get(name, name.replace("_", "-"))
 
 
 def _choice(name, value, choices):
@@ -138,6 +169,32 @@ def _choice(name, value, choices):
             f"unknown --{_flag(name)} {value!r}: choose one of {', '.join(choices)}")
 
 
-def _positive(name, value):
-    if not isinstance(value, (int, float)) or value <= 0:
-        raise DistkitError(f"--{_flag(name)} must be > 0, got {value!r}")
+def _fix(name, where):
+    default = Config.__dataclass_fields__[name].default
+    return f"use a value {where}" + ("" if default is None else f", e.g. the default {default}")
+
+
+def _whole(name, value, low, high):
+    if value is None and name in _OPTIONAL:
+        return
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) \
+        and value >= low and (high is None or value <= high)
+    if not ok:
+        where = f">= {low}" if high is None else f"from {low} to {high}"
+        raise DistkitError(f"--{_flag(name)} must be a whole number {where}, got {value!r}: "
+                           f"{_fix(name, where)}")
+
+
+def _real(name, value, low, low_open, high, high_open):
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and math.isfinite(value) and (value > low if low_open else value >= low) \
+        and (high is None or (value < high if high_open else value <= high))
+    if not ok:
+        where = f"{'>' if low_open else '>='} {low:g}"
+        if high is not None:
+            where += f" and {'<' if high_open else '<='} {high:g}"
+        raise DistkitError(f"--{_flag(name)} must be a finite number {where}, got {value!r}: "
+                           f"{_fix(name, where)}")
+
+
+_OPTIONAL = {"nproc_per_node", "node_rank", "master_port", "threads_per_process", "max_iters"}

@@ -141,13 +141,14 @@ def dataset_info(name: str) -> dict:
     }[name]
 
 
-def get_dataflow(config):
-    """Train and validation loaders for this process.
+def get_dataflow(config, datasets=None):
+    """Train and validation loaders for this process, from ``datasets`` (a pair of
+    (train, validation) datasets; default: :func:`get_datasets`).
 
     ``auto_dataloader`` divides the GLOBAL ``batch_size`` and ``num_workers`` by the
     world size and adds a ``DistributedSampler`` (shuffling the training set).
     """
-    train_set, val_set = get_datasets(config)
+    train_set, val_set = datasets if datasets is not None else get_datasets(config)
     pin = idist.device().type == "cuda"
     train_loader = idist.auto_dataloader(
         train_set, batch_size=config.batch_size, num_workers=config.num_workers,

@@ -1,49 +1,46 @@
-"""``training(local_rank, config)``: the one function every launcher runs, unchanged.
+"""``training(local_rank, config, task)``: the one function every launcher runs, unchanged.
 
 ``idist.Parallel`` spawn, torchrun on one or many nodes, SLURM: they all end up calling
-this function once per process. Everything that depends on *where* it runs is handled
-by ``idist``: ``auto_dataloader`` shards the data, ``auto_model`` wraps the model in
-DistributedDataParallel (or does nothing on one process), ``auto_optim`` adapts the
-optimizer (XLA). The few lines that care about the rank are marked ``rank == 0``.
+this function once per process. The :class:`~distkit.tasks.Task` says what to train (data,
+model, loss, metrics, score); this module says how to train it in parallel. Everything
+that depends on *where* it runs is handled by ``idist``: ``auto_dataloader`` shards the
+data, ``auto_model`` wraps the model in DistributedDataParallel (or does nothing on one
+process), ``auto_optim`` adapts the optimizer (XLA). The few lines that care about the rank are marked ``rank == 0``.
 """
 from __future__ import annotations
 
 import gc
-import json
 import os
 import time
-from datetime import datetime
-from pathlib import Path
 
 import ignite
 import ignite.distributed as idist
 import torch
-import torch.nn as nn
 from ignite.engine import Events, create_supervised_evaluator
 from ignite.engine.deterministic import DeterministicEngine
 from ignite.handlers import Checkpoint, DiskSaver, EarlyStopping, PiecewiseLinear, ProgressBar
-from ignite.metrics import Accuracy, Average, Loss
+from ignite.metrics import Average
 from ignite.utils import manual_seed
 
 from distkit import profiling
 from distkit.checkpoint import (CHECKPOINT_PREFIX, load_checkpoint, make_run_dir, to_save,
                                 write_results)
-from distkit.data import dataset_info, get_dataflow
+from distkit.data import get_dataflow
 from distkit.launch import threads_per_process
-from distkit.models import get_model
+from distkit.tasks import Task, resolve_task
 
-def initialize(config):
-    """Model, optimizer and loss, adapted to the current process by ``idist.auto_*``.
+
+def initialize(config, task: Task | None = None):
+    """Model, optimizer and loss of ``task`` (default: the built-in task of
+    ``config.dataset`` x ``config.model``), adapted to this process by ``idist.auto_*``.
 
     Every rank seeds the same generator before building the model, so every replica
     starts from identical weights (DDP would broadcast them, XLA would not)."""
+    task = resolve_task(task if task is not None else config)
     manual_seed(config.seed)
-    info = dataset_info(config.dataset)
-    model = idist.auto_model(get_model(config.model, **info))
-    optimizer = idist.auto_optim(torch.optim.SGD(
-        model.parameters(), lr=config.lr, momentum=config.momentum,
-        weight_decay=config.weight_decay))
-    criterion = nn.CrossEntropyLoss().to(idist.device())
+    model = idist.auto_model(task.model(config))
+    optimizer = idist.auto_optim(task.optimizer(model.parameters(), config))
+    criterion = task.loss().to(idist.device())
     return model, optimizer, criterion
 
 
@@ -97,6 +94,13 @@ def _plain(x):
     return x.item() if hasattr(x, "item") else x
 
 
+def _jsonable(value):
+    """A metric's value as results.json can hold it (a tensor metric becomes a list)."""
+    if isinstance(value, torch.Tensor):
+        return value.item() if value.numel() == 1 else value.tolist()
+    return value
+
+
 def create_trainer(model, optimizer, criterion, config):
     """A trainer whose step is written out, so a learner can read it."""
     device = idist.device()
@@ -147,10 +151,10 @@ def attach_step_handlers(trainer, train_loader, lr_scheduler=None):
         engine.state.samples += engine.state.output["batch_size"]
 
 
-def create_evaluator(model, criterion, config):
-    """Accuracy and loss over the validation shard of each rank; ignite's metrics
-    all-reduce their counts, so every rank gets the global values."""
-    metrics = {"accuracy": Accuracy(), "loss": Loss(criterion)}
+def create_evaluator(model, criterion, config, task: Task | None = None):
+    """The task's metrics and its loss over the validation shard of each rank; ignite's
+    metrics all-reduce their counts, so every rank gets the global values."""
+    metrics = resolve_task(task if task is not None else config).build_metrics(criterion)
     return create_supervised_evaluator(
         model, metrics=metrics, device=idist.device(), non_blocking=True,
         amp_mode="amp" if config.amp and idist.device().type == "cuda" else None)
@@ -199,11 +203,22 @@ def versions() -> dict:
     return out
 
 
-def training(local_rank: int, config) -> dict | None:
-    """Train ``config.model`` on ``config.dataset`` in this process, as one of
+def training(local_rank: int, config, task: Task | None = None) -> dict | None:
+    """Train ``task`` (default: ``config.task``, else the built-in task of
+    ``config.dataset`` x ``config.model``) in this process, as one of
     ``idist.get_world_size()`` replicas. Returns the results on rank 0 (also written to
-    ``<run_dir>/results.json``), ``None`` on the other ranks."""
-    results = _train(local_rank, config)
+    ``<run_dir>/results.json``), ``None`` on the other ranks.
+
+    Launchers call it; to start it yourself use :func:`distkit.launch.run`, which spawns
+    processes or joins torchrun/SLURM. In one plain process (no process group)::
+
+        >>> from distkit import Config, training
+        >>> cfg = Config(backend="none", epochs=1, progress_bar=False, output_dir="runs/doc")
+        >>> results = training(0, cfg)          # doctest: +SKIP
+        >>> sorted(results["final"])            # doctest: +SKIP
+        ['epoch', 'epoch_time_s', 'lr', 'train_loss', 'val_accuracy', 'val_loss']
+    """
+    results = _train(local_rank, config, resolve_task(task if task is not None else config))
     # Free the trainer, the DDP model and the loaders (held by reference cycles) now, while
     # the interpreter and the process group are alive: left to the interpreter's exit,
     # gloo's pending work objects can abort a process that has finished its work
@@ -213,18 +228,18 @@ def training(local_rank: int, config) -> dict | None:
     return results
 
 
-def _train(local_rank: int, config) -> dict | None:
+def _train(local_rank: int, config, task: Task) -> dict | None:
     rank, world_size = idist.get_rank(), idist.get_world_size()
     torch.set_num_threads(config.threads_per_process or threads_per_process(idist.get_nproc_per_node()))
     config.check_batch_fits(world_size)
     run_dir = resolve_run_dir(config)
 
-    train_loader, val_loader = get_dataflow(config)
-    model, optimizer, criterion = initialize(config)
+    train_loader, val_loader = get_dataflow(config, task.datasets(config))
+    model, optimizer, criterion = initialize(config, task)
     initial_digests = replica_digests(model)
     lr_scheduler = create_lr_scheduler(config, optimizer, len(train_loader))
     trainer = create_trainer(model, optimizer, criterion, config)
-    evaluator = create_evaluator(model, criterion, config)
+    evaluator = create_evaluator(model, criterion, config, task)
     attach_step_handlers(trainer, train_loader, lr_scheduler)
 
     history = []
@@ -237,21 +252,25 @@ def _train(local_rank: int, config) -> dict | None:
         history.append({
             "epoch": engine.state.epoch,
             "train_loss": engine.state.metrics["train_loss"],
-            "val_accuracy": state.metrics["accuracy"],
-            "val_loss": state.metrics["loss"],
+            **{f"val_{name}": _jsonable(value) for name, value in state.metrics.items()},
             "epoch_time_s": engine.state.times["EPOCH_COMPLETED"],
             "lr": optimizer.param_groups[0]["lr"],
         })
         if rank == 0 and not config.progress_bar:
             h = history[-1]
-            print(f"epoch {h['epoch']:3d}  train loss {h['train_loss']:.4f}  val loss "
-                  f"{h['val_loss']:.4f}  val acc {h['val_accuracy']:.4f}  ({h['epoch_time_s']:.2f} s)",
-                  flush=True)
+            shown = "  ".join(f"{k[4:].replace('accuracy', 'acc')} {h[k]:.4f}" for k in h
+                              if k.startswith("val_") and isinstance(h[k], float))
+            print(f"epoch {h['epoch']:3d}  train loss {h['train_loss']:.4f}  val {shown}  "
+                  f"({h['epoch_time_s']:.2f} s)", flush=True)
+
+    def score(_=None):
+        """The task's score, signed so that larger is better (what ignite's handlers want)."""
+        return task.sign() * history[-1][f"val_{task.score[0]}"]
 
     if config.early_stopping_patience > 0:
         stopper = EarlyStopping(
             patience=config.early_stopping_patience, min_delta=config.early_stopping_min_delta,
-            score_function=lambda _: -history[-1]["val_loss"], trainer=trainer)
+            score_function=score, trainer=trainer)
         trainer.add_event_handler(Events.EPOCH_COMPLETED, stopper)
 
     # Checkpoint must exist on every rank (XLA saves collectively); DiskSaver writes on
@@ -265,6 +284,11 @@ def _train(local_rank: int, config) -> dict | None:
     if config.checkpoint_every > 0:
         save_at = save_at | Events.ITERATION_COMPLETED(every=config.checkpoint_every)
     trainer.add_event_handler(save_at, checkpoint)
+    # The best model by the task's score, beside (not among) the resumable checkpoints.
+    best = Checkpoint(
+        {"model": model}, DiskSaver(os.path.join(run_dir, "best"), require_empty=False, atomic=True),
+        filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0])
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, best)
 
     if config.max_iters is not None:
         @trainer.on(Events.ITERATION_COMPLETED)
@@ -286,17 +310,18 @@ def _train(local_rank: int, config) -> dict | None:
 
     profile = profiling.summarize(profiler) if profiler is not None else None
     digests = {"initial": initial_digests, "final": replica_digests(model)}
-    results = _report(rank, run_dir, config, history, trainer, checkpoint, profile,
+    results = _report(rank, run_dir, config, task, history, trainer, (checkpoint, best), profile,
                       trainer.state.samples * world_size, wall, digests)
     return results
 
 
-def _report(rank, run_dir, config, history, trainer, checkpoint, profile, trained_samples, wall,
-            digests):
+def _report(rank, run_dir, config, task, history, trainer, checkpoints, profile, trained_samples,
+            wall, digests):
     """On rank 0: gather the run into a dict, write results.json and the learning curves."""
     if rank != 0:
         return None
     world_size = idist.get_world_size()
+    checkpoint, best = checkpoints
 
     train_time = sum(h["epoch_time_s"] for h in history)
     results = {
@@ -307,6 +332,8 @@ def _report(rank, run_dir, config, history, trainer, checkpoint, profile, traine
         "threads_per_process": torch.get_num_threads(),
         "run_dir": run_dir,
         "config": config.to_dict(),
+        "task": {"name": task.name, "score": list(task.score),
+                 "metrics": [f"val_{name}" for name in task.metric_names()]},
         "peak_lr": peak_lr(config, world_size),
         "history": history,
         "iterations": trainer.state.iteration,
@@ -319,6 +346,7 @@ def _report(rank, run_dir, config, history, trainer, checkpoint, profile, traine
         # end to end: validation and checkpoints included
         "samples_per_second": trained_samples / wall if wall > 0 else None,
         "last_checkpoint": _last_checkpoint_path(run_dir, checkpoint),
+        "best_model": _best_path(run_dir, best),
         "profile": profile,
         # One SHA-256 of the parameters per rank: all equal = replicas in sync.
         "replica_param_sha256": digests,
@@ -337,9 +365,13 @@ def _report(rank, run_dir, config, history, trainer, checkpoint, profile, traine
     return results
 
 
-def _last_checkpoint_path(run_dir, checkpoint):
+def _last_checkpoint_path(run_dir, checkpoint, folder="checkpoints"):
     if checkpoint.last_checkpoint is None:
         return None
-    return os.path.join(run_dir, "checkpoints", os.path.basename(str(checkpoint.last_checkpoint)))
+    return os.path.join(run_dir, folder, os.path.basename(str(checkpoint.last_checkpoint)))
+
+
+def _best_path(run_dir, best):
+    return _last_checkpoint_path(run_dir, best, folder="best")
 
 

@@ -4,8 +4,9 @@
   ``exercises/`` (default), the reference answers in ``exercises/solutions/``
   (``DISTKIT_EXERCISES=solutions``), or any folder of ``NN_topic.py`` files
   (``DISTKIT_EXERCISES=/path/to/folder``).
-- :func:`run_ranks` runs a check function in 2 real processes joined by the gloo backend
-  (``idist.Parallel``) and returns what each rank returned.
+- :func:`run_ranks` runs a check function in 2 real processes joined by the gloo backend,
+  through distkit's one process runner (:func:`distkit.runner.run_per_rank`, which uses
+  ``idist.Parallel``), and returns what each rank returned.
 - :class:`ExerciseFailure` carries the sentence the learner reads; ``conftest.py`` prints
   it without a traceback.
 
@@ -19,12 +20,11 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import pickle
 import shutil
-import socket
 import sys
 import tempfile
 import traceback
-from datetime import timedelta
 from pathlib import Path
 from types import ModuleType
 
@@ -125,56 +125,45 @@ def start_method() -> str:
     return os.environ.get("DISTKIT_START_METHOD", default)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(target, *args, nproc: int = NPROC) -> list:
     """Run ``target(*args)`` on ``nproc`` gloo ranks; return the list of their return values
     (index = rank). A learner error on any rank becomes one :class:`ExerciseFailure`."""
-    import ignite.distributed as idist
+    from distkit.runner import run_per_rank
 
-    # ignite logs the launch and every auto_* call at INFO level; the learner only needs
-    # to see failures (and their own prints).
-    for name in ("launcher.Parallel", "auto.auto_dataloader", "auto.auto_model", "auto.auto_optim"):
+    # ignite logs every auto_* call at INFO level; the learner only needs to see failures
+    # (and their own prints).
+    for name in ("auto.auto_dataloader", "auto.auto_model", "auto.auto_optim"):
         logging.getLogger(f"ignite.distributed.{name}").setLevel(logging.WARNING)
     # torch warns when it stops the other ranks after one failed; the failure says enough.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     for attempt in range(3):
-        out = Path(tempfile.mkdtemp(prefix="distkit-check-"))
+        reports_dir = Path(tempfile.mkdtemp(prefix="distkit-check-"))
         try:
             try:
-                with idist.Parallel(backend="gloo", nproc_per_node=nproc, master_port=free_port(),
-                                    start_method=start_method(),
-                                    timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S)) as parallel:
-                    parallel.run(_rank_main, target, str(out), args)
+                return run_per_rank(_rank_main, nproc_per_node=nproc, backend="gloo",
+                                    start_method=start_method(), timeout_s=COLLECTIVE_TIMEOUT_S,
+                                    check=target, reports_dir=str(reports_dir), check_args=args)
             except Exception as error:  # a rank raised or died: say which, and why
-                reports = _read_reports(out, nproc)
+                reports = _read_reports(reports_dir, nproc)
                 if attempt < 2 and _port_taken(reports, error):
                     continue  # another program grabbed the port between bind and use
                 failure = _rank_failure(reports, error)
-            else:
-                return [_read(out / f"rank{r}.pt") for r in range(nproc)]
             raise failure  # outside the except block: no exception chain in the report
         finally:
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(reports_dir, ignore_errors=True)
     raise AssertionError("unreachable")
 
 
-def _rank_main(local_rank, target, out, args):
+def _rank_main(local_rank, check, reports_dir, check_args):
     import ignite.distributed as idist
-    import torch
 
-    torch.set_num_threads(1)  # 2 processes on 2 cores: never oversubscribe
-    rank = idist.get_rank()
     try:
-        result = target(*args)
+        return check(*check_args)
     except BaseException as error:
-        torch.save(_describe(error), os.path.join(out, f"error{rank}.pt"))
+        # The parent reads this to tell the learner what went wrong, and where.
+        with open(os.path.join(reports_dir, f"error{idist.get_rank()}.pkl"), "wb") as f:
+            pickle.dump(_describe(error), f)
         raise  # torch.multiprocessing then stops the other ranks instead of leaving them waiting
-    torch.save(result, os.path.join(out, f"rank{rank}.pt"))
 
 
 def _describe(error: BaseException) -> dict:
@@ -186,27 +175,40 @@ def _describe(error: BaseException) -> dict:
     else:
         kind = "error"
     learner = [f for f in frames if _in_exercise_file(f.filename)]
+    if learner:
+        where = "where, in your code:\n" + "".join(traceback.format_list(learner))
+    else:
+        # Raised in a library (ignite, torch) while it ran what the learner set up, or in
+        # the check itself: no line of the learner's file is on the stack.
+        last = frames[-1] if frames else None
+        where = ("no line of your file was running: it was raised in "
+                 f"{_short_path(last.filename)}:{last.lineno} ({last.name}), code your "
+                 "functions set up or called\n") if last else ""
     return {
         "kind": kind,
         "type": type(error).__name__,
         "message": str(error),
         "where": list(_exercise_frame(frames)),
-        "traceback": "".join(traceback.format_list(learner or frames[-3:])),
+        "traceback": where,
     }
 
 
-def _read(path: Path):
-    import torch
+def _short_path(filename: str) -> str:
+    """``ignite/handlers/checkpoint.py`` rather than the whole site-packages path."""
+    parts = Path(filename).parts
+    for package in ("ignite", "torch", "distkit"):
+        if package in parts:
+            return "/".join(parts[len(parts) - 1 - parts[::-1].index(package):])
+    return filename
 
-    return torch.load(path, weights_only=True)
 
-
-def _read_reports(out: Path, nproc: int) -> dict:
+def _read_reports(reports_dir: Path, nproc: int) -> dict:
     reports = {}
     for r in range(nproc):
-        path = out / f"error{r}.pt"
+        path = reports_dir / f"error{r}.pkl"
         if path.exists():
-            reports[r] = _read(path)
+            with open(path, "rb") as f:
+                reports[r] = pickle.load(f)
     return reports
 
 
@@ -242,8 +244,7 @@ def _explain_error(rank: int, rep: dict) -> str:
                 "every rank must call the same collectives, in the same order. ")
     else:
         text = ""
-    return (f"{text}rank {rank} raised {rep['type']}: {first}\n"
-            f"where, in your code:\n{rep['traceback']}")
+    return f"{text}rank {rank} raised {rep['type']}: {first}\n{rep['traceback']}"
 
 
 # --- small helpers the checks share ---------------------------------------------------

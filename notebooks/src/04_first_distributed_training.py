@@ -1,87 +1,261 @@
 # %% [markdown]
 # # 04 · The first distributed training run
 #
-# Everything so far, put to work: the kit's one training function,
-# `distkit.training.training(local_rank, config)`, trained with data parallelism on the
-# best backend of this runtime; then **the identical call under `torchrun`**; then the
-# same run with a single process, to compare accuracy and time per epoch.
+# Everything so far, put to work. First **you write the training function**:
+# `training(local_rank, config)`, with ignite's `auto_dataloader`, `auto_model` and
+# `auto_optim`, an `Engine`, the sampler's `set_epoch`, an evaluator with metrics and a
+# best-model `Checkpoint`, run on 2 processes by `idist.Parallel`. Then the kit's own
+# `distkit.training.training`, which is the same function grown up, under
+# `idist.Parallel` and under **`torchrun`**; then one process, to compare accuracy and
+# time per epoch.
 #
-# Hardware: any. On a CPU-only runtime the best backend is gloo with 2 processes; with
-# GPUs, nccl with one process per GPU; on a TPU, xla-tpu. Dataset: scikit-learn's
-# handwritten digits (1797 8×8 images, shipped inside scikit-learn: no download).
+# Hardware: any. The function you write runs on gloo with 2 CPU processes; the kit's
+# runs use the best backend of this runtime (gloo on a CPU, nccl with one process per
+# GPU, xla-tpu on a TPU). Dataset: scikit-learn's handwritten digits (1797 8×8 images,
+# shipped inside scikit-learn: no download).
 
 # %%
-import logging
-import re
-import shutil
-import subprocess
-import sys
+import os
+import tempfile
+
+import ignite.distributed as idist
+import torch
+import torch.nn as nn
+from ignite.engine import Engine, Events, create_supervised_evaluator
+from ignite.handlers import Checkpoint, DiskSaver, global_step_from_engine
+from ignite.metrics import Accuracy, ConfusionMatrix, Loss
+from ignite.utils import manual_seed, setup_logger
 
 import distkit
 from distkit import plots
-from distkit.lessons import collectives
-from distkit.config import Config
-from distkit.launch import default_nproc, read_results, resolve_backend, run
-from distkit.commands.train import summary
+from distkit.data import digits_dataset, split
+from distkit.launch import free_port, threads_per_process
+from distkit.models import get_model
+from distkit.sharding import quiet_ignite_logs
 
-logging.disable(logging.INFO)  # hides ignite's launcher logs; delete this line to see them
-backend = resolve_backend("auto")
-nproc = default_nproc(backend)
-EPOCHS = 5
-print(f"best backend here: {backend}, {nproc} process(es) per node")
+quiet_ignite_logs()  # ignite's INFO lines about spawning and loader arguments
+workdir = tempfile.mkdtemp(prefix="distkit-04-")  # every run of this notebook writes here, never into the repository
+EPOCHS = 4
+print(f"runs of this notebook go to {workdir}")
 
 # %% [markdown]
-# ## 1. One call
+# ## 1. The sampler: disjoint shards, padding, and `set_epoch`
 #
-# `run(config)` checks the config, starts `nproc` processes with `idist.Parallel` (each
-# with its share of the CPU threads), calls `training(local_rank, config)` in each, and
-# returns rank 0's results. Every run writes a fresh folder under `runs/`.
+# `idist.auto_dataloader(dataset, shuffle=True)` on N processes builds a
+# `DistributedSampler(dataset, num_replicas=N, rank=rank, shuffle=True)`
+# (`ignite/distributed/auto.py`, line 103 in ignite 0.5.5). Two facts about that
+# sampler decide what each process trains on; here they are on the 1437 training
+# images, for ranks 0 and 1, without starting any process:
 
 # %%
-config = Config(epochs=EPOCHS, seed=0, progress_bar=False, output_dir="runs")
-spawned = run(config)
+from torch.utils.data.distributed import DistributedSampler
+
+train_set, val_set = split(digits_dataset())
+samplers = [DistributedSampler(train_set, num_replicas=2, rank=r, shuffle=True) for r in range(2)]
+shards = [list(s) for s in samplers]
+every = shards[0] + shards[1]
+print(f"{len(train_set)} images, {len(shards[0])} per rank: {len(every)} drawn, "
+      f"{len(set(every))} distinct, {len(every) - len(set(every))} drawn twice (padding)")
+assert len(set(every)) == len(train_set) and len(every) - len(set(every)) == 1
+
+again = list(samplers[0])  # a second epoch, nobody called set_epoch
+samplers[0].set_epoch(1)
+reshuffled = list(samplers[0])
+print(f"rank 0, epoch 2 without set_epoch: same order as epoch 1: {again == shards[0]}")
+print(f"rank 0, epoch 2 after set_epoch(1): same order: {reshuffled == shards[0]}, "
+      f"{sum(a == b for a, b in zip(reshuffled, shards[0]))} of {len(reshuffled)} positions agree")
+assert again == shards[0] and reshuffled != shards[0]
+
+# %% [markdown]
+# - The shards are disjoint **except for padding**: 1437 is odd, so the sampler repeats
+#   one image to give both ranks 719 (the count printed above). Every image is seen.
+# - The order is a permutation drawn from `seed + epoch`, and `epoch` changes only when
+#   *you* call `sampler.set_epoch(epoch)`. ignite's `Engine` never calls it: the only
+#   `set_epoch` in ignite 0.5.5 is in the optional helper
+#   `ignite.contrib.engines.common.setup_common_training_handlers(train_sampler=...)`
+#   (`ignite/contrib/engines/common.py`, line 280). Without it, every epoch repeats the
+#   same order on every rank.
+#
+# ## 2. `training(local_rank, config)`, written out
+#
+# This is the whole program every process runs. The distributed part is the three
+# `auto_*` calls, `set_epoch`, and `rank == 0` around what only one process should do.
+# `setup_logger(distributed_rank=rank)` gives rank 0 a handler and every other rank a
+# `NullHandler`, so one process logs. The evaluator's metrics all-reduce their counts,
+# so every rank gets the global accuracy; the best-model `Checkpoint` keeps the weights
+# of the epoch with the best validation accuracy (its `score_function`); `DiskSaver`
+# writes on rank 0 only. Spawned processes cannot *return* anything to the notebook
+# through `idist.Parallel`, so rank 0 writes its results into `config["results"]`, a
+# dict held by a `multiprocessing.Manager` process that the notebook reads afterwards.
+
+# %%
+def training(local_rank, config):
+    rank = idist.get_rank()
+    logger = setup_logger("training", distributed_rank=rank)
+    torch.set_num_threads(config["threads"])
+    manual_seed(config["seed"])  # same initial weights in every process
+    train_set, val_set = split(digits_dataset())  # a fixed split: identical in every process
+
+    train_loader = idist.auto_dataloader(train_set, batch_size=config["batch_size"], shuffle=True)
+    val_loader = idist.auto_dataloader(val_set, batch_size=2 * config["batch_size"], shuffle=False)
+    model = idist.auto_model(get_model("cnn"))
+    optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9))
+    criterion = nn.CrossEntropyLoss()
+    device = idist.device()
+
+    def train_step(engine, batch):
+        model.train()
+        x, y = batch[0].to(device), batch[1].to(device)
+        loss = criterion(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()  # DistributedDataParallel all-reduces (averages) the gradients here
+        optimizer.step()
+        return loss.item()
+
+    trainer = Engine(train_step)
+
+    @trainer.on(Events.EPOCH_STARTED)
+    def reshuffle(engine):
+        train_loader.sampler.set_epoch(engine.state.epoch - 1)  # ignite's Engine never does this
+
+    metrics = {"accuracy": Accuracy(), "loss": Loss(criterion), "confusion": ConfusionMatrix(num_classes=10)}
+    evaluator = create_supervised_evaluator(model, metrics=metrics, device=device)
+    history = []
+
+    @trainer.on(Events.EPOCH_COMPLETED)
+    def validate(engine):
+        m = evaluator.run(val_loader).metrics
+        history.append({"epoch": engine.state.epoch, "val_accuracy": m["accuracy"], "val_loss": m["loss"],
+                        "epoch_time_s": engine.state.times["EPOCH_COMPLETED"]})
+        logger.info(f"epoch {engine.state.epoch}: val accuracy {m['accuracy']:.4f}, val loss {m['loss']:.4f}")
+
+    best = Checkpoint({"model": model}, DiskSaver(config["output_dir"], require_empty=False),
+                      filename_prefix="best", n_saved=1, score_name="val_accuracy",
+                      score_function=Checkpoint.get_default_score_fn("accuracy"),
+                      global_step_transform=global_step_from_engine(trainer))
+    evaluator.add_event_handler(Events.COMPLETED, best)
+
+    trainer.run(train_loader, max_epochs=config["epochs"])
+
+    if rank == 0:  # hand the results back to the notebook
+        plain = getattr(model, "module", model)  # the model inside DDP: no collective on one rank
+        x, y = next(iter(val_loader))
+        with torch.no_grad():
+            predicted = plain.eval()(x[:16].to(device)).argmax(1)
+        config["results"].update(
+            history=history, confusion=evaluator.state.metrics["confusion"].tolist(),
+            best_checkpoint=str(best.last_checkpoint), world_size=idist.get_world_size(),
+            per_rank_train_batches=len(train_loader), per_rank_val_images=len(val_loader.sampler),
+            images=x[:16].tolist(), labels=y[:16].tolist(), predicted=predicted.tolist())
+
+# %% [markdown]
+# Run it on 2 processes. `idist.Parallel` starts them (here by forking this kernel, so a
+# function defined in a cell works), initialises the gloo process group on
+# `master_port`, and calls `training(local_rank, config)` in each. The port is a free
+# one: ignite's default, 2222, fails if anything else on this machine holds it.
+
+# %%
+import multiprocessing
+
+manager = multiprocessing.Manager()
+config = {"seed": 0, "batch_size": 64, "lr": 0.05, "epochs": EPOCHS, "threads": threads_per_process(2),
+          "output_dir": os.path.join(workdir, "mine"), "results": manager.dict()}
+with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) as parallel:
+    parallel.run(training, config)
+mine = dict(config["results"])
+manager.shutdown()
+print(f"world size {mine['world_size']}: {mine['per_rank_train_batches']} training batches and "
+      f"{mine['per_rank_val_images']} validation images per rank")
+print("best checkpoint:", os.path.relpath(mine["best_checkpoint"], workdir), "->", os.listdir(config["output_dir"]))
+assert len(os.listdir(config["output_dir"])) == 1  # n_saved=1: only the best epoch's file is kept
+
+# %% [markdown]
+# The log lines came from rank 0 only. The checkpoint's file name carries the epoch
+# (`global_step_from_engine(trainer)`) and the score it was kept for.
+#
+# The validation metrics were computed over **all** ranks: each rank evaluated its own
+# half of the 360 validation images, and `ConfusionMatrix`, like `Accuracy` and `Loss`,
+# all-reduces its counts before `compute()`. The matrix below, from rank 0, counts
+# every validation image:
+
+# %%
+import numpy as np
+
+confusion = np.array(mine["confusion"])
+print(f"confusion matrix total: {confusion.sum()} images; each rank evaluated {mine['per_rank_val_images']}")
+assert confusion.sum() == len(val_set) == 2 * mine["per_rank_val_images"]
+accuracy = np.trace(confusion) / confusion.sum()
+print(f"accuracy from the matrix {accuracy:.4f}, ignite's Accuracy {mine['history'][-1]['val_accuracy']:.4f}")
+assert abs(accuracy - mine["history"][-1]["val_accuracy"]) < 1e-9
+plots.confusion_matrix(confusion, title=f"digits, validation, after {EPOCHS} epochs on 2 ranks");
+
+# %%
+plots.sample_predictions(mine["images"], mine["labels"], mine["predicted"]);
+
+# %% [markdown]
+# ## 3. The kit's `training`: the same function, grown up
+#
+# `distkit.launch.run(config)` checks the config, picks a free port and calls
+# `idist.Parallel(...).run(distkit.training.training, config)`, then reads rank 0's
+# `results.json`. Inside, `distkit.training` makes the same ignite calls as the
+# function above; this cell finds each one in the kit's source:
+
+# %%
+import importlib
+import importlib.util
+import inspect
+
+kit_modules = [importlib.import_module(m) for m in ("distkit.training", "distkit.data", "distkit.tasks")
+               if importlib.util.find_spec(m) is not None]
+print("yours:    training" + str(inspect.signature(training)))
+print("distkit:  training" + str(inspect.signature(distkit.training.training)))
+for call in ("idist.auto_dataloader(", "idist.auto_model(", "idist.auto_optim(", "set_epoch(",
+             "create_supervised_evaluator(", "Checkpoint(", "trainer.run(", "idist.all_gather("):
+    where = [f"{os.path.basename(m.__file__)}:{n}" for m in kit_modules
+             for n, line in enumerate(inspect.getsource(m).splitlines(), 1) if call in line]
+    print(f"  {call:30} {'in your training' if call in inspect.getsource(training) else '-':17} "
+          f"distkit: {', '.join(where)}")
+    assert where, call
+
+# %% [markdown]
+# What the kit adds around those calls: a learning-rate schedule (`PiecewiseLinear`), a
+# `DeterministicEngine` and a resumable checkpoint of trainer, model, optimizer and
+# schedule (notebook 09), optional `EarlyStopping` and profiling, and a hash of every
+# replica's weights gathered with `idist.all_gather` to prove they stayed identical.
+# Now the kit's function, on the best backend here:
+
+# %%
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+
+from distkit.commands.train import summary
+from distkit.config import Config
+from distkit.launch import default_nproc, read_results, resolve_backend, run
+
+backend = resolve_backend("auto")
+nproc = default_nproc(backend)
+print(f"best backend here: {backend}, {nproc} process(es) per node")
+kit_config = Config(epochs=EPOCHS, seed=0, progress_bar=False, output_dir=os.path.join(workdir, "runs"))
+spawned = run(kit_config)
 print(summary(spawned))
 
 # %% [markdown]
-# ## 2. What the `auto_*` helpers did to the objects
-#
-# `training` builds a plain dataset, model and optimizer and hands each to ignite's
-# `auto_*` helper. Here is, for every process, the type before → after, built from the
-# same config:
-
-# %%
-for r in collectives.run_per_rank(collectives.placement_report, nproc, backend, config):
-    print(r)
-
-# %% [markdown]
-# - **`auto_dataloader`** turned the dataset (1437 training images) into a `DataLoader`
-#   with a `DistributedSampler`: each process draws its own disjoint shard, reshuffled
-#   every epoch, and gets `batch_size / world size` samples per step. `batch_size` is
-#   the **global** batch.
-# - **`auto_model`** moved the model to the process's device and, with more than one
-#   process on gloo or nccl, wrapped it in `DistributedDataParallel`: the weights are
-#   broadcast from rank 0 at the start, and `backward()` averages the gradients across
-#   processes. On XLA it only moves the model (notebook 03).
-# - **`auto_optim`** returned the *same* optimizer object on gloo and nccl (DDP already
-#   does the distributed part); on XLA it returns a subclass whose `step()` also
-#   all-reduces the gradients.
-#
-# That is all the "distributed" code there is. The training step, the metrics and the
-# checkpoints are the same lines for 1 CPU process, N GPUs or a TPU.
-#
-# ## 3. The identical run under `torchrun`
+# ## 4. The identical run under `torchrun`
 #
 # `torchrun` is PyTorch's own launcher. It starts the processes itself and sets
 # `RANK`, `WORLD_SIZE`, `MASTER_ADDR`... in their environment; `distkit train` sees
-# them, spawns nothing and joins the launch, calling the same `training` function.
-# (`--standalone`: one machine, and torchrun picks a free port itself.) The exact
-# command, run from here:
+# them, spawns nothing, calls `idist.initialize(backend)` and then the same `training`
+# function. (`--standalone`: one machine, and torchrun picks a free port itself.) The
+# exact command, run from here:
 
 # %%
 tr_backend = backend if backend in ("gloo", "nccl") else "gloo"  # torchrun speaks gloo/nccl, not PJRT
 tr_nproc = nproc if tr_backend == backend else 2
-command = f"torchrun --standalone --nproc_per_node={tr_nproc} -m distkit train --backend {tr_backend} --epochs {EPOCHS} " \
-          "--seed 0 --no-progress --output-dir runs"
+command = f"torchrun --standalone --nproc_per_node={tr_nproc} -m distkit train --backend {tr_backend} " \
+          f"--epochs {EPOCHS} --seed 0 --no-progress --output-dir {kit_config.output_dir}"
 print("$", command)
 argv = command.split()
 if shutil.which("torchrun") is None:  # the same program, when the kernel's bin/ is not on PATH
@@ -92,7 +266,7 @@ assert done.returncode == 0, done.stderr[-3000:]
 torchrun_results = read_results(re.search(r"plots in (\S+)", done.stdout).group(1))
 
 # %% [markdown]
-# ## 4. Learning curves and the single-process comparison
+# ## 5. Learning curves and the single-process comparison
 #
 # Now the same config in one process, twice, with two seeds: the difference between the
 # two seeds is the noise any comparison has to beat. Each of the spawned processes above
@@ -100,16 +274,14 @@ torchrun_results = read_results(re.search(r"plots in (\S+)", done.stdout).group(
 # comparison asks what a second process, on a second core, buys.
 
 # %%
-single = run(config.replace(nproc_per_node=1, threads_per_process=1))
-single_seed1 = run(config.replace(nproc_per_node=1, threads_per_process=1, seed=1))
+single = run(kit_config.replace(nproc_per_node=1, threads_per_process=1))
+single_seed1 = run(kit_config.replace(nproc_per_node=1, threads_per_process=1, seed=1))
 runs = {f"{backend} x{spawned['world_size']} (spawned)": spawned,
         f"{tr_backend} x{torchrun_results['world_size']} (torchrun)": torchrun_results,
         f"{single['backend']} x1, seed 0": single, f"{single['backend']} x1, seed 1": single_seed1}
 plots.learning_curves(list(runs.values()), labels=list(runs));
 
 # %%
-import statistics
-
 epoch_s = {name: statistics.median(h["epoch_time_s"] for h in r["history"]) for name, r in runs.items()}
 for name, r in runs.items():
     f = r["final"]
@@ -117,39 +289,41 @@ for name, r in runs.items():
           f"{epoch_s[name]:.2f} s/epoch (median)  replicas identical: {r['replicas_identical']}")
 noise = abs(single["final"]["val_accuracy"] - single_seed1["final"]["val_accuracy"])
 gap = abs(spawned["final"]["val_accuracy"] - single["final"]["val_accuracy"])
+allowed = max(3 * noise, 0.03)
 print(f"accuracy: {spawned['world_size']} processes vs 1 differ by {gap:.4f}; two seeds of 1 process "
-      f"differ by {noise:.4f}")
+      f"differ by {noise:.4f}; allowed: {allowed:.4f}")
 first, third = list(epoch_s)[0], list(epoch_s)[2]
 print(f"time per epoch, {spawned['world_size']} processes / 1 process: {epoch_s[first] / epoch_s[third]:.2f}")
-assert gap <= max(3 * noise, 0.03), "data parallelism should not change what the model learns"
+assert gap <= allowed, "data parallelism should not change what the model learns"
+launchers_gap = abs(spawned["final"]["val_accuracy"] - torchrun_results["final"]["val_accuracy"])
+print(f"spawned vs torchrun: accuracies differ by {launchers_gap:.4f}")
 if tr_backend == backend:  # the same launch, by two launchers
-    assert abs(spawned["final"]["val_accuracy"] - torchrun_results["final"]["val_accuracy"]) <= 0.01
+    assert launchers_gap <= 0.01
 assert all(r["replicas_identical"] for r in runs.values())
 
 # %% [markdown]
 # What the numbers above say:
 #
 # - **Accuracy**: the data-parallel run and the single process reach accuracies that
-#   differ by about as much as two seeds do (the assertion allows 3× the seed-to-seed
-#   difference, at least 0.03). With the same *global* batch and learning rate, N
-#   processes take the same steps on the same amount of data per step; only the order
-#   of the samples and of the floating-point sums changes.
-# - **spawned vs torchrun**: the same config and seed, two launchers, the same function:
-#   the accuracies printed above agree (checked to within 0.01; on a CPU they are
-#   usually identical to the last digit, since nothing else differs).
+#   differ by less than the allowance printed above (3× the difference between two
+#   seeds of one process, at least 0.03). With the same *global* batch and learning
+#   rate, N processes take the same steps on the same amount of data per step; only the
+#   order of the samples and of the floating-point sums changes.
+# - **spawned vs torchrun**: the same config and seed, two launchers, the same function;
+#   the difference printed above is checked to be at most 0.01.
 # - **Time per epoch**: the ratio printed above, measured on this runtime (medians over
 #   the epochs). Each process does 1/N of the work of an epoch, but every step also
-#   waits for the gradient all-reduce: with a model this small, that communication is a
-#   large part of a step, so N processes are far from N× faster. The bigger the model
-#   and the batch, the more the computation dominates and the closer the speed-up
-#   gets to N. (A busy machine also blurs CPU timings: other programs take cores.)
+#   waits for the gradient all-reduce, and with a model this small that communication
+#   is a large share of a step (notebook 08 measures it). A busy machine also blurs CPU
+#   timings: other programs take cores.
 # - **`replicas identical`**: every run hashed each replica's weights at the start and at
 #   the end (`results.json`); all equal means the replicas never drifted apart.
 #
 # ## What you saw
 #
-# One function, `training(local_rank, config)`, ran unchanged under `idist.Parallel`,
-# under `torchrun` and in one process; on a GPU or TPU runtime the same cells pick nccl
-# or xla-tpu. The distributed part is three `auto_*` calls and a few `rank == 0` lines.
+# A `training(local_rank, config)` you wrote ran under `idist.Parallel`; the kit's
+# `training`, built from the same ignite calls, ran under `idist.Parallel`, under
+# `torchrun` and in one process. The distributed part is three `auto_*` calls, the
+# sampler's `set_epoch`, and a few `rank == 0` lines.
 #
 # Next: sharding checks (notebook 05) — did every process really see its own data?

@@ -15,9 +15,11 @@ def learning_curves(results_list, labels=None):
         axes[0].plot(epochs, [h["train_loss"] for h in res["history"]], marker="o", label=label)
         axes[1].plot(epochs, [h["val_loss"] for h in res["history"]], marker="o", label=label)
         axes[2].plot(epochs, [h["val_accuracy"] for h in res["history"]], marker="o", label=label)
-    for ax, title in zip(axes, ["train loss (epoch mean)", "validation loss", "validation accuracy"]):
+    for ax, title, ylabel in zip(axes, ["train loss (epoch mean)", "validation loss", "validation accuracy"],
+                                 ["cross-entropy (nats)", "cross-entropy (nats)", "fraction correct"]):
         ax.set_title(title)
         ax.set_xlabel("epoch")
+        ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
     axes[2].legend()
     fig.tight_layout()
@@ -29,8 +31,9 @@ def sharding_map(record, max_epochs: int = 3):
 
     Left: one row per epoch, one column per sample index; the colour is the rank that saw
     it, black = seen by more than one rank (padding, or a bug), white = seen by none.
-    Right: the order in which rank 0 saw its samples, per epoch (identical lines: the
-    order did not change, ``set_epoch`` was not called)."""
+    Right: for each sample rank 0 saw in both of two consecutive epochs, its position in
+    the first epoch against its position in the next. Points on the diagonal: the same
+    order again (``set_epoch`` was not called); a scattered cloud: a new order."""
     import numpy as np
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
@@ -54,12 +57,18 @@ def sharding_map(record, max_epochs: int = 3):
     handles = [Patch(color=colours[r + 1], label=f"rank {r}") for r in range(w)]
     handles += [Patch(color="black", label="several ranks"), Patch(facecolor="white", edgecolor="gray", label="none")]
     ax1.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    for e, ranks in enumerate(seen):
-        ax2.plot(ranks[0], marker=".", lw=0.8, label=f"epoch {e + 1}")
-    ax2.set_xlabel("position in rank 0's epoch")
-    ax2.set_ylabel("sample index")
-    ax2.set_title("rank 0's order per epoch")
-    ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    for e in range(len(seen) - 1):
+        before = {i: pos for pos, i in enumerate(seen[e][0])}
+        after = {i: pos for pos, i in enumerate(seen[e + 1][0])}
+        both = [i for i in before if i in after]
+        same = sum(before[i] == after[i] for i in both)
+        ax2.scatter([before[i] for i in both], [after[i] for i in both], s=6, alpha=0.7,
+                    label=f"epoch {e + 1} -> {e + 2}: {same}/{len(both)} at the same position")
+    ax2.set_xlabel(f"position in epoch e (of rank 0's {len(seen[0][0])} samples)")
+    ax2.set_ylabel("position of the same sample in epoch e + 1")
+    ax2.set_title("rank 0: did the order change? (diagonal = no)")
+    if len(seen) > 1:
+        ax2.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     return fig
 
@@ -133,6 +142,7 @@ def oversubscription_plot(rows):
     ax1.set_ylabel("seconds, first start to last finish")
     ax2.plot(n, [r["matmuls_per_second"] for r in rows], marker="o")
     ax2.set_title("total work per second, all processes")
+    ax2.set_ylabel(f"{rows[0]['size']}x{rows[0]['size']} matrix products / s")
     ax2.set_ylim(bottom=0)
     for ax in (ax1, ax2):
         ax.axvline(cores, color="red", alpha=0.5, label=f"{cores} cores")
@@ -241,8 +251,10 @@ def scaling_curves(summary):
             ax.plot(n, [r[key] for r in rows], "-" if mode == "strong" else "--", marker="o",
                     label=f"{mode} scaling, {rule}")
     axes[2].plot(sizes, [1.0] * len(sizes), ":", color="gray", label="linear (ideal)")
-    for ax, (_, title) in zip(axes, panels):
+    units = ["seconds", "samples / s", "speed-up / N (1 = ideal)", "cross-entropy (nats)"]
+    for ax, (_, title), unit in zip(axes, panels, units):
         ax.set_title(title)
+        ax.set_ylabel(unit)
         ax.set_xlabel("processes (N)")
         ax.set_xticks(sizes)
         ax.grid(alpha=0.3)
@@ -273,5 +285,48 @@ def step_costs(costs):
     ax.set_title("one step: compute vs communication")
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
+
+
+def confusion_matrix(matrix, class_names=None, title="validation confusion matrix"):
+    """A heatmap of ``matrix[true, predicted]`` counts (ignite's ``ConfusionMatrix``
+    output), each cell annotated with its count."""
+    import numpy as np
+
+    m = np.asarray(matrix)
+    names = class_names or [str(i) for i in range(len(m))]
+    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * len(m), 0.8 + 0.42 * len(m)))
+    image = ax.imshow(m, cmap="Blues")
+    for t in range(len(m)):
+        for p in range(len(m)):
+            if m[t, p]:
+                ax.text(p, t, int(m[t, p]), ha="center", va="center", fontsize=7,
+                        color="white" if m[t, p] > m.max() / 2 else "black")
+    ax.set_xticks(range(len(m)), names)
+    ax.set_yticks(range(len(m)), names)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, label="validation images (count)")
+    fig.tight_layout()
+    return fig
+
+
+def sample_predictions(images, labels, predictions, columns: int = 8):
+    """A grid of images, each titled ``predicted (true)``; wrong ones in red."""
+    n = len(images)
+    rows = (n + columns - 1) // columns
+    fig, axes = plt.subplots(rows, columns, figsize=(1.3 * columns, 1.5 * rows), squeeze=False)
+    for k, ax in enumerate(axes.flat):
+        ax.set_axis_off()
+        if k < n:
+            import numpy as np
+
+            image = np.asarray(images[k])  # channels first, as torch keeps images
+            ax.imshow(image[0] if len(image) == 1 else image.transpose(1, 2, 0), cmap="gray_r")
+            ok = predictions[k] == labels[k]
+            ax.set_title(f"{predictions[k]} ({labels[k]})", fontsize=9, color="black" if ok else "red")
+    fig.suptitle("validation images: predicted (true)", fontsize=10)
     fig.tight_layout()
     return fig

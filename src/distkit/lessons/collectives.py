@@ -188,7 +188,7 @@ def oversubscription(process_counts=None, threads: int = 1, iters: int = 100, si
             # first start to last finish: a process the scheduler left waiting counts too
             times.append(max(end for _, end in spans) - min(start for start, _ in spans))
         seconds = statistics.median(times)
-        rows.append({"processes": n, "cores": cores, "threads_per_process": threads,
+        rows.append({"processes": n, "cores": cores, "threads_per_process": threads, "size": size,
                      "seconds": seconds, "matmuls_per_second": n * iters / seconds})
     for r in rows:
         r["slowdown"] = r["seconds"] / rows[0]["seconds"]

@@ -13,13 +13,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("processes and nodes")
     g.add_argument("--backend", choices=BACKENDS, default=DEFAULTS.backend,
                    help="auto: nccl with CUDA, xla-tpu with a TPU, else gloo")
-    g.add_argument("--nproc-per-node", type=int, default=None,
+    g.add_argument("--nproc-per-node", "--nproc_per_node", type=int, metavar="N", default=None,
                    help="processes to spawn on this node (default: join torchrun/SLURM if "
                         "launched by one, else one per GPU, or 2 on a CPU)")
     g.add_argument("--nnodes", type=int, default=DEFAULTS.nnodes)
-    g.add_argument("--node-rank", type=int, default=None)
-    g.add_argument("--master-addr", default=None)
-    g.add_argument("--master-port", type=int, default=None,
+    g.add_argument("--node-rank", "--node_rank", type=int, default=None, metavar="R")
+    g.add_argument("--master-addr", "--master_addr", default=None, metavar="ADDR")
+    g.add_argument("--master-port", "--master_port", type=int, metavar="PORT", default=None,
                    help="default: a free port (single node)")
     g.add_argument("--timeout", dest="timeout_s", type=float, default=DEFAULTS.timeout_s,
                    help="seconds any collective may wait before the run fails")

@@ -1,24 +1,31 @@
-"""The ``distkit`` command line: ``distkit train``, ``distkit doctor`` and friends.
+"""The distkit command line: distkit train, distkit doctor and friends.
 
 Each sub-command lives in its own module, which provides ``add_arguments(parser)`` and
 ``main(args) -> int``; this file only wires them up and turns a ``DistkitError`` into one
 line on stderr and a non-zero exit.
+
+The sub-command modules are imported here, as modules, so a missing one fails at once;
+they must stay light: torch, ignite and the rest of the core are imported inside their
+``main``, so ``distkit --help`` answers in a fraction of a second (tests/test_cli.py
+checks that building the parser imports no torch).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
+import re
 import sys
 
+from distkit import __version__
+from distkit.commands import bench, check, doctor, shard_check, train
 from distkit.errors import DistkitError
 
 # name -> (module, one-line help)
 COMMANDS = {
-    "train": ("distkit.commands.train", "train a model, spawning processes or joining torchrun/SLURM"),
-    "doctor": ("distkit.commands.doctor", "report versions, cores, GPUs, TPU, backends and the launch to use"),
-    "bench": ("distkit.commands.bench", "measure what the kit costs vs hand-written loops, scaling, data loading"),
-    "shard-check": ("distkit.commands.shard_check", "check which process sees which sample: overlap, coverage, padding"),
-    "check": ("distkit.commands.check", "check your exercise files (exercises/), or show a hint or a solution"),
+    "train": (train, "train a model, spawning processes or joining torchrun/SLURM"),
+    "doctor": (doctor, "report versions, cores, GPUs, TPU, backends and the launch to use"),
+    "bench": (bench, "measure what the kit costs vs hand-written loops, scaling, data loading"),
+    "shard-check": (shard_check, "check which process sees which sample: overlap, coverage, padding"),
+    "check": (check, "check your exercise files (exercises/), or show a hint or a solution"),
 }
 
 
@@ -30,20 +37,50 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def plain(text):
+    """Help is read in a terminal: docstrings' RST markup (``code``, :class:`X`) becomes plain text."""
+    if not text:
+        return text
+    return re.sub(r":\w+:`~?([^`]+)`", r"\1", text).replace("``", "")
+
+
+def tidy_help(parser: argparse.ArgumentParser) -> None:
+    """One rule for every sub-command's help: an option with a default shows it as
+    "(default: X)", once; on/off flags (``--amp``, ``--no-progress``) show none, since
+    "default: True" on a flag that turns something off misleads; a default of None means
+    "decided at run time" and the option's own help says how."""
+    parser.formatter_class = argparse.HelpFormatter  # the rule below, not argparse's own
+    parser.description = plain(parser.description)
+    for action in parser._actions:
+        action.help = plain(action.help)
+        if (action.help == argparse.SUPPRESS or action.nargs == 0 or action.default is None
+                or action.default == argparse.SUPPRESS or "default" in (action.help or "")):
+            continue
+        shown = str(action.default).replace("%", "%%")
+        action.help = f"{action.help} (default: {shown})" if action.help else f"default: {shown}"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="distkit", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    parser = OneLineParser(prog="distkit", description=plain(__doc__.splitlines()[0]),
+                           epilog="distkit COMMAND --help shows a command's options.")
+    parser.add_argument("--version", action="version", version=f"distkit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineParser)
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(module).add_arguments(p)
+        module.add_arguments(p)
+        tidy_help(p)
         p.set_defaults(_module=module)
     return parser
 
 
 def main(argv=None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:  # bare `distkit`: say what there is, as --help does
+        parser.print_help()
+        sys.exit(0)
     try:
-        code = importlib.import_module(args._module).main(args)
+        code = args._module.main(args)
     except DistkitError as e:
         sys.stderr.write(f"distkit: error: {e}\n")
         sys.exit(1)

@@ -1,10 +1,56 @@
 """distkit: a teaching kit for distributed data-parallel training with PyTorch-Ignite.
 
-The same ``distkit.training.training`` function runs on 1 CPU process, N GPUs, a TPU and
-many nodes; ``distkit.launch.run`` starts it the right way for where it runs.
+The same training function runs on 1 CPU process, N GPUs, a TPU and many nodes. The
+public API (imported lazily: ``import distkit`` does not import torch)::
+
+    from distkit import Config, Task, run, launch_function
+
+- :class:`Config` — every knob of a run; :class:`Task` — a course's own data, model,
+  loss, metrics and score (``distkit.tasks``).
+- :func:`run` ``(config, task=None)`` — train, spawning processes or joining torchrun /
+  SLURM (``distkit.launch``); :func:`launch_function` ``(fn, *args, ...)`` — the same
+  launcher for any ``fn(local_rank, ...)`` training function.
+- ``distkit.training`` — ``training(local_rank, config, task)``, the function every
+  launcher runs; ``distkit.sharding``, ``distkit.profiling``, ``distkit.plots``,
+  ``distkit.checkpoint``: the kit's other core modules.
+
+Notebook props live in ``distkit.lessons``, the command line in ``distkit.commands``.
 """
+import importlib
+
 from distkit import compat as _compat
 
 __version__ = "0.1.0"
 
+# ignite and torch_xla are patched before anything uses them; without torch_xla this only
+# sets an environment variable (no torch import).
 _compat.apply()
+
+# name -> module that defines it; looked up on first use (PEP 562), so `import distkit`
+# and `distkit --help` stay fast.
+_EXPORTS = {
+    "Config": "distkit.config",
+    "Task": "distkit.tasks",
+    "resolve_task": "distkit.tasks",
+    "DistkitError": "distkit.errors",
+    "run": "distkit.launch",
+    "launch_function": "distkit.launch",
+}
+_MODULES = ("tasks", "training", "launch", "checkpoint", "sharding", "profiling", "plots",
+            "data", "models", "config", "runner", "compat", "errors")
+
+__all__ = ["__version__", *_EXPORTS, *_MODULES]
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if name in _MODULES:
+        return importlib.import_module(f"distkit.{name}")
+    raise AttributeError(f"module 'distkit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -130,20 +130,22 @@ def load_checkpoint(path: str) -> dict:
     return ckpt
 
 
-def check_checkpoint_fits(path: str, config) -> None:
-    """Fail early if the checkpoint was written for another model or dataset."""
-    from distkit.data import dataset_info
-    from distkit.models import get_model
+def check_checkpoint_fits(path: str, config, task=None) -> None:
+    """Fail early if the checkpoint was written for another task's model (``task``
+    default: the config's, see ``distkit.tasks.resolve_task``)."""
+    from distkit.tasks import resolve_task
 
     ckpt = load_checkpoint(path)
-    model = get_model(config.model, **dataset_info(config.dataset))
+    task = resolve_task(task if task is not None else config)
+    model = task.model(config)
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError:
+        flags = f"--task {config.task}" if config.task else \
+            f"--model {config.model} --dataset {config.dataset}"
         raise DistkitError(
-            f"--resume-from {path!r} holds weights for another model or dataset than "
-            f"--model {config.model} --dataset {config.dataset}: resume with the flags of the "
-            "run that wrote it") from None
+            f"--resume-from {path!r} holds weights for another model than the task {task.name!r} "
+            f"({flags}): resume with the task and flags of the run that wrote it") from None
     if checkpoint_is_finished(ckpt):
         raise DistkitError(
             f"--resume-from {path!r} is the end of a finished run (all "

@@ -1,4 +1,5 @@
-"""``run(config)``: start ``training`` in as many processes as asked for, or join a launch.
+"""``run(config, task)``: start ``training`` in as many processes as asked for, or join a
+launch; ``launch_function(fn, ...)`` does the same for any training function.
 
 - ``nproc_per_node`` given (or no launcher around): spawn that many processes on this
   node with ``idist.Parallel`` (one per GPU with nccl; 2 on a CPU-only machine).
@@ -103,9 +104,10 @@ def check_port_free(port: int) -> None:
                                "another port, or omit --master-port to use a free one") from None
 
 
-def preflight(config, spawning: bool):
+def preflight(config, spawning: bool, task=None):
     """Resolve the backend and the process count and check everything that can be checked
-    before a process starts. Returns a new, complete config."""
+    before a process starts (a checkpoint to resume from against ``task``'s model).
+    Returns a new, complete config."""
     config = config.replace().validate()
     backend = resolve_backend(config.backend)
     nproc = config.nproc_per_node
@@ -135,7 +137,7 @@ def preflight(config, spawning: bool):
     if config.resume_from:
         from distkit.checkpoint import check_checkpoint_fits
 
-        check_checkpoint_fits(config.resume_from, config)
+        check_checkpoint_fits(config.resume_from, config, task)
     if spawning and config.dataset in ("mnist", "cifar10"):
         # Download once here, before any process starts, so an offline machine fails fast.
         from distkit.data import fetch_torchvision
@@ -144,23 +146,119 @@ def preflight(config, spawning: bool):
     return config.replace(backend=backend, nproc_per_node=nproc)
 
 
-def run(config) -> dict | None:
-    """Run ``training`` as the config says; return rank 0's results (None on other ranks
-    of an external launch)."""
+def run(config, task=None) -> dict | None:
+    """Run :func:`distkit.training.training` on ``task`` (default: ``config.task``, else
+    the built-in task of ``config.dataset`` x ``config.model``) as the config says: spawn
+    ``nproc_per_node`` processes, or join the torchrun / SLURM launch this process is part
+    of. Returns rank 0's results (None on the other ranks of an external launch).
+
+    Spawned processes receive ``task`` by pickling: its functions must be defined at the
+    top level of a module (or of the script, guarded as below), not as lambdas::
+
+        from distkit import Config, run
+
+        if __name__ == "__main__":   # spawned processes import this file: don't recurse
+            results = run(Config(nproc_per_node=2, epochs=1, progress_bar=False))
+            print(results["final"]["val_accuracy"])
+    """
     from distkit.checkpoint import make_run_dir
+    from distkit.tasks import resolve_task
     from distkit.training import training
 
+    task = resolve_task(task if task is not None else config)  # a wrong --task: one line, now
     spawning = config.nproc_per_node is not None or not launched_externally()
-    config = preflight(config, spawning)
+    config = preflight(config, spawning, task)
     if not spawning:
-        return _join(config)
+        return _join(config, training, config, task)
     if config.backend == "none":
         config.run_dir = make_run_dir(config.output_dir, "none", 1)
-        return training(0, config)
+        return training(0, config, task)
 
+    check_picklable("the task", task)
     world_size = config.nproc_per_node * config.nnodes
     if config.nnodes == 1 or config.node_rank == 0:
         config.run_dir = make_run_dir(config.output_dir, config.backend, world_size)
+    _spawn(config, training, config, task)
+    return read_results(config.run_dir) if config.run_dir else None
+
+
+def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None = None,
+                    nnodes: int = 1, node_rank: int | None = None, master_addr: str | None = None,
+                    master_port: int | None = None, timeout_s: float = 120.0,
+                    threads_per_process: int | None = None):
+    """Run any training function ``fn(local_rank, *args)`` (ignite's examples write
+    ``training(local_rank, config)``) on every rank, the way :func:`run` runs the kit's:
+    the same checks before any process starts, a free port, threads pinned to each
+    process's share of the cores, collectives bounded by ``timeout_s``, and a rank that
+    dies or raises reported in one line (``DistkitError``) naming it. Inside a torchrun /
+    SLURM launch (and no ``nproc_per_node``) it joins the launch instead of spawning.
+
+    Returns ``fn``'s return value in a joined or single (``backend="none"``) process;
+    None after spawning (write results to files on rank 0, as ignite's examples do).
+    ``fn`` and ``args`` must pickle (top-level functions of a module or of a script
+    guarded by ``if __name__ == "__main__":``)::
+
+        import ignite.distributed as idist
+        from distkit import launch_function
+
+        def training(local_rank, config):
+            total = idist.all_reduce(idist.get_rank() + 1)
+            if idist.get_rank() == 0:
+                print(f"{idist.get_world_size()} ranks, sum of ranks+1 = {total}")
+
+        if __name__ == "__main__":
+            launch_function(training, {"lr": 0.1}, backend="gloo", nproc_per_node=2)
+    """
+    from distkit.config import Config
+
+    spawning = nproc_per_node is not None or not launched_externally()
+    nproc = nproc_per_node
+    if spawning and nproc is None:
+        nproc = default_nproc(resolve_backend(backend))
+    # fn has no global batch: give the config the smallest one preflight's batch check passes.
+    world = nproc * nnodes if spawning else int(os.environ.get("WORLD_SIZE", "1"))
+    config = preflight(Config(backend=backend, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                              node_rank=node_rank, master_addr=master_addr,
+                              master_port=master_port, timeout_s=timeout_s,
+                              threads_per_process=threads_per_process, batch_size=max(1, world)),
+                       spawning)
+    if not spawning:
+        return _join(config, _pinned, fn, config.threads_per_process, *args)
+    if config.backend == "none":
+        return _pinned(0, fn, config.threads_per_process, *args)
+    check_picklable("the training function and its arguments", (fn, args))
+    _spawn(config, _pinned, fn, config.threads_per_process, *args)
+    return None
+
+
+def _pinned(local_rank, fn, threads, *args):
+    """``fn`` in this process, with this process's share of the cores."""
+    torch.set_num_threads(threads or threads_per_process(idist.get_nproc_per_node()))
+    return fn(local_rank, *args)
+
+
+def check_picklable(what: str, obj) -> None:
+    """Spawned processes receive their function and arguments pickled; fail in one line
+    here rather than in every child. (Forked processes, as in notebooks, need no pickle.)"""
+    from distkit.runner import _in_ipython
+
+    if _in_ipython():
+        return
+    import pickle
+
+    try:
+        pickle.dumps(obj)
+    except Exception as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise DistkitError(
+            f"{what} cannot be sent to spawned processes ({why}): define its functions at the "
+            "top level of an importable module, or of a script run under an "
+            "`if __name__ == \"__main__\":` guard, not as lambdas or nested functions") from None
+
+
+def _spawn(config, fn, *args) -> None:
+    """``fn(local_rank, *args)`` in ``config.nproc_per_node`` spawned processes of this
+    node; a failed rank becomes one line naming it."""
     # Spawned processes inherit this: one thread pool per process, never oversubscribed.
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads(config)))
     spawn_kwargs = {}
@@ -171,29 +269,26 @@ def run(config) -> dict | None:
                             nnodes=config.nnodes, node_rank=config.node_rank,
                             master_addr=config.master_addr, master_port=config.master_port,
                             **spawn_kwargs) as parallel:
-            parallel.run(training, config)
+            parallel.run(fn, *args)
     except Exception as e:
         failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node)
         if failure is None:
             raise
         raise failure from None
-    return read_results(config.run_dir) if config.run_dir else None
 
 
 def _threads(config) -> int:
     return config.threads_per_process or threads_per_process(config.nproc_per_node)
 
 
-def _join(config) -> dict | None:
+def _join(config, fn, *args):
     """Join a torchrun / SLURM launch: this process is one rank; spawn nothing."""
-    from distkit.training import training
-
     kwargs = {}
     if config.backend in ("gloo", "nccl"):
         kwargs["timeout"] = timedelta(seconds=config.timeout_s)
     idist.initialize(config.backend, **kwargs)
     try:
-        return training(idist.get_local_rank(), config)
+        return fn(idist.get_local_rank(), *args)
     finally:
         idist.finalize()
 

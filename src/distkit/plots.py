@@ -5,18 +5,23 @@ import matplotlib.pyplot as plt
 
 
 def learning_curves(results_list, labels=None):
-    """Train loss, validation loss and validation accuracy per epoch, one line per run.
+    """Train loss, validation loss and the validation score per epoch, one line per run.
 
-    ``results_list``: results dicts as returned by ``distkit.launch.run``."""
+    ``results_list``: results dicts as returned by ``distkit.launch.run``. The third panel
+    shows the task's score metric (accuracy for the built-in tasks; for a score on the
+    loss, the task's first other metric)."""
+    metric, loss_name = _curve_metric(results_list[0]) if results_list else ("accuracy", None)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     for i, res in enumerate(results_list):
         label = labels[i] if labels else f"{res['backend']} x{res['world_size']}"
         epochs = [h["epoch"] for h in res["history"]]
         axes[0].plot(epochs, [h["train_loss"] for h in res["history"]], marker="o", label=label)
         axes[1].plot(epochs, [h["val_loss"] for h in res["history"]], marker="o", label=label)
-        axes[2].plot(epochs, [h["val_accuracy"] for h in res["history"]], marker="o", label=label)
-    for ax, title, ylabel in zip(axes, ["train loss (epoch mean)", "validation loss", "validation accuracy"],
-                                 ["cross-entropy (nats)", "cross-entropy (nats)", "fraction correct"]):
+        axes[2].plot(epochs, [h[f"val_{metric}"] for h in res["history"]], marker="o", label=label)
+    loss_label = "cross-entropy (nats)" if loss_name in (None, "CrossEntropyLoss") else loss_name
+    for ax, title, ylabel in zip(axes, ["train loss (epoch mean)", "validation loss", f"validation {metric}"],
+                                 [loss_label, loss_label,
+                                  "fraction correct" if metric == "accuracy" else metric]):
         ax.set_title(title)
         ax.set_xlabel("epoch")
         ax.set_ylabel(ylabel)
@@ -24,6 +29,16 @@ def learning_curves(results_list, labels=None):
     axes[2].legend()
     fig.tight_layout()
     return fig
+
+
+def _curve_metric(results) -> tuple:
+    """(metric for the third panel, loss class name) from a run's ``task`` record."""
+    task = results.get("task") or {}
+    names = [m[4:] for m in task.get("metrics", ["val_accuracy"])]
+    score = (task.get("score") or ["accuracy"])[0]
+    if score == "loss":
+        score = next((n for n in names if n != "loss"), "loss")
+    return score, task.get("loss")
 
 
 def sharding_map(record, max_epochs: int = 3):

@@ -27,6 +27,8 @@ from distkit.checkpoint import (CHECKPOINT_PREFIX, load_checkpoint, make_run_dir
                                 write_results)
 from distkit.data import get_dataflow
 from distkit.launch import threads_per_process
+from distkit.strategies import (checkpoint_objects, full_state_dict_everywhere,
+                                 peak_memory_per_rank, prepare_model)
 from distkit.tasks import Task, resolve_task
 
 
@@ -38,7 +40,8 @@ def initialize(config, task: Task | None = None):
     starts from identical weights (DDP would broadcast them, XLA would not)."""
     task = resolve_task(task if task is not None else config)
     manual_seed(config.seed)
-    model = idist.auto_model(task.model(config))
+    # ddp: idist.auto_model; fsdp: fully_shard per layer (distkit.strategies)
+    model = prepare_model(task.model(config), getattr(config, "strategy", "ddp"))
     optimizer = idist.auto_optim(task.optimizer(model.parameters(), config))
     criterion = task.loss().to(idist.device())
     return model, optimizer, criterion
@@ -176,9 +179,9 @@ def param_digest(model) -> str:
     mean identical replicas."""
     import hashlib
 
-    module = getattr(model, "module", model)  # DDP keeps the user's model in .module
     h = hashlib.sha256()
-    for name, tensor in module.state_dict().items():
+    # DDP keeps the user's model in .module; FSDP's shards are gathered (a collective)
+    for name, tensor in full_state_dict_everywhere(model).items():
         h.update(name.encode())
         h.update(tensor.detach().cpu().reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
@@ -212,7 +215,8 @@ def training(local_rank: int, config, task: Task | None = None) -> dict | None:
     Launchers call it; to start it yourself use :func:`distkit.launch.run`, which spawns
     processes or joins torchrun/SLURM. In one plain process (no process group)::
 
-        >>> from distkit import Config, training
+        >>> from distkit import Config
+        >>> from distkit.training import training
         >>> cfg = Config(backend="none", epochs=1, progress_bar=False, output_dir="runs/doc")
         >>> results = training(0, cfg)          # doctest: +SKIP
         >>> sorted(results["final"])            # doctest: +SKIP
@@ -275,7 +279,9 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
 
     # Checkpoint must exist on every rank (XLA saves collectively); DiskSaver writes on
     # rank 0 only, atomically (temporary file, then rename).
-    objects = to_save(trainer, model, optimizer, lr_scheduler)
+    # Under fsdp: full (unsharded) state dicts, so the files stay plain model weights.
+    saved_model, saved_optimizer = checkpoint_objects(model, optimizer)
+    objects = to_save(trainer, saved_model, saved_optimizer, lr_scheduler)
     checkpoint = Checkpoint(
         objects, DiskSaver(os.path.join(run_dir, "checkpoints"), require_empty=False, atomic=True),
         filename_prefix=CHECKPOINT_PREFIX, n_saved=2,
@@ -286,7 +292,7 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     trainer.add_event_handler(save_at, checkpoint)
     # The best model by the task's score, beside (not among) the resumable checkpoints.
     best = Checkpoint(
-        {"model": model}, DiskSaver(os.path.join(run_dir, "best"), require_empty=False, atomic=True),
+        {"model": saved_model}, DiskSaver(os.path.join(run_dir, "best"), require_empty=False, atomic=True),
         filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0])
     trainer.add_event_handler(Events.EPOCH_COMPLETED, best)
 
@@ -310,13 +316,14 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
 
     profile = profiling.summarize(profiler) if profiler is not None else None
     digests = {"initial": initial_digests, "final": replica_digests(model)}
+    memory = peak_memory_per_rank()
     results = _report(rank, run_dir, config, task, history, trainer, (checkpoint, best), profile,
-                      trainer.state.samples * world_size, wall, digests)
+                      trainer.state.samples * world_size, wall, digests, memory)
     return results
 
 
 def _report(rank, run_dir, config, task, history, trainer, checkpoints, profile, trained_samples,
-            wall, digests):
+            wall, digests, memory=None):
     """On rank 0: gather the run into a dict, write results.json and the learning curves."""
     if rank != 0:
         return None
@@ -332,7 +339,7 @@ def _report(rank, run_dir, config, task, history, trainer, checkpoints, profile,
         "threads_per_process": torch.get_num_threads(),
         "run_dir": run_dir,
         "config": config.to_dict(),
-        "task": {"name": task.name, "score": list(task.score),
+        "task": {"name": task.name, "score": list(task.score), "loss": type(task.loss()).__name__,
                  "metrics": [f"val_{name}" for name in task.metric_names()]},
         "peak_lr": peak_lr(config, world_size),
         "history": history,
@@ -351,6 +358,8 @@ def _report(rank, run_dir, config, task, history, trainer, checkpoints, profile,
         # One SHA-256 of the parameters per rank: all equal = replicas in sync.
         "replica_param_sha256": digests,
         "replicas_identical": all(len(set(d)) == 1 for d in digests.values()),
+        "strategy": getattr(config, "strategy", "ddp"),
+        "peak_memory_per_rank": memory,  # {"bytes": [rank 0, rank 1, ...], "measure": ...}
         "versions": versions(),
     }
     write_results(run_dir, results)

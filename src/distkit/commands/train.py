@@ -1,4 +1,7 @@
-"""``distkit train``: flags map one-to-one onto :class:`distkit.config.Config`."""
+"""``distkit train``: flags map one-to-one onto :class:`distkit.config.Config`.
+
+``--task module:attr`` trains a course's own :class:`distkit.Task` (see
+``distkit.tasks``); without it, ``--dataset`` and ``--model`` pick a built-in task."""
 from __future__ import annotations
 
 import argparse
@@ -26,6 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--threads-per-process", type=int, default=None,
                    help="default: cores / processes on this node")
     g = p.add_argument_group("data, model and optimization")
+    g.add_argument("--task", default=None, metavar="MODULE:ATTR",
+                   help="a course's own distkit.Task: module:attr (module importable from the "
+                        "current folder) or path/to/file.py:attr; replaces --dataset/--model")
     g.add_argument("--dataset", choices=DATASETS, default=DEFAULTS.dataset,
                    help="digits and synthetic need no download")
     g.add_argument("--data-dir", default=DEFAULTS.data_dir)
@@ -45,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=DEFAULTS.seed)
     g.add_argument("--amp", action="store_true", help="bfloat16 autocast")
     g.add_argument("--early-stopping-patience", type=int, default=0,
-                   help="stop after this many epochs without a lower validation loss (0: off)")
+                   help="stop after this many epochs without a better validation score (the "
+                        "task's; built-in tasks: a lower validation loss) (0: off)")
     g.add_argument("--early-stopping-min-delta", type=float, default=0.0)
     g = p.add_argument_group("output")
     g.add_argument("--profile", action="store_true",
@@ -70,11 +77,14 @@ def config_from_args(args) -> Config:
 
 def summary(results: dict) -> str:
     f = results["final"] or {}
+    metrics = "  ".join(f"{k[4:]} {v:.4f}" for k, v in f.items()
+                        if k.startswith("val_") and isinstance(v, float)) or "none"
+    task = results.get("task") or {}
     lines = [
         f"backend {results['backend']}  world size {results['world_size']}  "
-        f"nodes {results['nnodes']}  device {results['device']}",
-        f"final validation accuracy {f.get('val_accuracy', float('nan')):.4f}  "
-        f"loss {f.get('val_loss', float('nan')):.4f}  after {results['epochs_completed']} epoch(s), "
+        f"nodes {results['nnodes']}  device {results['device']}"
+        + (f"  task {task['name']}" if task.get("name") else ""),
+        f"final validation {metrics}  after {results['epochs_completed']} epoch(s), "
         f"{results['iterations']} iterations",
         f"{results['seconds_per_epoch'] or float('nan'):.2f} s per epoch (training only)  "
         f"{results['samples_per_second']:.0f} samples/s (end to end)",

@@ -17,6 +17,7 @@
 import time
 
 import distkit  # first: it makes torch's GPU check safe for the processes forked below
+import ignite.distributed as idist
 import torch
 
 from distkit.lessons import collectives
@@ -57,14 +58,41 @@ assert all(i["backend"] == backend for i in seen)
 # ## 2. Where things live, and what the `auto_*` helpers did
 #
 # Each process builds a data loader, a model and an optimizer the plain way and passes
-# them through `idist.auto_dataloader`, `idist.auto_model` and `idist.auto_optim`:
+# them through ignite's three `auto_*` helpers. The function below is the whole
+# experiment; each rank returns what the helpers handed back:
 
 # %%
-for r in collectives.run_per_rank(collectives.placement_report, nproc, backend):
+from distkit.data import synthetic_dataset
+from distkit.models import get_model
+
+
+def place(local_rank):
+    data = synthetic_dataset(64)                       # 64 samples in host memory
+    loader = idist.auto_dataloader(data, batch_size=16, shuffle=True)  # 16 = the GLOBAL batch
+    plain_model = get_model("mlp")
+    model = idist.auto_model(plain_model)
+    plain_optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = idist.auto_optim(plain_optimizer)
+    x, y = next(iter(loader))
+    return {
+        "rank": idist.get_rank(), "device": str(idist.device()),
+        "loader": f"{type(loader).__name__}, sampler {type(loader.sampler).__name__}, "
+                  f"{len(loader)} batches of {len(y)}",
+        "model": f"{type(plain_model).__name__} -> {type(model).__name__}",
+        "param_device": str(next(model.parameters()).device),
+        "batch_device": str(x.to(idist.device()).device),
+        "optimizer": f"{type(plain_optimizer).__name__} -> {type(optimizer).__name__}, "
+                     f"same object: {optimizer is plain_optimizer}",
+        "per_process_batch": len(y),
+    }
+
+
+for r in collectives.run_per_rank(place, nproc, backend):
     print(r)
     assert r["param_device"] == r["batch_device"] == r["device"]  # model and data on one device
     assert r["per_process_batch"] == 16 // nproc                  # the global batch, divided
     assert r["model"].endswith("DistributedDataParallel" if nproc > 1 else "MLP")
+    assert r["optimizer"].endswith("same object: True")
 
 # %% [markdown]
 # - `auto_dataloader` gave each process a `DistributedSampler` (its own shard of the
@@ -73,8 +101,9 @@ for r in collectives.run_per_rank(collectives.placement_report, nproc, backend):
 #   process, wrapped it in `DistributedDataParallel`, which averages the gradients
 #   across processes during `backward()`. With a single process there is nothing to
 #   average, and it only moves the model.
-# - `auto_optim` returned the optimizer untouched: with gloo and nccl, DDP already did
-#   the distributed part (on TPUs it does more: notebook 03).
+# - `auto_optim` returned the very same optimizer object (checked above): with gloo and
+#   nccl, DDP already did the distributed part (on TPUs it does more: notebook 03).
+# - The batch comes out of the loader in host memory; `x.to(idist.device())` moves it.
 #
 # ## 3. The cost of host ↔ device copies
 #
@@ -99,7 +128,9 @@ print(f"a CIFAR-10 batch of 256 images ({cifar_batch_mb:.0f} MB) takes about "
 # On a GPU, the copy is a real cost per step: compare it with the time of a training
 # step in notebook 04. That is why `distkit` asks for `pin_memory=True` on CUDA and
 # copies with `non_blocking=True`: the copy from pinned memory can overlap with compute.
-# On the CPU the "copy" is a memory copy: the floor that no GPU transfer can beat.
+# On the CPU the "copy" is an ordinary memory copy by one thread, shown only so that
+# the cell runs everywhere; it is not a bound on GPU transfers (pinned copies over a
+# PCIe Gen4 or Gen5 link can be faster than one CPU thread copying memory).
 #
 # ## 4. More processes than GPUs: a clear error, not a hang
 #
@@ -118,20 +149,34 @@ assert "\n" not in message and ("GPUs" in message or "CUDA" in message)
 
 # %% [markdown]
 # (Without a GPU the message says that nccl needs CUDA at all; with 1 GPU it says that
-# `--nproc-per-node 2` needs 2 GPUs.) Without this check, two processes would share one
-# GPU, and nccl refuses that at its first collective, or worse, waits.
+# `--nproc-per-node 2` needs 2 GPUs.) Without this check the processes would start, and
+# each would fail on its own: right after creating the process group ignite calls
+# `torch.cuda.set_device(local_rank)` (`ignite/distributed/comp_models/native.py`,
+# line 137 in ignite 0.5.5), and local rank 1 on a machine with one GPU fails there
+# with CUDA's "invalid device ordinal", after the processes have been started.
 #
 # ## 5. The collectives, on GPU tensors
 #
-# Finally, notebook 01's collectives, with the tensors on each process's device: the
-# values you predicted there still hold.
+# Finally, notebook 01's collectives, with the tensors created on each process's device
+# (`idist.device()`: `cuda:<local rank>` with nccl). nccl only moves GPU tensors; gloo
+# takes CPU tensors. The values you predicted there still hold.
 
 # %%
-seen = collectives.run_per_rank(collectives.collectives_demo, nproc, backend)
-expected = collectives.expected_collectives(nproc)
-for s in seen:
+def exchange(local_rank):
+    rank, device = idist.get_rank(), idist.device()
+    total = idist.all_reduce(torch.tensor([rank + 1.0], device=device))
+    gathered = idist.all_gather(torch.tensor([10.0 * rank], device=device))
+    received = idist.broadcast(torch.tensor([100.0 if rank == 0 else -1.0], device=device), src=0)
+    idist.barrier()
+    return {"rank": rank, "device": str(total.device), "sum": total.item(),
+            "gathered": gathered.tolist(), "broadcast": received.item()}
+
+
+for s in collectives.run_per_rank(exchange, nproc, backend):
     print(s)
-    assert {k: s[k] for k in expected} == expected
+    assert s["sum"] == nproc * (nproc + 1) / 2 and s["broadcast"] == 100.0
+    assert s["gathered"] == [10.0 * r for r in range(nproc)]
+    assert s["device"] == (f"cuda:{s['rank']}" if gpus else "cpu")
 
 # %% [markdown]
 # ## What you saw

@@ -203,8 +203,9 @@ def _sync(device: torch.device):
 def copy_bandwidth(device=None, sizes_mb=(1, 16, 64), repeats: int = 5, pin_memory: bool | None = None) -> list[dict]:
     """Median time and bandwidth of copying ``sizes_mb`` megabytes host -> device and back.
 
-    On a CPU-only runtime ``device`` is the CPU and the copy is a plain memory copy (the
-    floor a GPU copy can never beat). On CUDA the host tensor is pinned by default
+    On a CPU-only runtime ``device`` is the CPU and the copy is a plain memory copy by
+    one thread (not a bound on GPU copies: pinned PCIe Gen4/Gen5 copies can be faster).
+    On CUDA the host tensor is pinned by default
     (page-locked memory: the GPU can copy it directly)."""
     device = torch.device(device) if device is not None else idist.device()
     if pin_memory is None:

@@ -1,7 +1,9 @@
 """Checks for exercise 02: ``training(local_rank, config)`` on 2 processes.
 
-Each rank trains on a dataset that records which samples it hands out, then reports
-them with its final weights; the parent compares the ranks."""
+Each rank trains on a dataset that records which samples it hands out, in which order,
+then reports them with its final weights; the parent compares the ranks and the epochs.
+The check also notes whether ``idist.auto_optim`` was called (ignite's own function
+still runs): on CPUs it returns the optimizer unchanged, so nothing else would show it."""
 import pytest
 import torch
 from distkit.data import synthetic_dataset
@@ -12,7 +14,7 @@ pytestmark = pytest.mark.ex02
 
 N_SAMPLES = 64
 GLOBAL_BATCH = 16
-EPOCHS = 2
+EPOCHS = 3  # enough to see whether the order changes from epoch to epoch
 
 
 class RecordingDataset(torch.utils.data.Dataset):
@@ -42,11 +44,22 @@ def on_rank():
     import ignite.distributed as idist
 
     ex = harness.load("02")
+    auto_optim_calls = []
+    real_auto_optim = idist.auto_optim
+
+    def recording_auto_optim(optimizer, **kwargs):
+        auto_optim_calls.append(type(optimizer).__name__)
+        return real_auto_optim(optimizer, **kwargs)
+
+    idist.auto_optim = recording_auto_optim
     dataset = RecordingDataset()
     torch.manual_seed(0)
     initial_loss = full_loss(ex.make_model(), dataset)
     config = {"dataset": dataset, "batch_size": GLOBAL_BATCH, "lr": 0.2, "epochs": EPOCHS}
-    returned = ex.training(idist.get_local_rank(), config)
+    try:
+        returned = ex.training(idist.get_local_rank(), config)
+    finally:
+        idist.auto_optim = real_auto_optim
     if not (isinstance(returned, tuple) and len(returned) == 2):
         raise harness.ExerciseFailure(
             f"training returned {type(returned).__name__}; return the pair (model, train_loader)")
@@ -58,6 +71,7 @@ def on_rank():
         "wrapped": type(model).__name__,
         "initial_loss": initial_loss,
         "final_loss": full_loss(model, dataset),
+        "auto_optim": auto_optim_calls,
     }
 
 
@@ -86,12 +100,28 @@ def test_training_shards_data_and_keeps_replicas_equal():
                 f"{N_SAMPLES}-sample dataset, but with {len(ranks)} processes each should read "
                 f"{per_rank} per epoch ({EPOCHS * per_rank} in all): give each process its own "
                 f"shard with idist.auto_dataloader, and train for config['epochs'] epochs")
+    for rank, r in enumerate(ranks):
+        orders = [r["fetched"][e * per_rank:(e + 1) * per_rank] for e in range(EPOCHS)]
+        repeats = [e + 1 for e in range(1, EPOCHS) if orders[e] == orders[e - 1]]
+        if repeats:
+            raise harness.ExerciseFailure(
+                f"rank {rank} read the same samples in the same order in epochs "
+                f"{repeats[0] - 1} and {repeats[0]} ({harness.short_list(orders[0], 5)}): the "
+                f"DistributedSampler of auto_dataloader shuffles with seed + epoch, and ignite's "
+                f"Engine never tells it the epoch; add a handler on Events.EPOCH_STARTED that "
+                f"calls train_loader.sampler.set_epoch(engine.state.epoch - 1)")
     diff = (ranks[0]["weights"] - ranks[1]["weights"]).abs().max().item()
     if diff > 1e-5:
         raise harness.ExerciseFailure(
             f"after training, rank 0 and rank 1 hold different weights (largest difference "
             f"{diff:.3g}; the model is a {ranks[0]['wrapped']}): wrap it with idist.auto_model "
             f"so that DistributedDataParallel averages the gradients and the replicas stay equal")
+    for rank, r in enumerate(ranks):
+        if not r["auto_optim"]:
+            raise harness.ExerciseFailure(
+                f"rank {rank} never called idist.auto_optim: wrap the optimizer with it. On "
+                f"CPUs and GPUs it returns the optimizer unchanged, but on TPUs and with Horovod "
+                f"it makes the step distributed, and the same training function must run there")
     r = ranks[0]
     if not r["final_loss"] < 0.8 * r["initial_loss"]:
         raise harness.ExerciseFailure(

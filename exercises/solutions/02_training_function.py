@@ -5,7 +5,7 @@ See ``exercises/02_training_function.py`` for the task.
 import ignite.distributed as idist
 import torch
 import torch.nn as nn
-from ignite.engine import create_supervised_trainer
+from ignite.engine import Events, create_supervised_trainer
 
 
 def make_model() -> nn.Module:
@@ -27,5 +27,14 @@ def training(local_rank: int, config: dict):
     optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"]))
     trainer = create_supervised_trainer(
         model, optimizer, nn.CrossEntropyLoss(), device=idist.device())
+
+    # The DistributedSampler shuffles with seed + epoch, and ignite's Engine never tells it
+    # the epoch: without this every epoch repeats epoch 0's order. ignite counts epochs
+    # from 1; the sampler from 0. With one process the loader has no DistributedSampler.
+    @trainer.on(Events.EPOCH_STARTED)
+    def reshuffle(engine):
+        if hasattr(train_loader.sampler, "set_epoch"):
+            train_loader.sampler.set_epoch(engine.state.epoch - 1)
+
     trainer.run(train_loader, max_epochs=config["epochs"])
     return model, train_loader

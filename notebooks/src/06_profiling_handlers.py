@@ -6,11 +6,14 @@
 # **handlers** (metrics, validation, checkpoints, the progress bar). ignite measures
 # all three. This notebook:
 #
-# 1. profiles a real `distkit` training run on 2 processes, with `HandlersTimeProfiler`,
-#    `BasicTimeProfiler` and three `Timer`s attached in one call, and gathers every
-#    rank's numbers into one cross-rank table (min / mean / max), a CSV and two charts;
-# 2. shows what the progress bar costs;
-# 3. makes training **data-bound** on purpose with a slow data pipeline, detects it from
+# 1. attaches ignite's `HandlersTimeProfiler` and `BasicTimeProfiler` to a trainer you
+#    write, reads them with `get_results` / `print_results`, and uses them to measure
+#    what a `RunningAverage` costs compared with an `Average`;
+# 2. profiles a real `distkit` training run on 2 processes the same way, and gathers
+#    every rank's numbers into one cross-rank table (min / mean / max), a CSV and two
+#    charts;
+# 3. shows what the progress bar costs;
+# 4. makes training **data-bound** on purpose with a slow data pipeline, detects it from
 #    the profile, fixes it with `num_workers`, prefetching and `pin_memory`, and measures
 #    the speedup.
 #
@@ -18,9 +21,15 @@
 
 # %%
 import csv
+import os
+import tempfile
 import warnings
 
+import ignite.distributed as idist
 import torch
+from ignite.engine import Engine, Events
+from ignite.handlers import BasicTimeProfiler, HandlersTimeProfiler
+from ignite.metrics import Average, RunningAverage
 
 from distkit import plots, profiling
 from distkit.config import Config
@@ -30,19 +39,115 @@ from distkit.lessons.slow_data import profile_pipeline
 
 torch.set_num_threads(1)
 quiet_ignite_logs()  # ignite's INFO lines about spawning and loader kwargs
-print(f"torch {torch.__version__}")
+workdir = tempfile.mkdtemp(prefix="distkit-06-")  # this notebook's files; never the repository
+print(f"torch {torch.__version__}; files of this notebook go to {workdir}")
 
 # %% [markdown]
-# ## 1. Profile a real run
+# ## 1. ignite's two profilers, attached by hand
 #
-# `distkit train --profile` (here `Config(profile=True)`) calls `profiling.attach(trainer)`
-# in every process before training and `profiling.summarize(...)` after it. `summarize`
-# is itself distributed: every rank contributes its totals through `idist.all_gather`, so
-# the table shows each handler's cost as min / mean / max over the ranks. (In a notebook
-# the progress bar is a widget; it appears below, drawn by rank 0.)
+# `BasicTimeProfiler` times, per event, *all* the handlers of that event together, and
+# the data fetch and the training step. `HandlersTimeProfiler` times *each* handler on
+# its own. Both are attached with `.attach(trainer)` before `trainer.run`, and read
+# after it with `get_results()` (numbers) and `print_results(...)` (a table).
+#
+# The trainer below carries one metric for the training loss, either a
+# `RunningAverage` (a smoothed loss after every iteration) or an `Average` (the mean over
+# the epoch). The difference matters under data parallelism: `RunningAverage.update`
+# calls `idist.all_reduce` on **every** iteration (`ignite/metrics/running_average.py`,
+# line 153 in ignite 0.5.5), while `Average` accumulates locally and all-reduces once,
+# when the epoch's value is computed. The profiler measures what that costs.
 
 # %%
-results = run(Config(nproc_per_node=2, epochs=2, profile=True, output_dir="runs"))
+from distkit.data import digits_dataset, split
+from distkit.training import initialize
+
+
+def profiled_training(local_rank, metric, show):
+    config = Config(epochs=2, batch_size=32)
+    train_set, _ = split(digits_dataset())
+    loader = idist.auto_dataloader(train_set, batch_size=config.batch_size, shuffle=True)
+    model, optimizer, criterion = initialize(config)  # idist.auto_model / auto_optim, as in notebook 04
+
+    def train_step(engine, batch):
+        loss = criterion(model(batch[0]), batch[1])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    trainer = Engine(train_step)
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: loader.sampler.set_epoch(e.state.epoch - 1))
+    if metric == "RunningAverage":
+        RunningAverage(output_transform=lambda loss: loss).attach(trainer, "train_loss")
+    else:
+        Average(output_transform=lambda loss: loss).attach(trainer, "train_loss")
+
+    basic = BasicTimeProfiler()
+    basic.attach(trainer)
+    handlers = HandlersTimeProfiler()  # attached last, so it does not time the other profiler's bookkeeping
+    handlers.attach(trainer)
+    trainer.run(loader, max_epochs=config.epochs)
+
+    if show and idist.get_rank() == 0:
+        BasicTimeProfiler.print_results(basic.get_results())
+        HandlersTimeProfiler.print_results(handlers.get_results())
+    return {"handlers": handlers.get_results(), "iterations": trainer.state.iteration,
+            "train_loss": trainer.state.metrics["train_loss"]}
+
+
+per_rank = run_on_ranks(profiled_training, 2, "RunningAverage", True, backend="gloo")
+
+# %% [markdown]
+# Rank 0's two tables, printed by the profilers themselves. In `HandlersTimeProfiler`'s
+# table each row is one handler on one event. A metric's handlers are listed by the
+# name of the method, which every metric inherits from the base class:
+# `Metric.iteration_completed` (calls `update`) and `Metric.completed` (calls
+# `compute`); `Processing` is the training step and `Dataflow` the wait for batches.
+# Now the same run with an `Average`, and the metric's rows of both runs, from
+# `get_results()` (each run has one metric, so the `Metric.*` rows are its own):
+
+# %%
+def metric_seconds(results):
+    """Total seconds of the metric's handlers on rank 0 (rows: name, event, total, ...)."""
+    return sum(r[2] for r in results["handlers"] if str(r[0]).startswith("Metric.") and isinstance(r[2], float))
+
+
+def step_seconds(results):
+    return next(r[2] for r in results["handlers"] if r[0] == "Processing")
+
+
+average = run_on_ranks(profiled_training, 2, "Average", False, backend="gloo")
+for name, res in (("RunningAverage", per_rank), ("Average", average)):
+    for r in res["handlers"]:
+        if str(r[0]).startswith("Metric."):
+            print(f"{name:15} {r[0]:28} {r[1]:20} total {r[2]} s")
+running_s, average_s = metric_seconds(per_rank), metric_seconds(average)
+iters = per_rank["iterations"]
+print(f"per iteration on rank 0: RunningAverage {running_s / iters * 1e3:.3f} ms, Average "
+      f"{average_s / iters * 1e3:.3f} ms ({running_s / average_s:.0f}x); the training step itself "
+      f"{step_seconds(per_rank) / iters * 1e3:.2f} ms")
+assert running_s > 2 * average_s, "an all-reduce per iteration must cost more than a local sum"
+
+# %% [markdown]
+# On rank 0 the `RunningAverage` cost the multiple of the `Average` printed above, per
+# iteration, to show a smoothed loss (every rank makes the same all-reduce); compare it
+# with the training step printed beside it. That is why `distkit.training` logs the
+# epoch mean with an `Average`.
+#
+# ## 2. Profile a real run, on every rank
+#
+# `distkit train --profile` (here `Config(profile=True)`) calls `profiling.attach(trainer)`
+# in every process before training, which makes the same `BasicTimeProfiler().attach`
+# and `HandlersTimeProfiler().attach` calls as above, plus three ignite `Timer`s
+# (notebook 07); after training it calls `profiling.summarize(...)`, which reads each
+# profiler's `event_handlers_times`, `dataflow_times` and `processing_times` (the
+# arrays `get_results` summarises) and is itself distributed: every rank contributes
+# its totals through `idist.all_gather`, so the table shows each handler's cost as
+# min / mean / max over the ranks. (In a notebook the progress bar is a widget; it
+# appears below, drawn by rank 0.)
+
+# %%
+results = run(Config(nproc_per_node=2, epochs=2, profile=True, output_dir=os.path.join(workdir, "runs")))
 profile = results["profile"]
 print(profiling.format_summary(profile, top=10))
 
@@ -64,7 +169,7 @@ print(profiling.format_summary(profile, top=10))
 # this one needs nothing) and into `results.json` under `"profile"`:
 
 # %%
-path = profiling.write_csv(profile, "profile.csv")
+path = profiling.write_csv(profile, os.path.join(workdir, "profile.csv"))
 with open(path) as f:
     table = list(csv.DictReader(f))
 print(f"{path}: {len(table)} rows, columns {list(table[0])}")
@@ -72,7 +177,7 @@ assert {"min_s", "mean_s", "max_s", "rank0_s", "rank1_s"} <= set(table[0])
 plots.profiler_bars(profile);
 
 # %% [markdown]
-# ## 2. What the progress bar costs
+# ## 3. What the progress bar costs
 #
 # `ProgressBar` runs on rank 0 only (every rank printing its own bar would be noise) and
 # redraws after every iteration. Its row in the profile above is its own cost:
@@ -101,7 +206,7 @@ from distkit.commands.train import summary
 print(summary(results))
 
 # %% [markdown]
-# ## 3. A data-bound run, detected and fixed
+# ## 4. A data-bound run, detected and fixed
 #
 # `distkit.lessons.slow_data.SlowDataset` wraps the digits so that each sample takes 3 ms to
 # load, as if read one by one from slow storage. The loop below is the kit's own trainer
@@ -158,8 +263,12 @@ plots.data_vs_compute([slow["profile"], fast["profile"]], ["num_workers=0", "8 w
 #
 # ## What you saw
 #
-# - One call attaches ignite's profilers and timers; one distributed call turns every
-#   rank's numbers into a min / mean / max table, a CSV and charts.
+# - `HandlersTimeProfiler` and `BasicTimeProfiler` are attached with `.attach(trainer)`
+#   and read with `get_results()` / `print_results()`; they showed that a
+#   `RunningAverage` pays an all-reduce per iteration that an `Average` does not.
+# - `distkit.profiling` attaches the same profilers plus timers in one call, and one
+#   distributed call turns every rank's numbers into a min / mean / max table, a CSV
+#   and charts.
 # - Handlers that run on one rank only (the progress bar) or that synchronise ranks
 #   (metrics, validation) show up as differences between ranks.
 # - A data-bound loop is visible in the profile (data wait > compute), and the

@@ -18,6 +18,11 @@ Task: write ``get_dataset(root)`` so that, called by every process at once:
 Tool: ``idist.one_rank_first(local=True)``: a context manager; local rank 0 runs the
 block first, the others wait at a barrier and run it afterwards.
 
+``local=True`` is right when every node has its own disk. On a file system that all
+nodes share (NFS, Lustre), local rank 0 of EVERY node would download into the same
+folder at once: the very race of this exercise, between nodes. There use
+``idist.one_rank_first()`` (rank 0 of the whole run first), or download before the run.
+
 Check it:  pytest exercises -m ex04     (or: distkit check 04)
 Stuck?     distkit check 04 --hint     (or read exercises/hints.md)
 """

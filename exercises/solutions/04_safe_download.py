@@ -55,6 +55,8 @@ def get_dataset(root: str) -> torch.Tensor:
     # local=True: each node has its own disk, so local rank 0 of EVERY node downloads
     # while the other processes of that node wait at the barrier. When they enter the
     # block the file is complete, is_downloaded() is True and they skip the download.
+    # (On a file system shared by all nodes, local=True would let one process per node
+    # download into the same folder at once: there, use one_rank_first() without it.)
     with idist.one_rank_first(local=True):
         if not is_downloaded(root):
             download(root)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from distkit.sharding import expected_counts, shard_report
+from distkit.sharding import expected_counts, format_report, shard_report
 
 
 def reference_shards(n, world, per_rank_batch, drop_last, offset=0):
@@ -166,3 +166,131 @@ def test_gathered_indices_in_real_processes(world):
     assert s["sampler"] == "DistributedSampler" and s["sampler_num_replicas"] == world
     assert s["pin_memory"] is False
     assert any("does not divide" in note for note in s["notes"])
+
+
+# ---------------------------------------------------------------- a loader as it is
+
+class Iterable(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        return iter(range(10))
+
+
+def _loader_worker(local_rank):
+    import ignite.distributed as idist
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    from distkit.errors import DistkitError
+    from distkit.sharding import collect_loader_indices
+
+    data = TensorDataset(torch.arange(101.0), torch.zeros(101))
+    auto = idist.auto_dataloader(data, batch_size=20, shuffle=True, drop_last=True)
+    out = {
+        # the loop forgets set_epoch: nothing in the check calls it for the loop
+        "forgot": collect_loader_indices(auto, epochs=3),
+        # the loop calls it, as distkit.training does on every EPOCH_STARTED
+        "calls": collect_loader_indices(auto, epochs=3, on_epoch=auto.sampler.set_epoch),
+        # a plain DataLoader: no DistributedSampler, every rank reads everything
+        "unsharded": collect_loader_indices(DataLoader(data, batch_size=10, shuffle=True), epochs=2),
+        # automatic batching off: the sampler yields single indices
+        "unbatched": collect_loader_indices(DataLoader(data, batch_size=None, sampler=DistributedSampler(
+            data, idist.get_world_size(), idist.get_rank(), shuffle=False)), epochs=1),
+    }
+    try:
+        collect_loader_indices(DataLoader(Iterable(), batch_size=2))
+    except DistkitError as e:
+        out["iterable"] = str(e)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_loader_is_checked_as_it_is():
+    from distkit.sharding import run_on_ranks
+
+    out = run_on_ranks(_loader_worker, 2, start_method="fork")
+
+    forgot = shard_report(out["forgot"])
+    # its own drop_last: 51 samples per rank in batches of 10 -> 50 seen
+    assert forgot["drop_last"] and all(ep["per_rank"] == [50, 50] for ep in forgot["epochs"])
+    assert forgot["ok"] and forgot["frozen_order"]
+    assert forgot["order_changes_between_epochs"] == [False, False]
+    assert "set_epoch=NOT called" in format_report(forgot)
+    assert "verdict: FAIL (same order every epoch)" in format_report(forgot)
+
+    calls = shard_report(out["calls"])
+    assert calls["ok"] and not calls["frozen_order"]
+    assert calls["order_changes_between_epochs"] == [True, True]
+    assert "verdict: OK" in format_report(calls)
+
+    unsharded = shard_report(out["unsharded"])
+    assert not unsharded["ok"] and unsharded["sampler"] == "RandomSampler"
+    # both ranks read all 101: 101 repeats, 0 padding allowed (101 per rank expected 51)
+    assert unsharded["epochs"][0]["per_rank"] == [101, 101]
+    assert unsharded["epochs"][0]["overlap_beyond_padding"] == 101 - unsharded["expected"]["padding"]
+
+    unbatched = shard_report(out["unbatched"])
+    assert unbatched["ok"] and unbatched["epochs"][0]["per_rank"] == [51, 51]
+    assert unbatched["epochs"][0]["duplicates"] == 1          # the padding
+    assert out["unbatched"]["seen"][0] == reference_shards(101, 2, 1, False)
+
+    assert "IterableDataset" in out["iterable"]
+
+
+def test_frozen_order_needs_a_shuffling_sampler_and_enough_samples():
+    a = reference_shards(20, 2, 5, False)
+    shuffled = dict(record([a, a], 20, 2, 5), shuffle=True)
+    assert shard_report(shuffled)["frozen_order"]
+    assert not shard_report(record([a, a], 20, 2, 5))["frozen_order"]        # shuffle=False
+    assert not shard_report(dict(shuffled, seen=[a]))["frozen_order"]          # one epoch
+    tiny = reference_shards(2, 2, 1, False)                                    # 2 orders only
+    assert not shard_report(dict(record([tiny, tiny], 2, 2, 1), shuffle=True))["frozen_order"]
+
+
+# ---------------------------------------------------------------- docstrings run
+
+def docstring_example(doc: str) -> str:
+    """The indented block after the first line ending in '::'."""
+    lines = doc.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.rstrip().endswith("::")) + 1
+    block = []
+    for line in lines[start:]:
+        if line.strip() and not line.startswith("    "):
+            break
+        block.append(line[4:])
+    return "\n".join(block).strip() + "\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("module", ["distkit.sharding", "distkit.runner"])
+def test_docstring_example_runs_as_a_script_under_spawn(tmp_path, module):
+    import importlib
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    script = tmp_path / "example.py"
+    script.write_text(docstring_example(importlib.import_module(module).__doc__))
+    assert 'if __name__ == "__main__":' in script.read_text()
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=200)
+    assert done.returncode == 0, done.stderr[-3000:]
+    if module == "distkit.sharding":
+        assert done.stdout.count("verdict: OK") == 1
+        assert "verdict: FAIL (same order every epoch)" in done.stdout
+        assert "ignite.distributed" not in done.stderr   # ignite's INFO lines stay quiet
+    else:
+        assert "[(0, 2), (1, 2)]" in done.stdout
+
+
+def test_quiet_ignite_logs_restores_levels():
+    import logging
+
+    from distkit.runner import IGNITE_LOGGERS, quiet_ignite_logs
+
+    before = {n: logging.getLogger(n).level for n in IGNITE_LOGGERS}
+    with quiet_ignite_logs():
+        assert all(logging.getLogger(n).getEffectiveLevel() == logging.WARNING for n in IGNITE_LOGGERS)
+    assert {n: logging.getLogger(n).level for n in IGNITE_LOGGERS} == \
+        {n: (lv if n in before and lv else logging.INFO) for n, lv in before.items()}

@@ -4,6 +4,21 @@
 nccl or xla-tpu), pins each to its share of the cores, bounds every collective by a
 timeout, and returns the list of per-rank return values (index = rank). Notebooks,
 lessons, ``distkit shard-check`` and the exercise checks all use it.
+
+:func:`quiet_ignite_logs` is the one way to hide ignite's INFO lines (spawning, loader
+and model wrapping) and put them back afterwards. The port and the thread rule come from
+:func:`distkit.launch.free_port` and :func:`distkit.launch.threads_per_process`.
+
+Example (a script: under spawn ``fn`` must be importable, hence the ``__main__`` guard)::
+
+    import ignite.distributed as idist
+    from distkit.runner import run_per_rank
+
+    def whoami(local_rank):
+        return idist.get_rank(), idist.get_world_size()
+
+    if __name__ == "__main__":
+        print(run_per_rank(whoami, 2))   # [(0, 2), (1, 2)]
 """
 from __future__ import annotations
 
@@ -44,16 +59,58 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
                            "use it: restart the kernel and start the processes before any cell "
                            "touches the GPU")
     threads = threads_per_process(nproc_per_node)
-    previous = logging.root.manager.disable
-    logging.disable(logging.INFO)  # ignite's launcher logs; the caller prints what matters
-    try:
-        with tempfile.TemporaryDirectory() as folder:
-            with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node,
-                                master_port=free_port(), **spawn_kwargs) as parallel:
-                parallel.run(_record_worker, fn, folder, threads, args, kwargs)
-            return _read_per_rank(folder, nproc_per_node)
-    finally:
-        logging.disable(previous)
+    # ignite's launcher logs here, its auto_* helpers in the ranks: the caller prints what matters
+    with quiet_ignite_logs(), tempfile.TemporaryDirectory() as folder:
+        with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node,
+                            master_port=free_port(), **spawn_kwargs) as parallel:
+            parallel.run(_record_worker, fn, folder, threads, args, kwargs)
+        return _read_per_rank(folder, nproc_per_node)
+
+
+# Every logger ignite's distributed helpers create with ``ignite.utils.setup_logger``.
+IGNITE_LOGGERS = ("ignite.distributed.launcher.Parallel", "ignite.distributed.auto.auto_dataloader",
+                  "ignite.distributed.auto.auto_model", "ignite.distributed.utils")
+
+
+class quiet_ignite_logs:
+    """Hide ignite's INFO lines about spawning processes and wrapping loaders and models
+    (warnings still show), and restore the previous levels afterwards.
+
+    As a context manager it restores on exit; called as a plain statement (a notebook's
+    first cell) it stays in force for the session::
+
+        >>> import logging
+        >>> from distkit.runner import quiet_ignite_logs
+        >>> parallel = logging.getLogger("ignite.distributed.launcher.Parallel")
+        >>> with quiet_ignite_logs():
+        ...     parallel.getEffectiveLevel() == logging.WARNING
+        True
+        >>> parallel.getEffectiveLevel() == logging.WARNING
+        False
+
+    Why not just ``setLevel``: ``setup_logger`` keeps the level of a logger that already
+    exists but attaches its handler only when it creates one, so each logger is first
+    created the way ignite does (``setup_logger(name)``); then restoring its level gives
+    back exactly what ignite alone would show."""
+
+    def __init__(self, level: int = logging.WARNING):
+        from ignite.utils import setup_logger
+
+        self._previous = {}
+        for name in IGNITE_LOGGERS:
+            logger = setup_logger(name)  # no-op for a logger that exists
+            self._previous[name] = logger.level
+            logger.setLevel(level)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.restore()
+
+    def restore(self) -> None:
+        for name, level in self._previous.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def _read_per_rank(folder, nproc_per_node):
@@ -72,7 +129,8 @@ def _in_ipython() -> bool:
 
 def _record_worker(local_rank, fn, folder, threads, args, kwargs):
     torch.set_num_threads(threads)  # never more threads than this process's share of cores
-    value = fn(local_rank, *args, **kwargs)
+    with quiet_ignite_logs():  # a spawned rank starts with ignite's default levels
+        value = fn(local_rank, *args, **kwargs)
     # One file per rank (every backend can do that on one machine; XLA cannot gather objects).
     path = os.path.join(folder, f"rank{idist.get_rank()}.pkl")
     with open(path + ".tmp", "wb") as f:

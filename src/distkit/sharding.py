@@ -1,6 +1,6 @@
 """See what data parallelism does to the data, instead of trusting it.
 
-Three tools, each usable from a notebook, a course or ``distkit shard-check``:
+Four tools, each usable from a notebook, a course or ``distkit shard-check``:
 
 - :func:`describe_loader` reads back what ``idist.auto_dataloader`` did from the loader's
   own settings: the global batch divided by the world size (and what happens when it does
@@ -10,20 +10,42 @@ Three tools, each usable from a notebook, a course or ``distkit shard-check``:
   ``auto_dataloader`` over any map-style dataset (wrapped in
   :class:`distkit.data.IndexedDataset`, so every batch carries its sample indices) and
   gathers every rank's indices with ``idist.all_gather``.
+- :func:`collect_loader_indices` does the same for a ``DataLoader`` you built, checked as
+  it is: its own sampler, batch size and ``drop_last``, and ``set_epoch`` called only if
+  your ``on_epoch`` calls it, so a training loop that forgets it is caught.
 - :func:`shard_report` turns those indices into a verdict: disjoint or not, coverage, the
   duplicates ``DistributedSampler`` adds to pad a dataset that does not divide by the
   world size, what ``drop_last`` removed, and whether the order changes between epochs
   (it does only when ``sampler.set_epoch`` is called).
 
-Example, in two processes on a CPU::
+Example, in two processes on a CPU (a script: under spawn the function each rank runs
+must be importable, hence the ``__main__`` guard)::
 
-    from distkit.sharding import collect_indices, run_on_ranks, shard_report
-    record = run_on_ranks(lambda rank: collect_indices(my_dataset, batch_size=32, epochs=2), 2)
-    print(format_report(shard_report(record)))
+    import ignite.distributed as idist
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from distkit.runner import run_per_rank
+    from distkit.sharding import collect_indices, collect_loader_indices, format_report, shard_report
+
+    def check(local_rank):
+        dataset = TensorDataset(torch.arange(101.0), torch.zeros(101))
+        # the loader training builds, with set_epoch called every epoch
+        as_training_builds_it = collect_indices(dataset, batch_size=20, epochs=2)
+        # your own loop's loader, as it is: here nobody calls set_epoch
+        loader = idist.auto_dataloader(dataset, batch_size=20, shuffle=True)
+        my_loop = collect_loader_indices(loader, epochs=2)
+        return as_training_builds_it, my_loop
+
+    if __name__ == "__main__":
+        good, frozen = map(shard_report, run_per_rank(check, 2)[0])
+        print(format_report(good))
+        print(format_report(frozen))
+        assert good["ok"] and good["order_changes_between_epochs"] == [True]
+        assert frozen["ok"] and frozen["frozen_order"]   # shards fine, order replayed
 """
 from __future__ import annotations
 
-import logging
 import math
 from collections import Counter
 
@@ -168,23 +190,72 @@ def collect_indices(dataset, batch_size: int, epochs: int = 1, drop_last: bool =
     }
 
 
-def quiet_ignite_logs() -> None:
-    """Silence ignite's INFO lines about loader kwargs and process spawning (warnings
-    still show). ignite's ``setup_logger`` keeps the level of a logger that exists."""
-    for name in ("ignite.distributed.auto.auto_dataloader", "ignite.distributed.auto.auto_model",
-                 "ignite.distributed.auto.auto_optim", "ignite.distributed.launcher.Parallel"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+def collect_loader_indices(loader, epochs: int = 2, on_epoch=None) -> dict:
+    """Run on EVERY rank with the ``DataLoader`` that rank trains on, as it is: its own
+    sampler, batch size and ``drop_last``. Reads ``epochs`` epochs of sample indices and
+    gathers them like :func:`collect_indices`; the record goes to :func:`shard_report`.
+
+    ``on_epoch(epoch)``, if given, is called before each epoch, as your training loop
+    does at the start of an epoch (for example
+    ``lambda epoch: loader.sampler.set_epoch(epoch)``). Nothing else calls ``set_epoch``:
+    if your loop forgets it, the report says ``frozen_order``.
+
+    The indices are read from the loader's own index stream (``loader.batch_sampler``,
+    or ``loader.sampler`` without automatic batching): exactly the indices the loader
+    hands to its fetcher and workers, without loading a sample. An ``IterableDataset``
+    has no indices and is refused in one line."""
+    from distkit.errors import DistkitError
+
+    if isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        raise DistkitError("the loader reads an IterableDataset, which has no sample indices to "
+                           "check: shard it yourself (by idist.get_rank()) or check a map-style dataset")
+    index_stream = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+    seen = []
+    for epoch in range(epochs):
+        if on_epoch is not None:
+            on_epoch(epoch)
+        mine = []
+        for item in index_stream:
+            mine.extend(item if isinstance(item, (list, tuple)) else [item])
+        seen.append([t.tolist() for t in gather_variable(torch.tensor(mine, dtype=torch.long))])
+    s = loader.sampler
+    return {
+        "dataset_size": len(loader.dataset),
+        "world_size": idist.get_world_size(),
+        "batch_size": (loader.batch_size or 1) * idist.get_world_size(),
+        "per_rank_batch_size": loader.batch_size or 1,
+        "drop_last": bool(loader.drop_last),
+        "sampler": type(s).__name__,
+        "sampler_drop_last": bool(getattr(s, "drop_last", False)) if isinstance(s, DistributedSampler) else False,
+        "shuffle": _shuffles(s),
+        "set_epoch": None if on_epoch is not None else False,
+        "seen": seen,
+    }
+
+
+def _shuffles(sampler) -> bool | None:
+    """Whether ``sampler`` draws a new order: True, False, or None (cannot tell)."""
+    if isinstance(sampler, torch.utils.data.RandomSampler):
+        return True
+    if isinstance(sampler, torch.utils.data.SequentialSampler):
+        return False
+    shuffle = getattr(sampler, "shuffle", None)
+    return bool(shuffle) if shuffle is not None else None
+
+
+# One way to quiet ignite's logs and one process runner, both in distkit.runner; these
+# names stay for the notebooks and courses that import them from here.
+from distkit.runner import quiet_ignite_logs  # noqa: E402,F401
 
 
 def run_on_ranks(fn, nproc_per_node: int, *args, backend: str = "gloo", timeout_s: float = 120.0,
                  start_method: str | None = None, **kwargs):
-    """Run ``fn(local_rank, *args, **kwargs)`` in ``nproc_per_node`` processes on this
-    machine and return what rank 0 returned: :func:`distkit.lessons.collectives.run_per_rank`,
-    which also says how processes start (forked under IPython, so ``fn`` may be defined
-    in a notebook cell; spawned from a script, so ``fn`` must live in a module)."""
+    """``distkit.runner.run_per_rank(...)[0]``: rank 0's return value, which is all the
+    sharding checks need (their record is the same on every rank). Processes start as
+    ``run_per_rank`` says: forked under IPython, so ``fn`` may be defined in a notebook
+    cell; spawned from a script, so ``fn`` must be importable."""
     from distkit.runner import run_per_rank
 
-    quiet_ignite_logs()
     return run_per_rank(fn, nproc_per_node, backend, *args, start_method=start_method,
                         timeout_s=timeout_s, **kwargs)[0]
 
@@ -210,12 +281,14 @@ def expected_counts(dataset_size: int, world_size: int, per_rank_batch_size: int
 
 
 def shard_report(record: dict) -> dict:
-    """Check the gathered indices of :func:`collect_indices`.
+    """Check the gathered indices of :func:`collect_indices` or :func:`collect_loader_indices`.
 
     Per epoch: samples per rank, indices seen by more than one rank, duplicates in all,
     the padding ``DistributedSampler`` is allowed to add, coverage and missing samples.
     ``ok`` is False when shards overlap beyond that padding, or when samples are missing
-    beyond what ``drop_last`` explains."""
+    beyond what ``drop_last`` explains. ``frozen_order`` is True when the sampler
+    shuffles but every epoch replays the first one's order (``set_epoch`` never called);
+    the shards are still correct then, so ``ok`` does not change."""
     n, w = record["dataset_size"], record["world_size"]
     exp = expected_counts(n, w, record["per_rank_batch_size"], record["drop_last"],
                           record.get("sampler_drop_last", False))
@@ -246,6 +319,9 @@ def shard_report(record: dict) -> dict:
         })
     seen = record["seen"]
     order_changed = [any(seen[e][r] != seen[e - 1][r] for r in range(w)) for e in range(1, len(seen))]
+    # a shuffling sampler that replays one order: nobody calls set_epoch (or equivalent)
+    # (8 samples or more: 8! orders, so an unchanged order is not chance)
+    frozen = bool(record.get("shuffle")) and n >= 8 and bool(order_changed) and not any(order_changed)
     return {
         "dataset_size": n, "world_size": w, "batch_size": record["batch_size"],
         "per_rank_batch_size": record["per_rank_batch_size"], "drop_last": record["drop_last"],
@@ -254,8 +330,12 @@ def shard_report(record: dict) -> dict:
         "epochs": epochs,
         "disjoint": all(ep["duplicates"] == 0 for ep in epochs),
         "order_changes_between_epochs": order_changed,
+        "frozen_order": frozen,
         "ok": all(ep["ok"] for ep in epochs),
     }
+
+
+_SET_EPOCH = {True: "called", False: "NOT called", None: "left to on_epoch"}
 
 
 def format_report(report: dict) -> str:
@@ -264,7 +344,7 @@ def format_report(report: dict) -> str:
     lines = [f"{report['dataset_size']} samples on {report['world_size']} ranks, global batch "
              f"{report['batch_size']} ({report['per_rank_batch_size']} per rank), drop_last="
              f"{report['drop_last']}, {report['sampler']} shuffle={report['shuffle']}, "
-             f"set_epoch={'called' if report['set_epoch'] else 'NOT called'}",
+             f"set_epoch={_SET_EPOCH[report['set_epoch']]}",
              f"expected: {exp['samples_per_rank']} samples per rank, {exp['padding']} padding "
              f"duplicate(s), up to {exp['allowed_missing']} sample(s) dropped"]
     for ep in report["epochs"]:
@@ -281,13 +361,17 @@ def format_report(report: dict) -> str:
     if changes:
         lines.append("order changes between epochs: " + ", ".join(
             f"{e + 1}->{e + 2} {'yes' if c else 'NO'}" for e, c in enumerate(changes)))
+    if report.get("frozen_order"):
+        lines.append("the sampler shuffles but every epoch replays the same order: call "
+                     "loader.sampler.set_epoch(epoch) at the start of each epoch")
     if report["disjoint"]:
         disjoint = "disjoint: yes"
     elif all(ep["overlap_beyond_padding"] == 0 for ep in report["epochs"]):
         disjoint = "disjoint apart from the padding duplicates"
     else:
         disjoint = "NOT disjoint: shards overlap beyond the padding"
-    lines.append(f"{disjoint}; verdict: {'OK' if report['ok'] else 'FAIL'}")
+    verdict = "FAIL" if not report["ok"] else "FAIL (same order every epoch)" if report.get("frozen_order") else "OK"
+    lines.append(f"{disjoint}; verdict: {verdict}")
     return "\n".join(lines)
 
 
@@ -316,4 +400,4 @@ def check_shards(local_rank, dataset_size: int, batch_size: int, epochs: int = 2
     loader = idist.auto_dataloader(dataset, batch_size=batch_size, num_workers=num_workers,
                                    shuffle=True, drop_last=drop_last)
     record["settings"] = describe_loader(loader, batch_size, num_workers)
-    return record
+    return record if idist.get_rank() == 0 else None  # the same on every rank: pickle it once

@@ -11,20 +11,26 @@
 # 2. the four collectives training relies on (`all_reduce`, `all_gather`, `broadcast`,
 #    `barrier`), with values you can predict before you run them;
 # 3. `one_rank_first`, so that only one process downloads a dataset;
-# 4. what happens when processes outnumber the cores, measured on this runtime.
+# 4. what changes when the same code is a script instead of a notebook cell;
+# 5. what happens when processes outnumber the cores, measured on this runtime;
+# 6. the other backends `idist` speaks (Horovod, MPI), and why this notebook does not run them.
 #
 # Hardware: any CPU. Backend: `gloo`, PyTorch's CPU backend.
 
 # %%
+import logging
 import os
+import time
 
 import ignite
 import ignite.distributed as idist
 import torch
 
 from distkit import plots
+from distkit.launch import free_port
 from distkit.lessons import collectives
 
+logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)  # its INFO lines
 cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 print(f"torch {torch.__version__}, ignite {ignite.__version__}, "
       f"{cores} CPU cores, backends here: {idist.available_backends()}")
@@ -36,21 +42,31 @@ print(f"torch {torch.__version__}, ignite {ignite.__version__}, "
 # them with the backend, and calls your function in each one with its **local rank** as
 # first argument. In a notebook the processes are *forked* from this kernel, so the
 # function may be defined right here; their `print`s appear below the cell.
+#
+# Every launch in this kit passes `master_port`: the processes meet on that TCP port.
+# ignite's default is a fixed 2222, which fails when anything else on this machine
+# (another notebook, another user) holds it; `distkit.launch.free_port()` asks the
+# operating system for a free one.
 
 # %%
 def hello(local_rank):
-    print(f"I am rank {idist.get_rank()} of {idist.get_world_size()} "
-          f"(local rank {local_rank}, backend {idist.backend()}, device {idist.device()})", flush=True)
+    # one write per line (end=""), so lines of different processes do not interleave
+    print(f"I am rank {idist.get_rank()} of {idist.get_world_size()} (local rank {local_rank}, "
+          f"backend {idist.backend()}, device {idist.device()})\n", end="", flush=True)
 
 
-with idist.Parallel(backend="gloo", nproc_per_node=2) as parallel:
+with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) as parallel:
     parallel.run(hello)
 
 # %% [markdown]
-# The lines may come in any order: the processes run at the same time. To *use* what each
-# process computed, `distkit.lessons.collectives.run_per_rank(fn, N)` runs `fn` the same way and
-# hands back each rank's return value, in rank order. Here is what 1, 2 and 4 processes
-# report about themselves:
+# The lines may come in any order: the processes run at the same time. `parallel.run`
+# returns nothing: a spawned process cannot hand a value back through it. To *use* what
+# each process computed, `distkit.runner.run_per_rank(fn, N)` makes the same
+# `idist.Parallel(backend, nproc_per_node=N, master_port=free_port())` call, has each
+# rank pickle `fn`'s return value into a file, and reads the files back in rank order.
+# Here is what 1, 2 and 4 processes report about themselves (`collectives.process_info`
+# calls `idist.get_rank()`, `get_world_size()`, `get_nproc_per_node()`, `backend()` and
+# `device()`):
 
 # %%
 for n in (1, 2, 4):
@@ -74,27 +90,52 @@ for n in (1, 2, 4):
 # ## 2. Collectives: the only way processes exchange data
 #
 # Every rank calls the *same* collective; each gets a result that depends on everybody's
-# input. `collectives_demo` has rank *r* contribute:
+# input. In the function below rank *r* contributes:
 #
 # | collective | rank r gives | every rank gets, with N ranks |
 # | --- | --- | --- |
-# | `all_reduce` (sum) | r + 1 | 1 + 2 + … + N = N(N+1)/2 |
-# | `all_reduce` (max) | r + 1 | N |
-# | `all_gather` | 10·r | [0, 10, …, 10(N−1)] |
-# | `broadcast(src=0)` | 100 on rank 0, −1 elsewhere | 100 |
-# | `barrier` | rank 0 arrives 0.2 s late | everybody waits for it |
+# | `idist.all_reduce` (sum) | r + 1 | 1 + 2 + … + N = N(N+1)/2 |
+# | `idist.all_reduce(op="MAX")` | r + 1 | N |
+# | `idist.all_gather` | 10·r | [0, 10, …, 10(N−1)] |
+# | `idist.broadcast(src=0)` | 100 on rank 0, −1 elsewhere | 100 |
+# | `idist.barrier()` | rank 0 arrives 0.2 s late | everybody waits for it |
 #
-# Predict the values for N = 4, then run:
+# Predict the values for N = 4, then run. Each rank checks its own results with
+# `assert`; a failed assertion in any process fails the cell.
 
 # %%
+def exchange(local_rank):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    total = idist.all_reduce(torch.tensor([rank + 1.0]))
+    biggest = idist.all_reduce(torch.tensor([rank + 1.0]), op="MAX")
+    gathered = idist.all_gather(torch.tensor([10.0 * rank]))
+    received = idist.broadcast(torch.tensor([100.0 if rank == 0 else -1.0]), src=0)
+    before = time.perf_counter()
+    if rank == 0:
+        time.sleep(0.2)  # rank 0 is late; the barrier makes everybody wait for it
+    idist.barrier()
+    waited = time.perf_counter() - before
+    print(f"rank {rank}: sum {total.item()}, max {biggest.item()}, gathered {gathered.tolist()}, "
+          f"broadcast {received.item()}, waited {waited:.2f} s at the barrier\n", end="", flush=True)
+    assert total.item() == n * (n + 1) / 2 and biggest.item() == n
+    assert gathered.tolist() == [10.0 * r for r in range(n)] and received.item() == 100.0
+    assert rank == 0 or waited > 0.15, "the barrier waited for rank 0"
+    return {"rank": rank, "sum": total.item(), "gathered": gathered.tolist(), "waited_s": waited}
+
+
 N = 4
-seen = collectives.run_per_rank(collectives.collectives_demo, nproc_per_node=N)
-expected = collectives.expected_collectives(N)
+with idist.Parallel(backend="gloo", nproc_per_node=N, master_port=free_port()) as parallel:
+    parallel.run(exchange)
+
+# %% [markdown]
+# `idist.all_gather` and `idist.broadcast` also take Python objects (a string, a
+# dict), which training uses to share a run folder's name. The same function, through `run_per_rank`, hands its return values to this kernel:
+
+# %%
+seen = collectives.run_per_rank(exchange, N)
 for s in seen:
     print(s)
-    assert {k: s[k] for k in expected} == expected
-assert all(s["waited_at_barrier_s"] > 0.15 for s in seen[1:]), "the barrier waited for rank 0"
-print("expected on every rank:", expected)
+assert [s["sum"] for s in seen] == [N * (N + 1) / 2] * N
 
 # %% [markdown]
 # Training uses exactly these: DistributedDataParallel **all-reduces the gradients**
@@ -113,8 +154,23 @@ print("expected on every rank:", expected)
 # %%
 import tempfile
 
+
+def download_once(local_rank, folder):
+    path = os.path.join(folder, "dataset.bin")
+    with idist.one_rank_first():  # rank 0 first; the others after its block (a barrier)
+        entered = time.time()
+        found = os.path.exists(path)
+        if not found:
+            time.sleep(0.3)  # "downloading"
+            with open(path + ".tmp", "wb") as f:
+                f.write(b"\0" * 1024)
+            os.replace(path + ".tmp", path)  # appears whole, or not at all
+        left = time.time()
+    return {"rank": idist.get_rank(), "found_file_already": found, "entered_at": entered, "left_at": left}
+
+
 with tempfile.TemporaryDirectory() as folder:
-    seen = collectives.run_per_rank(collectives.one_rank_first_demo, 4, "gloo", folder)
+    seen = collectives.run_per_rank(download_once, 4, "gloo", folder)
 t0 = seen[0]["entered_at"]
 for s in seen:
     print(f"rank {s['rank']}: in the block from +{s['entered_at'] - t0:.2f} s to "
@@ -124,9 +180,56 @@ assert all(s["found_file_already"] for s in seen[1:])              # the others 
 assert all(s["entered_at"] >= seen[0]["left_at"] for s in seen[1:])  # ...after it was done
 
 # %% [markdown]
-# `distkit.data` uses `one_rank_first(local=True)` for MNIST and CIFAR-10: one download
-# per machine.
+# `distkit.data` uses `one_rank_first(local=True)` for MNIST and CIFAR-10: local rank 0
+# of **each machine** goes first. That is right when every machine downloads into its own
+# disk. On a file system shared by the machines (NFS, a cluster's home directory) it is
+# wrong: local rank 0 of every node downloads into the same folder at once, the race
+# this block exists to prevent. There, use `one_rank_first()` (global rank 0 only), or
+# download before launching (exercise 04 is about this race).
 #
+# ## 4. In a script instead of a notebook
+#
+# Here `idist.Parallel` forks the kernel, so the children already have `exchange`. In a
+# script (and on macOS and Windows, which cannot fork) processes are *spawned*: each
+# child starts a fresh Python, imports your file, and looks the function up by name.
+# So in a script the function must be defined at the top level of an importable
+# module, and the launch must sit under `if __name__ == "__main__":`, or each child
+# importing the file would launch again. This one runs the collectives with
+# `start_method="spawn"`:
+
+# %%
+import subprocess
+import sys
+import textwrap
+
+script = textwrap.dedent("""
+    import ignite.distributed as idist
+    import torch
+
+
+    def exchange(local_rank):
+        total = idist.all_reduce(torch.tensor([idist.get_rank() + 1.0]))
+        if idist.get_rank() == 0:
+            print(f"sum over {idist.get_world_size()} spawned ranks: {total.item()}")
+
+
+    if __name__ == "__main__":  # spawned children import this file: they must not launch again
+        import sys
+
+        with idist.Parallel(backend="gloo", nproc_per_node=2, start_method="spawn",
+                            master_port=int(sys.argv[1])) as parallel:
+            parallel.run(exchange)
+""")
+with tempfile.TemporaryDirectory() as folder:
+    with open(os.path.join(folder, "collectives_script.py"), "w") as f:
+        f.write(script)
+    done = subprocess.run([sys.executable, "collectives_script.py", str(free_port())], cwd=folder,
+                          capture_output=True, text=True, timeout=180)
+print(script)
+print("output:", done.stdout.strip())
+assert done.returncode == 0 and "sum over 2 spawned ranks: 3.0" in done.stdout, done.stderr[-2000:]
+
+# %% [markdown]
 # ## 4. More processes than cores
 #
 # Each process needs a core to run. Below, N processes each do the same fixed work
@@ -144,30 +247,69 @@ plots.oversubscription_plot(rows);
 by_n = {r["processes"]: r for r in rows}
 ratio = by_n[2 * cores]["seconds"] / by_n[cores]["seconds"]
 gain = by_n[4 * cores]["matmuls_per_second"] / by_n[cores]["matmuls_per_second"]
+print(f"{cores} processes on {cores} cores: {by_n[cores]['slowdown']:.2f}x the time of one alone")
 print(f"{2 * cores} processes instead of {cores}: the same per-process work took {ratio:.2f}x as long")
 print(f"{4 * cores} processes instead of {cores}: {gain:.2f}x the total work per second (4x the processes)")
 assert ratio > 1.1, "beyond the core count, processes must share the cores"
 assert gain < 2.5, "more processes than cores cannot do proportionally more work"
 
 # %% [markdown]
-# Up to the number of cores the processes run side by side. Beyond it they take turns:
-# each one takes longer (first ratio above), and four times the processes do far less
-# than four times the work (second ratio); on a quiet machine the total stays flat. (On
-# a busy shared machine extra processes win a bigger share of the CPU from *other*
-# programs, so the right-hand curve may still rise a little.)
+# Beyond the number of cores the processes take turns: each one takes longer (first
+# ratio above), and four times the processes do far less than four times the work
+# (second ratio); on a quiet machine the total stays flat. Even *at* the core count
+# the processes are not free: the printed time for N = cores is already some multiple
+# of the time alone (ideally 1.0x), because they share memory bandwidth and caches, and
+# because any other program on the machine takes a core away. On a busy shared
+# machine extra processes also win a bigger share of the CPU from those other
+# programs, so the right-hand curve may still rise a little.
 #
 # The same holds for **threads**: by default every PyTorch process starts one thread per
 # core, so N processes run N × cores threads. That is why `distkit` gives each process
 # `cores / N` threads (`torch.set_num_threads`), and why torchrun sets
 # `OMP_NUM_THREADS=1`.
 #
+# ## 6. Horovod and MPI
+#
+# `idist` speaks two more communication layers than gloo, nccl and xla-tpu. The
+# function you pass to `idist.Parallel` does not change; what changes is who starts
+# the processes and what must be installed:
+#
+# - `backend="horovod"`: needs the `horovod` package built against this torch.
+#   `idist.Parallel(backend="horovod", nproc_per_node=N)` starts the processes through
+#   `horovod.run` instead of `torch.multiprocessing` (`ignite/distributed/comp_models/horovod.py`);
+#   across machines you launch with `horovodrun -np 16 -H host1:8,host2:8 python main.py`
+#   and `idist.Parallel(backend="horovod")` joins. `idist.all_reduce` becomes
+#   `hvd.allreduce`, `all_gather` `hvd.allgather`, `broadcast` `hvd.broadcast` (the
+#   same file). There is no DDP: `auto_model` only broadcasts rank 0's weights
+#   (`hvd.broadcast_parameters`, `ignite/distributed/auto.py` line 228) and
+#   `auto_optim` wraps the optimizer in `hvd.DistributedOptimizer`, which averages the
+#   gradients (line 280).
+# - `backend="mpi"`: torch's own MPI process group, available only in a torch built
+#   from source against an MPI library (the pip and conda wheels are not). The
+#   processes are started by `mpirun -np N python main.py`; `idist.Parallel` joins
+#   them and does not spawn.
+#
+# Neither runs here, for the reason this cell prints: neither is installed.
+
+# %%
+import importlib.util
+
+import torch.distributed as dist
+
+print(f"idist.available_backends(): {idist.available_backends()}")
+print(f"torch built with MPI: {dist.is_mpi_available()}; horovod installed: "
+      f"{importlib.util.find_spec('horovod') is not None}")
+
+# %% [markdown]
 # ## What you saw
 #
 # - A distributed job is N copies of one program; `idist.Parallel` starts them and tells
 #   each its **rank** (who am I), **world size** (how many are we), backend and device.
 # - They cooperate only through collectives, whose results you could predict and which
 #   the cells above checked.
-# - `one_rank_first` serialises work that must happen once, such as a download.
+# - `one_rank_first` serialises work that must happen once, such as a download; with
+#   `local=True`, once per machine, which is once too many on a shared file system.
+# - A script spawns instead of forking: an importable function and a `__main__` guard.
 # - More busy processes than cores buys no speed on this runtime: the measurement above.
 #
 # Next: [02 · GPUs with nccl](02_gpus_with_nccl.ipynb), the same code on GPUs.

@@ -23,6 +23,7 @@ def assert_one_line_error(result, *words, tmp_path=None):
     for word in words:
         assert word in errors[0], errors[0]
     assert "Traceback" not in result.stderr
+    assert "--timeout-s" not in result.stderr  # the field is timeout_s; the flag is --timeout
     if tmp_path is not None:
         assert not (tmp_path / "runs").exists(), "a failed start must not leave a run folder"
 
@@ -37,10 +38,57 @@ def assert_one_line_error(result, *words, tmp_path=None):
     (["--nnodes", "2", "--node-rank", "2", "--master-addr", "127.0.0.1"], ["out of range", "0 to 1"]),
     (["--resume-from", "nowhere.pt"], ["no such file", "checkpoints"]),
     (["--epochs", "0"], ["--epochs"]),
+    # NaN and infinity: `nan <= 0` is False, so they used to pass (exit 0, garbage model)
+    (["--lr", "nan"], ["--lr must be a finite number > 0", "got nan"]),
+    (["--timeout", "inf"], ["--timeout must be a finite number", "the default 120"]),
+    (["--timeout", "0"], ["--timeout must be", "got 0.0"]),
+    (["--warmup-epochs", "nan"], ["--warmup-epochs must be a finite number"]),
+    (["--seed", "-1"], ["--seed must be a whole number from 0 to 4294967295", "got -1"]),
+    (["--nproc-per-node", "2", "--batch-size", "3"], ["--batch-size 3", "world size 2", "2 or 4"]),
+    (["--nnodes", "2", "--node-rank", "0", "--master-addr", "no-such-host.invalid"],
+     ["--master-addr 'no-such-host.invalid' does not resolve", "--node-rank 0"]),
+    (["--dataset", "synthetic", "--dataset-size", "1000000000"],
+     ["--dataset-size 1000000000 needs about", "GiB", "use --dataset-size"]),
 ])
 def test_bad_input_is_one_line(run_cli, tmp_path, args, words):
     result = run_cli("train", "--output-dir", tmp_path / "runs", *args, timeout=FAST)
     assert_one_line_error(result, *words, tmp_path=tmp_path)
+
+
+def test_output_dir_that_is_a_file(run_cli, tmp_path):
+    (tmp_path / "runs").write_text("a file, not a folder")
+    result = run_cli("train", "--output-dir", tmp_path / "runs" / "sub", timeout=FAST)
+    assert_one_line_error(result, "--output-dir", "is a file, not a folder")
+    assert (tmp_path / "runs").read_text() == "a file, not a folder"
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A folder this user cannot write: chmod for a normal user; root ignores modes, so
+    there a read-only tmpfs is mounted (skipped where mounting is not allowed)."""
+    import os
+    import subprocess
+
+    path = tmp_path / "ro"
+    path.mkdir()
+    if os.geteuid() != 0:
+        path.chmod(0o500)
+        yield path
+        path.chmod(0o700)
+        return
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(path)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("root without permission to mount a read-only tmpfs")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+def test_output_dir_not_writable(run_cli, tmp_path, read_only_dir):
+    result = run_cli("train", "--output-dir", read_only_dir / "runs", timeout=FAST)
+    assert_one_line_error(result, "--output-dir", "is not writable", "a folder you can write to")
+    assert list(read_only_dir.iterdir()) == []
 
 
 def test_port_in_use(run_cli, tmp_path):

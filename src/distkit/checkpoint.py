@@ -15,6 +15,7 @@ safely (``weights_only=True``), and finding the one to resume from.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -93,6 +94,34 @@ def restart_store_warning() -> str | None:
     return None
 
 
+def check_output_dir(output_dir: str) -> None:
+    """Fail in one line, before any process starts, if runs cannot be written under
+    ``output_dir``: a file where a folder should be, or a folder this user cannot write."""
+    path = Path(output_dir).absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise DistkitError(f"--output-dir {output_dir!r}: {str(existing)!r} is a file, not a "
+                           "folder: pass a folder (it is created if missing)")
+    # access() also says no on a read-only file system, even to root
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise DistkitError(f"--output-dir {output_dir!r} is not writable ({str(existing)!r} is "
+                           "read-only for this user): pass a folder you can write to")
+
+
+def disk_error(error: OSError, where) -> DistkitError:
+    """One line for an OSError while writing under ``where``; a full disk says so
+    (torch.save reports it as ``RuntimeError ... unexpected pos``, see
+    :func:`is_disk_full`)."""
+    if getattr(error, "errno", None) == errno.ENOSPC:
+        return DistkitError(f"no space left on {str(where)!r} while writing the run: free some "
+                            "space or pass an --output-dir on another disk; the checkpoints "
+                            "written before are intact (saves are atomic)")
+    return DistkitError(f"cannot write under {str(where)!r} ({error.strerror or error}): pass an "
+                        "--output-dir you can write to")
+
+
 def make_run_dir(output_dir: str, backend: str, world_size: int) -> str:
     """Create a fresh folder ``<output_dir>/<time>-<backend>-<world_size>procs``; never
     reuse one (a suffix is added if the name exists)."""
@@ -105,6 +134,8 @@ def make_run_dir(output_dir: str, backend: str, world_size: int) -> str:
             return str(path)
         except FileExistsError:
             continue
+        except OSError as e:
+            raise disk_error(e, output_dir) from None
     raise DistkitError(f"could not create a fresh run folder under {output_dir}: clean it up")
 
 

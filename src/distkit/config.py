@@ -19,6 +19,7 @@ from distkit.errors import DistkitError
 BACKENDS = ("auto", "gloo", "nccl", "xla-tpu", "none")
 DATASETS = ("digits", "synthetic", "mnist", "cifar10")
 MODELS = ("cnn", "mlp", "resnet18")
+LOGGERS = ("none", "tensorboard", "mlflow")
 
 
 @dataclass
@@ -45,6 +46,9 @@ class Config:
     dataset_size: int = 2048
     """Samples in the synthetic dataset (train + validation)."""
     model: str = "cnn"
+    strategy: str = "ddp"
+    """ddp: every rank holds the whole model (DistributedDataParallel); fsdp: each holds
+    1/N of the parameters, gradients and optimizer state (FSDP2 fully_shard; gloo/nccl)."""
     task: Optional[str] = None
     """A course's own task, ``module:attr`` or ``path/to/file.py:attr`` naming a
     ``distkit.Task``; it replaces ``dataset`` and ``model`` (see ``distkit.tasks``)."""
@@ -69,6 +73,12 @@ class Config:
     # --- what to observe and keep ----------------------------------------------------
     profile: bool = False
     progress_bar: bool = True
+    """Show ignite's progress bar where someone watches it: stdout a terminal or a notebook.
+    Elsewhere (CI logs, SLURM output files) one line per epoch instead."""
+    verbose: bool = False
+    """Let ignite's INFO lines through (launcher parameters, data loaders, model wrapping)."""
+    logger: str = "none"
+    """Experiment tracker, on rank 0: none, tensorboard or mlflow (see ``distkit.tracking``)."""
     output_dir: str = "runs"
     """Parent folder: every run gets a fresh sub-folder, never overwriting another run."""
     run_dir: Optional[str] = None
@@ -86,6 +96,15 @@ class Config:
         _choice("backend", self.backend, BACKENDS)
         _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
+        _choice("logger", self.logger, LOGGERS)
+        if self.logger != "none":
+            from distkit.tracking import check_installed
+
+            check_installed(self.logger)
+        from distkit.strategies import STRATEGIES, check_strategy
+
+        _choice("strategy", self.strategy, STRATEGIES)
+        check_strategy(self.strategy, self.backend)
         for name, low, high in _WHOLE_NUMBERS:
             _whole(name, getattr(self, name), low, high)
         for name, low, low_open, high, high_open in _REAL_NUMBERS:
@@ -106,8 +125,6 @@ class Config:
             raise DistkitError(
                 f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes}: "
                 f"use a value from 0 to {self.nnodes - 1}")
-        if self.master_port is not None and not 1 <= self.master_port <= 65535:
-            raise DistkitError(f"--master-port {self.master_port} is not a port: use 1..65535")
         if self.nproc_per_node is not None:
             self.check_batch_fits(self.nproc_per_node * self.nnodes)
         return self
@@ -155,12 +172,18 @@ _REAL_NUMBERS = (
     ("weight_decay", 0.0, False, None, False),
     ("early_stopping_min_delta", 0.0, False, None, False),
 )
-# Fields whose CLI flag is not the field name with dashes.
+# Fields whose CLI flag is not the field name with dashes, and fields with no flag.
 _FLAGS = {"timeout_s": "timeout"}
+_NO_FLAG = {"momentum", "weight_decay"}
 
 
 def _flag(name: str) -> str:
     return _FLAGS.get(name, name.replace("_", "-"))
+
+
+def _label(name: str) -> str:
+    """How the learner set it: ``--flag`` on the command line, else ``Config.field``."""
+    return f"Config.{name}" if name in _NO_FLAG else f"--{_flag(name)}"
 
 
 def _choice(name, value, choices):
@@ -181,7 +204,7 @@ def _whole(name, value, low, high):
         and value >= low and (high is None or value <= high)
     if not ok:
         where = f">= {low}" if high is None else f"from {low} to {high}"
-        raise DistkitError(f"--{_flag(name)} must be a whole number {where}, got {value!r}: "
+        raise DistkitError(f"{_label(name)} must be a whole number {where}, got {value!r}: "
                            f"{_fix(name, where)}")
 
 
@@ -193,7 +216,7 @@ def _real(name, value, low, low_open, high, high_open):
         where = f"{'>' if low_open else '>='} {low:g}"
         if high is not None:
             where += f" and {'<' if high_open else '<='} {high:g}"
-        raise DistkitError(f"--{_flag(name)} must be a finite number {where}, got {value!r}: "
+        raise DistkitError(f"{_label(name)} must be a finite number {where}, got {value!r}: "
                            f"{_fix(name, where)}")
 
 

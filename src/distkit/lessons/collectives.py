@@ -1,32 +1,27 @@
-"""What each process sees and does: the helpers behind notebooks 01 and 02.
+"""What each process sees and what processes cost: the helpers behind notebooks 01 and 02.
 
 - :func:`distkit.runner.run_per_rank` (re-exported here) starts N processes with
   ``idist.Parallel`` and hands back what each rank returned, in rank order.
-- :func:`process_info`, :func:`collectives_demo`, :func:`one_rank_first_demo`,
-  :func:`placement_report`: functions to run in every rank.
+- :func:`process_info`: what ``idist`` tells a process about itself. The collectives,
+  ``one_rank_first`` and the ``auto_*`` helpers are typed in the notebooks' own cells.
 - :func:`oversubscription`: the cost of more busy processes than cores, measured.
 - :func:`copy_bandwidth`: the cost of host <-> device copies, measured.
 
 Example::
 
-    from distkit.lessons.collectives import run_per_rank, collectives_demo, expected_collectives
-    seen = run_per_rank(collectives_demo, nproc_per_node=2)
-    assert seen[0]["all_reduce_sum"] == expected_collectives(2)["all_reduce_sum"]
+    from distkit.lessons.collectives import run_per_rank, process_info
+    seen = run_per_rank(process_info, nproc_per_node=2)
+    assert [s["rank"] for s in seen] == [0, 1]
 """
 from __future__ import annotations
 
-import logging
 import os
-import pickle
 import statistics
-import tempfile
 import time
-from datetime import timedelta
 
 import ignite.distributed as idist
 import torch
 
-from distkit.errors import DistkitError
 from distkit.runner import run_per_rank  # noqa: F401  (notebooks import it from here)
 
 
@@ -44,101 +39,6 @@ def process_info(local_rank: int) -> dict:
         "device_name": torch.cuda.get_device_name(idist.device()) if idist.device().type == "cuda"
         else "CPU",
         "pid": os.getpid(),
-    }
-
-
-def collectives_demo(local_rank: int) -> dict:
-    """The four collectives a training run relies on, with values a learner can predict:
-    rank r contributes r + 1 to ``all_reduce``, 10 * r to ``all_gather``, and rank 0
-    broadcasts 100."""
-    rank = idist.get_rank()
-    device = idist.device()
-    total = idist.all_reduce(torch.tensor([rank + 1.0], device=device))          # SUM
-    biggest = idist.all_reduce(torch.tensor([rank + 1.0], device=device), op="MAX")
-    gathered = idist.all_gather(torch.tensor([10.0 * rank], device=device))
-    mine = torch.tensor([100.0 if rank == 0 else -1.0], device=device)
-    received = idist.broadcast(mine, src=0)
-    before = time.time()
-    if rank == 0:
-        time.sleep(0.2)  # rank 0 is late; barrier makes everybody wait for it
-    idist.barrier()
-    return {
-        "rank": rank,
-        "all_reduce_sum": total.item(),
-        "all_reduce_max": biggest.item(),
-        "all_gather": gathered.tolist(),
-        "broadcast_from_0": received.item(),
-        "waited_at_barrier_s": time.time() - before,
-    }
-
-
-def expected_collectives(world_size: int) -> dict:
-    """What :func:`collectives_demo` must return on every rank of ``world_size`` ranks."""
-    return {
-        "all_reduce_sum": float(sum(r + 1 for r in range(world_size))),  # 1 + 2 + ... + N
-        "all_reduce_max": float(world_size),
-        "all_gather": [10.0 * r for r in range(world_size)],
-        "broadcast_from_0": 100.0,
-    }
-
-
-def one_rank_first_demo(local_rank: int, folder: str) -> dict:
-    """Rank 0 "downloads" a file (slowly) inside ``idist.one_rank_first()``; the others
-    enter the block only after it is done, so they find the file already there."""
-    path = os.path.join(folder, "dataset.bin")
-    with idist.one_rank_first():
-        entered = time.time()
-        found = os.path.exists(path)
-        if not found:
-            time.sleep(0.3)  # a download
-            tmp = f"{path}.{idist.get_rank()}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(b"\0" * 1024)
-            os.replace(tmp, path)
-        left = time.time()
-    return {"rank": idist.get_rank(), "found_file_already": found,
-            "entered_at": entered, "left_at": left}
-
-
-def placement_report(local_rank: int, config=None) -> dict:
-    """Where things live in this process, and what ``auto_dataloader``, ``auto_model`` and
-    ``auto_optim`` turned the plain objects into (type before -> type after).
-
-    With a :class:`~distkit.config.Config`: its dataset, model, global batch size and lr,
-    built as ``distkit.training`` builds them. Without: 64 synthetic samples, the MLP and
-    a global batch of 16."""
-    from distkit.config import Config
-    from distkit.data import dataset_info, get_datasets
-    from distkit.models import get_model
-
-    config = config or Config(dataset="synthetic", dataset_size=64, model="mlp", batch_size=16, lr=0.1)
-    if config.dataset == "synthetic" and config.dataset_size == 64:
-        from distkit.data import synthetic_dataset
-
-        data = synthetic_dataset(64)  # exactly 64 samples, no validation split
-    else:
-        data, _ = get_datasets(config)
-    loader = idist.auto_dataloader(data, batch_size=config.batch_size, shuffle=True)
-    model_before = get_model(config.model, **dataset_info(config.dataset))
-    model_before_type = type(model_before).__name__
-    model = idist.auto_model(model_before)
-    optimizer_before = torch.optim.SGD(model.parameters(), lr=config.lr)
-    optimizer = idist.auto_optim(optimizer_before)
-    x, y = next(iter(loader))
-    x = x.to(idist.device())
-    return {
-        "rank": idist.get_rank(),
-        "device": str(idist.device()),
-        "loader": f"{type(data).__name__} ({len(data)} samples) -> {type(loader).__name__}",
-        "sampler": type(getattr(loader, "sampler", None)).__name__,
-        "per_process_batch": len(y),
-        "batches_per_epoch": len(loader),
-        "model": f"{model_before_type} -> {type(model).__name__}",
-        "param_device": str(next(model.parameters()).device),
-        "batch_device": str(x.device),
-        "optimizer": f"{type(optimizer_before).__name__} -> {type(optimizer).__module__}."
-                     f"{type(optimizer).__name__}",
-        "optimizer_is_same_object": optimizer is optimizer_before,
     }
 
 

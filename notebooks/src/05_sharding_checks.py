@@ -84,6 +84,10 @@ print("checklist holds")
 # indices with `idist.all_gather`. `shard_report` then compares them with what a correct
 # sampler must produce.
 #
+# Epoch numbers: the reports and pictures count epochs from 1, as ignite's
+# `engine.state.epoch` does; `set_epoch` takes the sampler's 0-based count, so epoch 1
+# is `set_epoch(0)` (and training calls `set_epoch(engine.state.epoch - 1)`).
+#
 # 101 digits on 2 ranks, global batch 20: 101 does not divide by 2.
 
 # %%
@@ -99,8 +103,9 @@ plots.sharding_map(record);
 # in the gradient all-reduce forever). With 101 samples it pads the shuffled list to 102
 # by repeating its first index: one sample is seen twice per epoch, once on each rank
 # (the black column in the picture). Everything else is disjoint and every sample is
-# covered. The right-hand plot shows rank 0 reading its shard in a different order each
-# epoch.
+# covered. The right-hand plot puts each sample rank 0 read in two consecutive epochs at
+# (its position in the first, its position in the next): the points scatter off the
+# diagonal, so the order changed, and the legend counts how few stayed in place.
 
 # %%
 first = report["epochs"][0]
@@ -128,16 +133,45 @@ assert frozen["order_changes_between_epochs"] == [False, False]
 #
 # ### `drop_last`
 #
-# With `drop_last=True` each rank's `DataLoader` drops its last, incomplete batch. Each
-# rank has 51 samples in batches of 10, so it drops 1: one sample per rank is not seen
-# this epoch (and which one changes with the shuffle).
+# Two different things are called `drop_last`, and `auto_dataloader` passes yours to
+# only one of them:
+#
+# - **`DataLoader(drop_last=True)`**: each rank's loader drops its last, incomplete
+#   batch. `idist.auto_dataloader(..., drop_last=True)` sets this one (the sampler it
+#   builds gets only `num_replicas`, `rank` and `shuffle`: `ignite/distributed/auto.py`,
+#   line 103 in ignite 0.5.5).
+# - **`DistributedSampler(drop_last=True)`**: the sampler cuts the shuffled list down to
+#   a multiple of N instead of padding it.
+#
+# First the loader's. Each rank has 51 samples in batches of 10 and drops 1, two
+# samples in all. But the sampler's padding sits at the *end* of the shuffled list
+# (`indices += indices[:padding_size]` in `torch/utils/data/distributed.py`), and the
+# last of the 102 positions belongs to rank 1: what rank 1 drops is the repeated
+# sample. So per epoch exactly **one** sample goes unseen, and the duplicate is gone:
 
 # %%
 dropped = shard_report(run_on_ranks(lambda r: collect_indices(small, batch_size=20, epochs=2,
                                                               drop_last=True), 2))
 print(format_report(dropped))
+for e, ep in enumerate(dropped["epochs"], 1):
+    print(f"epoch {e}: {ep['per_rank']} samples per rank, {ep['missing']} unseen, {ep['duplicates']} seen twice")
 assert all(ep["per_rank"] == [50, 50] for ep in dropped["epochs"]) and dropped["ok"]
-assert all(ep["missing"] <= dropped["expected"]["allowed_missing"] == 2 for ep in dropped["epochs"])
+assert all(ep["missing"] == 1 and ep["duplicates"] == 0 for ep in dropped["epochs"])
+
+# %% [markdown]
+# Then the sampler's, which needs no processes: build the two samplers directly.
+
+# %%
+from torch.utils.data.distributed import DistributedSampler
+
+cut = [list(DistributedSampler(small, num_replicas=2, rank=r, drop_last=True)) for r in range(2)]
+padded = [list(DistributedSampler(small, num_replicas=2, rank=r)) for r in range(2)]
+for name, shards in (("DistributedSampler()", padded), ("DistributedSampler(drop_last=True)", cut)):
+    seen = shards[0] + shards[1]
+    print(f"{name:35} {[len(s) for s in shards]} per rank, {len(set(seen))} distinct of {len(small)}, "
+          f"{len(seen) - len(set(seen))} seen twice")
+assert [len(s) for s in cut] == [50, 50] and len(set(cut[0] + cut[1])) == 100
+assert [len(s) for s in padded] == [51, 51] and len(set(padded[0] + padded[1])) == 101
 
 # %% [markdown]
 # ## 3. Any map-style dataset, and a planted bug
@@ -206,7 +240,9 @@ assert shard_check("--dataset-size", 100, "--nproc-per-node", 2, "--plant-overla
 #   `DistributedSampler` per rank and sets `pin_memory` only on CUDA; a global batch that
 #   does not divide by the world size silently loses its remainder.
 # - Shards are disjoint except for the padding `DistributedSampler` adds to give every
-#   rank the same number of steps; `drop_last` then drops each rank's incomplete batch.
+#   rank the same number of steps. The loader's `drop_last` (what `auto_dataloader`
+#   sets) drops each rank's incomplete batch; the sampler's `drop_last` trims instead
+#   of padding.
 # - The order changes between epochs only when `set_epoch` is called.
 # - A sampler bug trains on a fraction of the data without any error: the gathered
 #   indices show it, and `distkit shard-check` exits non-zero.

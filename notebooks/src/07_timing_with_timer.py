@@ -46,7 +46,9 @@ print(f"{len(train_loader)} iterations per epoch, torch {torch.__version__}")
 # ## 1. Three timers
 #
 # A `Timer` accumulates time while it runs: `attach(engine, start=, resume=, pause=,
-# step=)` ties those four actions to events. `profiling.attach_timers` attaches three:
+# step=)` ties those four actions to events. `profiling.attach_timers` makes three
+# `Timer(average=True)` and calls `timer.attach(trainer, start=Events.STARTED,
+# resume=..., pause=..., step=...)` on each:
 #
 # | timer | resumed on | paused on | measures |
 # | --- | --- | --- | --- |
@@ -71,8 +73,10 @@ print(f"per epoch: {c.total / 3:.3f} s compute + {d.total / 3:.3f} s data + "
 
 # %% [markdown]
 # Data wait is small next to compute: the digits sit in memory (notebook 06 shows a loop
-# where it is not). The rest of the epoch, beyond compute and data, is mostly the handlers that run
-# on every iteration (the epoch average of the loss, the learning-rate schedule).
+# where it is not). The rest of the epoch, beyond compute and data, is everything else
+# the loop runs: the handlers on every iteration (this trainer has one metric, the epoch
+# `Average` of the loss, plus the three timers' own resume, pause and step calls) and
+# ignite's event dispatch between them.
 #
 # One detail inside `attach_timers`: a `Timer` *runs* from its `start` event on. Started
 # on `STARTED` and first resumed on `ITERATION_STARTED`, it would also count everything
@@ -83,17 +87,21 @@ print(f"per epoch: {c.total / 3:.3f} s compute + {d.total / 3:.3f} s data + "
 #
 # ignite runs the handlers of an event **in the order they were registered**. Validation
 # usually runs on `EPOCH_COMPLETED`, and so does the epoch timer's `pause`. Attach the
-# timer (here exactly as ignite's `Timer` documentation does) *after* the validation
-# handler, and every epoch "takes" its validation too. Validation here evaluates the
-# training set and the validation set, a common pattern:
+# timer *after* the validation handler, and every epoch "takes" its validation too.
+# Below, the same `Timer.attach(...)` call twice: `fixed` registered before the
+# validation handler, `naive` after it. Validation here evaluates the training set and
+# the validation set, a common pattern:
 
 # %%
 trainer, evaluator = build()
 validation_s, during_event = [], []
+epoch_timer = dict(start=Events.STARTED, resume=Events.EPOCH_STARTED, pause=Events.EPOCH_COMPLETED,
+                   step=Events.EPOCH_COMPLETED)
 
-# reference: ignite's own epoch time, read while EPOCH_COMPLETED handlers have not run
-profiling.run_first(trainer, Events.EPOCH_COMPLETED,
-                    lambda eng: during_event.append(eng.state.times["EPOCH_COMPLETED"]))
+fixed = Timer(average=True)
+fixed.attach(trainer, **epoch_timer)  # registered first: paused before validation runs
+# reference: ignite's own epoch time, read before the validation handler has run
+trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda eng: during_event.append(eng.state.times["EPOCH_COMPLETED"]))
 
 
 @trainer.on(Events.EPOCH_COMPLETED)
@@ -104,10 +112,8 @@ def validate(engine):
     validation_s.append(time.perf_counter() - t0)
 
 
-naive = Timer(average=True)  # ignite's documented pattern, registered after validation
-naive.attach(trainer, start=Events.STARTED, resume=Events.EPOCH_STARTED,
-             pause=Events.EPOCH_COMPLETED, step=Events.EPOCH_COMPLETED)
-fixed = profiling.attach_timers(trainer)["epoch"]  # also registered after validation
+naive = Timer(average=True)
+naive.attach(trainer, **epoch_timer)  # registered after validation: paused after it
 trainer.run(train_loader, max_epochs=3);
 
 # %%
@@ -120,13 +126,20 @@ print(f"after the run, state.times['EPOCH_COMPLETED'] = {trainer.state.times['EP
       f"for the last epoch: it too includes that epoch's validation")
 
 # %% [markdown]
-# The naive timer is too long by exactly the validation time. The fix: the `pause` must
-# run *before* validation. Either register the timer before any other
-# `EPOCH_COMPLETED` handler, or do what `attach_timers` does and put its `pause` first
-# in the event's handler list (`profiling.run_first`), so that the order of registration
-# no longer matters. The fixed timer agrees with ignite's own measurement, which ignite
-# takes before it runs the `EPOCH_COMPLETED` handlers (and then, after them, overwrites
-# with a value that includes them, as the last line shows).
+# The naive timer is too long by the validation time. The fix: the `pause` must run
+# *before* validation, so register the timer before any other `EPOCH_COMPLETED`
+# handler, as `fixed` was. The fixed timer agrees with ignite's own measurement, which
+# ignite takes before it runs the `EPOCH_COMPLETED` handlers (and then, after them,
+# overwrites with a value that includes them, as the last line shows).
+#
+# ignite has no public way to put a handler *first* on an event that already has
+# handlers. `distkit.profiling.attach_timers` is attached to trainers that already
+# carry handlers, so it reorders the list in ignite's private
+# `engine._event_handlers` (`profiling.run_first`), as ignite's own profilers do
+# (`engine._event_handlers[...].insert(0, ...)`, `ignite/handlers/time_profilers.py`
+# lines 127, 223 and 574 in ignite 0.5.5); that
+# is a library's workaround, which may break with any ignite release. In your own
+# code, register timers first.
 #
 # Tolerances, checked below: the leak matches the validation time within 10% (+5 ms),
 # and the fixed timer matches ignite's within 5% (+5 ms).
@@ -197,7 +210,7 @@ print("all three agree within the tolerance on every rank")
 # - A `Timer` measures exactly the intervals between the events you tie it to; resume
 #   and pause on iteration events give compute per iteration, on batch events data wait.
 # - Handler order is part of the measurement: a timer paused after validation counts the
-#   validation. Putting the pause first fixes it, checked against ignite's own number.
+#   validation. Registering the timer first fixes it, checked against ignite's own number.
 # - On a GPU, synchronize before reading the clock, or you time the launch.
 # - Timers and both profilers agree within the stated tolerance on every rank of a
 #   distributed run: three instruments, one answer.

@@ -83,7 +83,13 @@ def on_rank():
 
 
 def test_every_rank_learns_the_slowest_time():
+    import torch
+
     for rank, got in enumerate(harness.run_ranks(on_rank)):
+        if isinstance(got, torch.Tensor):
+            raise harness.ExerciseFailure(
+                f"rank {rank} returned a tensor ({got!r}), not a Python float: all_reduce "
+                f"hands back what it was given, so pass it float(seconds), or return .item()")
         if not isinstance(got, (int, float)) or not math.isclose(got, max(STEP_TIMES)):
             hint = ""
             if isinstance(got, (int, float)) and math.isclose(got, STEP_TIMES[rank]):

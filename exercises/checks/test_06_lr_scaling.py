@@ -32,6 +32,10 @@ def recorded_schedule():
     ex = harness.load("06")
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=BASE_LR)
     scheduler = ex.create_lr_scheduler(optimizer, BASE_LR, WARMUP, TOTAL)
+    if not callable(scheduler):
+        raise harness.ExerciseFailure(
+            f"create_lr_scheduler returned {scheduler!r}: return the ignite scheduler "
+            f"(PiecewiseLinear(...)), which the trainer calls at every ITERATION_STARTED")
     seen = []
     trainer = Engine(lambda engine, batch: seen.append(optimizer.param_groups[0]["lr"]))
     trainer.add_event_handler(Events.ITERATION_STARTED, scheduler)
@@ -48,6 +52,11 @@ def explain(result):
         return None
     top = max(lrs)
     if not math.isclose(top, peak, rel_tol=1e-6):
+        factor = top / BASE_LR
+        if ws == 1 and factor > 1.5 and math.isclose(factor, round(factor), rel_tol=1e-6):
+            return (f"{where} the highest learning rate is {top:g}, base_lr x {round(factor)}: "
+                    f"the factor must be the world size, idist.get_world_size() (1 here), not "
+                    f"a fixed number, so the same code is right on any number of processes")
         if ws > 1 and math.isclose(top, BASE_LR, rel_tol=1e-6):
             return (f"{where} the highest learning rate is {top:g}, the unscaled base_lr: the "
                     f"global batch is {ws}x larger than on one process, so the linear scaling "

@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dataset-size", type=int, default=DEFAULTS.dataset_size,
                    help="training samples of the synthetic dataset")
     g.add_argument("--model", choices=MODELS, default=DEFAULTS.model)
+    g.add_argument("--strategy", choices=("ddp", "fsdp"), default=DEFAULTS.strategy,
+                   help="ddp: a whole model per process; fsdp: each process holds 1/N of the "
+                        "parameters, gradients and optimizer state (gloo or nccl)")
     g.add_argument("--epochs", type=int, default=DEFAULTS.epochs)
     g.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
                    help="GLOBAL batch size, summed over all processes: each of N processes "

@@ -1,0 +1,141 @@
+"""How the model is spread over the processes: ``ddp`` or ``fsdp`` (``Config.strategy``).
+
+- ``ddp``: ``idist.auto_model`` wraps the model in DistributedDataParallel: every rank
+  holds the whole model, its gradients and its optimizer state; ``backward()``
+  all-reduces the gradients.
+- ``fsdp``: FSDP2's ``torch.distributed.fsdp.fully_shard`` on every layer that owns
+  parameters, then on the root: every rank holds 1/N of each parameter, of its gradient
+  and of its optimizer state (ZeRO-3). A layer's parameters are all-gathered just before
+  its forward and its backward, and its gradients reduce-scattered after the backward.
+
+Checkpoints hold *full* (unsharded) state dicts either way, gathered with
+``torch.distributed.checkpoint.state_dict`` (``full_state_dict=True, cpu_offload=True``),
+so a checkpoint written under fsdp loads into a plain model, and a ddp checkpoint resumes
+an fsdp run (and back).
+"""
+from __future__ import annotations
+
+import ignite.distributed as idist
+import torch
+import torch.nn as nn
+
+from distkit.errors import DistkitError
+
+STRATEGIES = ("ddp", "fsdp")
+SHARDING_BACKENDS = ("gloo", "nccl")  # fully_shard needs a torch.distributed process group
+
+
+def check_strategy(strategy: str, backend: str) -> None:
+    """Refuse, in one line, a strategy the backend cannot run (before any process starts)."""
+    if strategy == "fsdp" and backend not in SHARDING_BACKENDS + ("auto",):
+        raise DistkitError(
+            f"--strategy fsdp needs a torch.distributed process group (gloo or nccl), and "
+            f"--backend {backend} has none: use --backend gloo or nccl, or --strategy ddp")
+
+
+def prepare_model(model: nn.Module, strategy: str) -> nn.Module:
+    """The model, placed on this process's device and distributed by ``strategy``."""
+    if strategy == "ddp":
+        return idist.auto_model(model)
+    backend = idist.backend()
+    if backend not in SHARDING_BACKENDS:  # e.g. --backend auto that resolved to xla-tpu
+        check_strategy("fsdp", backend or "none")
+    from torch.distributed.fsdp import fully_shard
+
+    model = model.to(idist.device())
+    # One FSDP unit per layer that owns parameters: only one layer's full weights exist
+    # at a time. The root call takes whatever is left (none here) and drives the hooks.
+    for module in list(model.modules())[1:]:
+        if any(True for _ in module.parameters(recurse=False)):
+            fully_shard(module)
+    fully_shard(model)
+    return model
+
+
+def is_sharded(model) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def _full_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    # Gathered on rank 0 (the one that writes), in CPU memory; the other ranks get {}.
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+class FullModelState:
+    """What ignite's ``Checkpoint`` saves and loads for a sharded model: the full state
+    dict (``get_model_state_dict`` / ``set_model_state_dict``). Both are collectives:
+    every rank calls them, as ``Checkpoint`` does."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def state_dict(self):
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model, options=_full_options())
+
+    def load_state_dict(self, state_dict):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        # Every rank read the whole file, so every rank loads its own shard from it.
+        set_model_state_dict(self.model, state_dict, options=StateDictOptions(full_state_dict=True))
+
+
+class FullOptimizerState:
+    """The optimizer's state (momentum buffers...) unsharded and keyed by parameter name,
+    as ``get_optimizer_state_dict`` gives it."""
+
+    def __init__(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self):
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(self.model, self.optimizer, options=_full_options())
+
+    def load_state_dict(self, state_dict):
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                             set_optimizer_state_dict)
+
+        set_optimizer_state_dict(self.model, self.optimizer, state_dict,
+                                 options=StateDictOptions(full_state_dict=True))
+
+
+def checkpoint_objects(model, optimizer) -> tuple:
+    """``(model, optimizer)`` as ignite's ``Checkpoint`` should see them."""
+    if is_sharded(model):
+        return FullModelState(model), FullOptimizerState(model, optimizer)
+    return model, optimizer
+
+
+def full_state_dict_everywhere(model) -> dict:
+    """The whole model's state dict on every rank (an all-gather under fsdp)."""
+    if is_sharded(model):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return getattr(model, "module", model).state_dict()
+
+
+def peak_memory_bytes() -> tuple[int, str]:
+    """This process's peak memory and what was measured: the CUDA caching allocator's
+    peak on a GPU, else the peak resident set of the whole process (Linux ``ru_maxrss``:
+    the Python interpreter and torch's libraries included, not only tensors)."""
+    device = idist.device()
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "torch.cuda.max_memory_allocated"
+    import resource
+    import sys
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024), "peak resident set (ru_maxrss)"
+
+
+def peak_memory_per_rank() -> dict:
+    """Every rank's :func:`peak_memory_bytes`, in rank order (a collective)."""
+    value, measure = peak_memory_bytes()
+    return {"bytes": [int(v) for v in idist.all_gather(value)], "measure": measure}

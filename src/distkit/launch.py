@@ -248,7 +248,7 @@ def run(config, task=None) -> dict | None:
     from distkit.tasks import resolve_task
     from distkit.training import training
 
-    task = resolve_task(task if task is not None else config)  # a wrong --task: one line, now
+    task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
     spawning = config.nproc_per_node is not None or not launched_externally()
     config = preflight(config, spawning, task)
     if not spawning:

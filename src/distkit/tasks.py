@@ -121,6 +121,11 @@ class Task:
                 raise DistkitError(
                     f"Task({field}=...) must be a function, got {type(getattr(self, field)).__name__}: "
                     f"pass the function itself, e.g. Task({field}=make_{field})")
+        if not isinstance(self.loss, type) and hasattr(self.loss, "parameters"):
+            # nn.MSELoss() is callable too, but calling it with no arguments fails later
+            name = type(self.loss).__name__
+            raise DistkitError(f"Task(loss={name}()) is a loss module; pass what makes one: "
+                               f"Task(loss=nn.{name}) (no parentheses)")
         score = tuple(self.score) if isinstance(self.score, (tuple, list)) else ()
         if len(score) != 2 or not isinstance(score[0], str) or score[1] not in SCORE_MODES:
             raise DistkitError(f"Task(score={self.score!r}) must be (metric name, 'min' or 'max'), "
@@ -141,6 +146,12 @@ class Task:
                 f"task {self.name!r}: score {self.score[0]!r} is not one of its metrics "
                 f"({', '.join(metrics)}): name one of them in Task(score=(name, mode))")
         return metrics
+
+    def check(self) -> "Task":
+        """Build its loss and metrics once, so a score naming no metric fails in one line
+        before any process starts; returns the task."""
+        self.build_metrics(self.loss())
+        return self
 
     def metric_names(self) -> list:
         """The names its validation metrics are reported under (without ``val_``)."""

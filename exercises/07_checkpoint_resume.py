@@ -17,8 +17,9 @@ Task: write two functions.
 
 1. ``attach_checkpointing(trainer, model, optimizer, dirname)``: create an
    ``ignite.handlers.Checkpoint`` that saves trainer, model and optimizer into
-   ``dirname`` (a ``DiskSaver``; the folder may already exist) after EVERY iteration,
-   keeping the last 2 files; attach it to ``trainer`` and return it.
+   ``dirname`` (a ``DiskSaver``; the folder may already exist and hold checkpoints: a
+   resumed run saves into the folder it resumed from) after EVERY iteration, keeping the
+   last 2 files; attach it to ``trainer`` and return it.
 2. ``resume(trainer, model, optimizer, checkpoint_file)``: read that file with the
    given ``read_checkpoint`` (``torch.load(..., weights_only=True)``: never unpickle
    arbitrary objects) and load it into the same three objects.

@@ -65,10 +65,19 @@ def on_rank(dirname):
     report["returned"] = type(checkpoint).__name__
     last = checkpoint.last_checkpoint if isinstance(checkpoint, Checkpoint) else None
     report["last"] = None if last is None else str(last)
+    if idist.get_rank() == 0:  # DiskSaver writes on rank 0: what is in the folder now
+        report["files"] = saved_files(ex, dirname)
     if idist.all_reduce(float(last is None)) > 0:  # every rank stops here, or none does
         return report
 
     trainer, model, optimizer, loader = setup(seed=1)  # a new process: other random weights
+    # A resumed run saves again, into the folder that holds the checkpoints it resumes from.
+    try:
+        ex.attach_checkpointing(trainer, model, optimizer, dirname)
+    except Exception as error:  # noqa: BLE001 - the learner's error becomes the message
+        report["attach_again"] = f"{type(error).__name__}: {str(error).strip()[:300]}"
+    if idist.all_reduce(float("attach_again" in report)) > 0:
+        return report
     ex.resume(trainer, model, optimizer, str(last))
     report["resumed_iteration"] = trainer.state.iteration
     report["weights_restored"] = same(harness.flat_weights(model), stopped_weights)
@@ -85,6 +94,22 @@ def on_rank(dirname):
     return report
 
 
+def saved_files(ex, dirname):
+    """``[(file name, the trainer's iteration in it, or None)]``, oldest first."""
+    if not os.path.isdir(dirname):
+        return []
+    found = []
+    for name in sorted(f for f in os.listdir(dirname) if f.endswith(".pt")):
+        try:
+            content = ex.read_checkpoint(os.path.join(dirname, name))
+        except Exception as error:  # noqa: BLE001 - reported by the parent
+            found.append((name, f"error: {type(error).__name__}"))
+            continue
+        trainer = content.get("trainer") if isinstance(content, dict) else None
+        found.append((name, trainer.get("iteration") if isinstance(trainer, dict) else None))
+    return sorted(found, key=lambda f: f[1] if isinstance(f[1], int) else -1)
+
+
 def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
     dirname = str(tmp_path / "checkpoints")
     ranks = harness.run_ranks(on_rank, dirname)
@@ -98,21 +123,31 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
     if any(r["last"] is None for r in ranks):
         raise fail(f"the run stopped after {STOP} iterations without saving a checkpoint: "
                    f"attach the Checkpoint to the trainer at Events.ITERATION_COMPLETED")
-    if not os.path.isdir(dirname):
-        raise fail(f"no checkpoint folder {dirname}: save into the dirname you are given")
-    files = sorted(f for f in os.listdir(dirname) if f.endswith(".pt"))
-    if len(files) > 2:
-        raise fail(f"{len(files)} checkpoint files in the folder after {STOP} iterations "
-                   f"({harness.short_list(files, 3)}): keep only the last 2 (n_saved=2)")
-    ex = harness.load("07")
-    for name in files:
-        try:
-            ex.read_checkpoint(os.path.join(dirname, name))
-        except Exception as error:
-            problem = f"{name} does not load with weights_only=True ({type(error).__name__})"
-        else:
-            continue
-        raise fail(f"{problem}: save state dicts, as ignite's Checkpoint does")
+    files = ranks[0].get("files", [])
+    if not files:
+        raise fail(f"no checkpoint file in {dirname}: save into the dirname you are given")
+    for name, iteration in files:
+        if isinstance(iteration, str):
+            raise fail(f"{name} does not load with weights_only=True ({iteration[7:]}): save "
+                       f"state dicts, as ignite's Checkpoint does")
+    newest = files[-1][1]
+    if isinstance(newest, int) and newest != STOP:
+        raise fail(f"the run stopped after iteration {STOP}, but its newest checkpoint holds "
+                   f"iteration {newest}, so it would be resumed from iteration {newest}: save "
+                   f"after EVERY iteration (Events.ITERATION_COMPLETED), so a crash loses at "
+                   f"most one step")
+    if len(files) != 2:
+        names = harness.short_list([name for name, _ in files], 3)
+        raise fail(f"{len(files)} checkpoint file{'s' if len(files) > 1 else ''} in the folder "
+                   f"after {STOP} iterations ({names}), but the task says to keep the last 2 "
+                   f"(n_saved=2): one spare, in case the newest was being written when the run "
+                   f"died")
+    for rank, r in enumerate(ranks):
+        if "attach_again" in r:
+            raise fail(f"a resumed run calls attach_checkpointing again with the same folder, "
+                       f"and on rank {rank} attach_checkpointing raised {r['attach_again']}: the "
+                       f"folder may already hold checkpoints: DiskSaver(dirname, "
+                       f"require_empty=False)")
     iterations = [r["resumed_iteration"] for r in ranks]
     if len(set(iterations)) > 1 or len({r["weights_restored"] for r in ranks}) > 1:
         states = ", ".join(

@@ -28,18 +28,39 @@ def batches(rank, world_size, step):
     return [(x[i:i + MICRO_SIZE], y[i:i + MICRO_SIZE]) for i in mine], (x, y)
 
 
-def reference_weights(world_size):
-    """Plain SGD steps on the whole global batch, in one process: the weights after each."""
+def reference_weights(world_size, mistake=None):
+    """Plain SGD steps on the whole global batch, in one process: the weights after each.
+
+    ``mistake`` replays a known wrong answer instead, so that a learner whose weights match
+    it can be told what they did: ``"unscaled"`` (micro-batch losses not divided by their
+    number: the gradient is MICRO times the mean's), ``"per_process"`` (divided by the
+    number of processes too, which DDP already averages over), ``"not_zeroed"`` (the
+    previous step's gradients added in)."""
     model = make_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    factor = {"unscaled": MICRO, "per_process": 1 / world_size}.get(mistake, 1)
     after = []
     for step in range(STEPS):
         _, (x, y) = batches(0, world_size, step)
-        optimizer.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+        if mistake != "not_zeroed":
+            optimizer.zero_grad()
+        (factor * nn.functional.cross_entropy(model(x), y)).backward()
         optimizer.step()
         after.append(harness.flat_weights(model))
     return after
+
+
+MISTAKES = {
+    "unscaled": (f"The update is {float(MICRO):.1f}x too large: you did not divide each "
+                 f"micro-batch's loss by the number of micro-batches ({MICRO}), so their sum "
+                 f"is {MICRO}x the mean loss instead of the mean."),
+    "per_process": ("The update is too small by the number of processes: you divided the loss "
+                    "by the world size too, but DDP already AVERAGES the gradients over the "
+                    "processes; divide by the number of micro-batches only."),
+    "not_zeroed": ("The first step was right, the second was not: the previous step's "
+                   "gradients were added in: call optimizer.zero_grad() at the start of every "
+                   "step (backward() adds to .grad, it never overwrites it)."),
+}
 
 
 def counting_allreduce(state, bucket):
@@ -51,13 +72,27 @@ def counting_allreduce(state, bucket):
 
 
 def accumulate(ex, model, rank, world_size):
+    """The weights after each accumulated step, and how often each call stepped."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    after = []
+    stepped = []
+    optimizer.register_step_post_hook(lambda *_: stepped.append(1))  # counts optimizer.step()
+    after, steps_per_call = [], []
     for step in range(STEPS):
         micro, _ = batches(rank, world_size, step)
+        before = len(stepped)
         ex.accumulation_step(model, optimizer, nn.CrossEntropyLoss(), micro)
+        steps_per_call.append(len(stepped) - before)
         after.append(harness.flat_weights(model))
-    return after
+    return after, steps_per_call
+
+
+def check_steps(steps_per_call, where):
+    wrong = [n for n in steps_per_call if n != 1]
+    if wrong:
+        raise harness.ExerciseFailure(
+            f"{where}, optimizer.step() ran {wrong[0]} times in one call of accumulation_step "
+            f"for {MICRO} micro-batches: step ONCE, after the last micro-batch's backward "
+            f"(stepping after every micro-batch is {MICRO} small steps, not one large one)")
 
 
 def on_rank():
@@ -67,29 +102,33 @@ def on_rank():
     model = idist.auto_model(make_model())  # DistributedDataParallel
     counter = {"exchanges": 0}
     model.register_comm_hook(counter, counting_allreduce)  # before the first backward
-    weights = accumulate(ex, model, idist.get_rank(), idist.get_world_size())
-    return {"weights": weights, "reference": reference_weights(idist.get_world_size()),
-            "exchanges": counter["exchanges"]}
+    weights, steps = accumulate(ex, model, idist.get_rank(), idist.get_world_size())
+    return {"weights": weights, "steps": steps, "exchanges": counter["exchanges"]}
 
 
-def compare(weights, reference, where):
-    """``weights`` and ``reference``: the weights after each step."""
+def compare(weights, world_size, where):
+    """``weights``: the learner's weights after each step."""
+    reference = reference_weights(world_size)
     for step, (got, want) in enumerate(zip(weights, reference)):
         diff = (got - want).abs().max().item()
         if diff <= 1e-5:
             continue
-        before = harness.flat_weights(make_model()) if step == 0 else reference[step - 1]
-        expected = (want - before).norm().item()
-        ratio = (got - before).norm().item() / expected if expected > 0 else float("nan")
         why = ""
-        if step == 0 and abs(ratio - MICRO) < 0.05 * MICRO:
-            why = (f" The update is {ratio:.1f}x too large: divide each micro-batch's loss by "
-                   f"the number of micro-batches ({MICRO}), so that their sum is the mean loss.")
-        elif step == 0 and ratio < 1e-6:
-            why = " The weights did not change: call optimizer.step() after the backward passes."
-        elif step > 0:
-            why = (" The first step was right: zero the gradients at the start of every step, "
-                   "or the previous step's gradients are added in.")
+        for mistake, explanation in MISTAKES.items():
+            if mistake == "per_process" and world_size == 1:
+                continue  # the same as the right answer in one process
+            replay = reference_weights(world_size, mistake)
+            if all((a - b).abs().max().item() <= 1e-5 for a, b in zip(weights, replay)):
+                why = " " + explanation
+                break
+        else:
+            before = harness.flat_weights(make_model()) if step == 0 else reference[step - 1]
+            if (got - before).abs().max().item() == 0:
+                why = " The weights did not change: call optimizer.step() after the backward passes."
+            else:
+                why = (" Check that each micro-batch's loss is divided by their number "
+                       f"({MICRO}), that the gradients are zeroed once at the start, and that "
+                       "every micro-batch of the list is used.")
         raise harness.ExerciseFailure(
             f"{where}, the weights after accumulated step {step + 1} differ from those after "
             f"one step on the whole batch at once (largest difference {diff:.3g}).{why}")
@@ -97,11 +136,23 @@ def compare(weights, reference, where):
 
 def test_one_process_plain_model():
     ex = harness.load("08")
-    compare(accumulate(ex, make_model(), 0, 1), reference_weights(1), "in one process")
+    where = "in one process, with a plain model"
+    try:
+        weights, steps = accumulate(ex, make_model(), 0, 1)
+    except AttributeError as error:
+        if "no_sync" not in str(error):
+            raise
+        raise harness.ExerciseFailure(
+            f"{where}: it has no no_sync() (only DistributedDataParallel has): use "
+            f"model.no_sync() only if hasattr(model, \"no_sync\"), else a "
+            f"contextlib.nullcontext()") from None
+    check_steps(steps, where)
+    compare(weights, 1, where)
 
 
 def test_two_processes_exchange_once_and_match_a_large_batch():
     ranks = harness.run_ranks(on_rank)
+    check_steps(ranks[0]["steps"], "with 2 processes")
     diff = (ranks[0]["weights"][-1] - ranks[1]["weights"][-1]).abs().max().item()
     if diff > 1e-6:
         raise harness.ExerciseFailure(
@@ -114,4 +165,4 @@ def test_two_processes_exchange_once_and_match_a_large_batch():
             f"DDP exchanged the gradients {exchanges:g} times per step for {MICRO} "
             f"micro-batches: run the backward of all but the last micro-batch inside "
             f"`with model.no_sync():` so they are exchanged once")
-    compare(ranks[0]["weights"], ranks[0]["reference"], "with 2 processes")
+    compare(ranks[0]["weights"], len(ranks), "with 2 processes")

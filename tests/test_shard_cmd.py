@@ -104,3 +104,145 @@ def test_independent_count_itself():
     assert independent_count(90, 3, 24, False) == {"per_rank": 30, "padding": 0}
     assert independent_count(7, 3, 3, False) == {"per_rank": 3, "padding": 2}
     assert independent_count(100, 4, 40, True) == {"per_rank": 20, "padding": 0}
+
+
+# ---------------------------------------------------------------- too big to gather
+
+@pytest.mark.timeout(60)
+def test_a_huge_dataset_is_refused_in_one_line_with_the_arithmetic(tmp_path):
+    """Issue 12: --dataset-size 1000000000 used to grow past 6 GB in seconds. Now: one
+    line, at once, in bounded memory, with the answer arithmetic gives. A small parent
+    runs the command and reports its peak memory (its only child's)."""
+    import subprocess
+    import sys
+    import time
+
+    from conftest import subprocess_env
+
+    parent = ("import resource, subprocess, sys\n"
+              "done = subprocess.run([sys.executable, '-m', 'distkit', 'shard-check', '--dataset-size',"
+              " '1000000000', '--nproc-per-node', '2'], capture_output=True, text=True)\n"
+              "sys.stdout.write(done.stderr + f'PEAK_KB {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}"
+              " RC {done.returncode} OUT {len(done.stdout)}')\n")
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", parent], cwd=tmp_path, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=50)
+    took = time.monotonic() - start
+    *lines, tail = done.stdout.strip().splitlines()
+    peak_kb, rc, out_len = int(tail.split()[1]), int(tail.split()[3]), int(tail.split()[5])
+    assert rc == 1 and out_len == 0
+    assert len(lines) == 1 and lines[0].startswith("distkit: error: --dataset-size: 1000000000 samples")
+    assert "each of 2 ranks 500000000 samples (0 padding duplicate(s))" in lines[0]
+    assert "--dataset-size 999984 (same remainder modulo 16)" in lines[0]
+    # importing torch alone peaks near 0.7 GB here; the old behaviour passed 6 GB in seconds
+    assert took < 40 and peak_kb < 1_500_000, (took, peak_kb)
+
+
+def test_the_suggested_smaller_size_keeps_the_remainders():
+    from distkit.commands.shard_check import MAX_CHECKED_SAMPLES, check_size
+    from distkit.errors import DistkitError
+
+    check_size(MAX_CHECKED_SAMPLES, 3, 5, False, "--dataset-size")   # at the limit: checked
+    with pytest.raises(DistkitError) as e:
+        check_size(10**9 + 7, 3, 5, True, "--dataset-size")
+    smaller = int(str(e.value).split("--dataset-size ")[-1].split()[0])
+    assert smaller <= MAX_CHECKED_SAMPLES and smaller % 15 == (10**9 + 7) % 15
+    assert "333333336 samples (1 padding duplicate(s)), of which each sees 333333335" in str(e.value)
+
+
+# ---------------------------------------------------------------- a course's own data
+
+COURSE = '''
+import ignite.distributed as idist
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+data = TensorDataset(torch.arange(103.0), torch.zeros(103))
+
+
+def sharded_loader():        # built in each rank: auto_dataloader inserts a DistributedSampler
+    return idist.auto_dataloader(data, batch_size=10, shuffle=True, drop_last=True)
+
+
+def unsharded_loader():      # a classic bug: every rank reads all 103 samples
+    return DataLoader(data, batch_size=5, shuffle=True)
+
+
+def make_dataset():
+    return data
+
+
+def broken():
+    raise ValueError("no data here")
+'''
+
+
+@pytest.fixture
+def course(tmp_path):
+    (tmp_path / "course.py").write_text(COURSE)
+    return tmp_path
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_course_loader_and_dataset_by_import_path(run_cli, course):
+    # the loader as it is: its own batch (10 -> 5 per rank) and drop_last; no set_epoch
+    done = run_cli("shard-check", "--loader", "course:sharded_loader", "--nproc-per-node", 2,
+                   "--epochs", 2, "--json", timeout=150)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    report = out["report"]
+    assert report["sampler"] == "DistributedSampler" and report["set_epoch"] is False
+    assert [ep["per_rank"] for ep in report["epochs"]] == [[50, 50], [50, 50]]  # 52 -> 50 by drop_last
+    assert report["frozen_order"] and out["seen"][0] == out["seen"][1]
+    assert out["settings"]["per_rank_batch_size"] == 5
+
+    # ... the text says what the loop must do, and why the verdict is still OK
+    text = run_cli("shard-check", "--loader", str(course / "course.py") + ":sharded_loader",
+                   "--nproc-per-node", 2, cwd=course.parent, timeout=150)
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert "set_epoch=NOT called" in text.stdout and "must call loader.sampler.set_epoch(epoch)" in text.stdout
+    assert "ignite.distributed" not in text.stderr    # ignite's INFO lines stay quiet
+
+    # a loader without a DistributedSampler: every rank reads everything -> exit 1
+    bad = run_cli("shard-check", "--loader", "course:unsharded_loader", "--nproc-per-node", 2, timeout=150)
+    assert bad.returncode == 1, bad.stderr[-2000:]
+    assert "per rank [103, 103]" in bad.stdout and "shards overlap by 102 beyond the padding" in bad.stdout
+    assert "RandomSampler, not a DistributedSampler: every rank reads the whole dataset" in bad.stdout
+    assert "verdict: FAIL" in bad.stdout
+
+    # a dataset by path, loaded the way training loads it (set_epoch called)
+    ds = run_cli("shard-check", "--dataset", "course.py:make_dataset", "--nproc-per-node", 2,
+                 "--batch-size", 20, "--json", timeout=150)
+    assert ds.returncode == 0, ds.stderr[-2000:]
+    report = json.loads(ds.stdout.strip().splitlines()[-1])["report"]
+    assert report["set_epoch"] is True and not report["frozen_order"]
+    assert all(ep["per_rank"] == [52, 52] and ep["duplicates"] == 1 for ep in report["epochs"])
+
+
+@pytest.mark.parametrize("flag, spec, message", [
+    ("--loader", "course:broken", "--loader 'course:broken': calling broken() raised ValueError: no data here"),
+    ("--loader", "course:data", "is a TensorDataset: name a function with no arguments that builds the DataLoader"),
+    ("--loader", "course:make_dataset", "gave a TensorDataset, not a DataLoader"),
+    ("--dataset", "course:sharded_loader", "gave a DataLoader, not a map-style Dataset"),
+    ("--loader", "course:nope", "module 'course' has no attribute 'nope'"),
+    ("--loader", "course", "is not module:attr"),
+    ("--dataset", "no_such_module:data", "no module 'no_such_module' importable from"),
+    ("--dataset", "missing/file.py:data", "no such file"),
+])
+def test_a_wrong_import_path_is_one_line(course, monkeypatch, capsys, flag, spec, message):
+    monkeypatch.chdir(course)
+    monkeypatch.syspath_prepend(str(course))
+    code, out, err = in_process(["shard-check", flag, spec, "--nproc-per-node", "2"], capsys)
+    assert code == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("distkit: error:") and message in lines[0], lines
+
+
+def test_loader_options_do_not_mix(capsys):
+    code, out, err = in_process(["shard-check", "--loader", "x:y", "--nproc-per-node", "2",
+                                 "--drop-last"], capsys)
+    assert code == 1 and "--drop-last does not apply to --loader" in err and len(err.strip().splitlines()) == 1
+    code, _, err = in_process(["shard-check", "--loader", "x:y", "--dataset-size", "9",
+                               "--nproc-per-node", "2"], capsys)
+    assert code == 2 and "not allowed with argument" in err

@@ -215,12 +215,12 @@ def test_a_loader_is_checked_as_it_is():
     assert forgot["ok"] and forgot["frozen_order"]
     assert forgot["order_changes_between_epochs"] == [False, False]
     assert "set_epoch=NOT called" in format_report(forgot)
-    assert "verdict: FAIL (same order every epoch)" in format_report(forgot)
+    assert "WARNING: the sampler shuffles but every epoch replays the same order" in format_report(forgot)
 
     calls = shard_report(out["calls"])
     assert calls["ok"] and not calls["frozen_order"]
     assert calls["order_changes_between_epochs"] == [True, True]
-    assert "verdict: OK" in format_report(calls)
+    assert "verdict: OK" in format_report(calls) and "WARNING" not in format_report(calls)
 
     unsharded = shard_report(out["unsharded"])
     assert not unsharded["ok"] and unsharded["sampler"] == "RandomSampler"
@@ -277,8 +277,7 @@ def test_docstring_example_runs_as_a_script_under_spawn(tmp_path, module):
                           capture_output=True, text=True, timeout=200)
     assert done.returncode == 0, done.stderr[-3000:]
     if module == "distkit.sharding":
-        assert done.stdout.count("verdict: OK") == 1
-        assert "verdict: FAIL (same order every epoch)" in done.stdout
+        assert done.stdout.count("verdict: OK") == 2 and done.stdout.count("WARNING: the sampler") == 1
         assert "ignite.distributed" not in done.stderr   # ignite's INFO lines stay quiet
     else:
         assert "[(0, 2), (1, 2)]" in done.stdout

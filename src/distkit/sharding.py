@@ -112,11 +112,12 @@ def _loader_notes(d: dict, device_type: str) -> list[str]:
             notes.append(f"num_workers {nw} < {nproc} processes: left at {nw} per process, "
                          f"{d['workers_on_this_node']} in all")
     if d["sampler"] == "DistributedSampler":
-        notes.append(f"DistributedSampler inserted: rank {d['sampler_rank']} of "
+        notes.append(f"DistributedSampler: rank {d['sampler_rank']} of "
                      f"{d['sampler_num_replicas']}, shuffle={d['sampler_shuffle']}, "
                      f"{d['samples_per_rank']} samples per rank")
     notes.append(f"pin_memory={d['pin_memory']}" + (
-        "" if device_type == "cuda" else " (no CUDA device: auto_dataloader turns it on only with CUDA)"))
+        "" if device_type == "cuda" or b is None else
+        " (no CUDA device: auto_dataloader turns it on only with CUDA)"))
     return notes
 
 
@@ -124,8 +125,9 @@ def format_settings(settings: list[dict]) -> str:
     """A few lines per loader description, for printing."""
     lines = []
     for d in settings:
-        lines.append(f"auto_dataloader(batch_size={d['requested_batch_size']}, num_workers="
-                     f"{d['requested_num_workers']}) on {d['world_size']} ranks -> batch "
+        made = ("your DataLoader" if d["requested_batch_size"] is None else
+                 f"auto_dataloader(batch_size={d['requested_batch_size']}, num_workers={d['requested_num_workers']})")
+        lines.append(f"{made} on {d['world_size']} ranks -> batch "
                      f"{d['per_rank_batch_size']} per rank, {d['per_process_num_workers']} worker(s) "
                      f"per process, {d['sampler']}, {d['batches_per_rank']} batches per rank")
         lines.extend(f"    {n}" for n in d["notes"])
@@ -361,17 +363,20 @@ def format_report(report: dict) -> str:
     if changes:
         lines.append("order changes between epochs: " + ", ".join(
             f"{e + 1}->{e + 2} {'yes' if c else 'NO'}" for e, c in enumerate(changes)))
+    if report["sampler"] in ("RandomSampler", "SequentialSampler") and report["world_size"] > 1:
+        lines.append(f"the sampler is a {report['sampler']}, not a DistributedSampler: every rank reads "
+                     "the whole dataset; build the loader with idist.auto_dataloader (or give it a "
+                     "DistributedSampler)")
     if report.get("frozen_order"):
-        lines.append("the sampler shuffles but every epoch replays the same order: call "
-                     "loader.sampler.set_epoch(epoch) at the start of each epoch")
+        lines.append("WARNING: the sampler shuffles but every epoch replays the same order: the "
+                     "loop must call loader.sampler.set_epoch(epoch) at the start of each epoch")
     if report["disjoint"]:
         disjoint = "disjoint: yes"
     elif all(ep["overlap_beyond_padding"] == 0 for ep in report["epochs"]):
         disjoint = "disjoint apart from the padding duplicates"
     else:
         disjoint = "NOT disjoint: shards overlap beyond the padding"
-    verdict = "FAIL" if not report["ok"] else "FAIL (same order every epoch)" if report.get("frozen_order") else "OK"
-    lines.append(f"{disjoint}; verdict: {verdict}")
+    lines.append(f"{disjoint}; verdict: {'OK' if report['ok'] else 'FAIL'}")
     return "\n".join(lines)
 
 
@@ -387,9 +392,19 @@ def rank_zero_sampler(dataset, shuffle: bool = True) -> DistributedSampler:
 
 def check_shards(local_rank, dataset_size: int, batch_size: int, epochs: int = 2,
                  drop_last: bool = False, plant_overlap: bool = False, num_workers: int = 0):
-    """Worker of ``distkit shard-check``: an index dataset of ``dataset_size`` items, the
-    loader training would build, the gathered record (on every rank)."""
+    """Worker of ``distkit shard-check --dataset-size``: :func:`check_dataset` on a
+    dataset of ``dataset_size`` indices."""
     dataset = torch.utils.data.TensorDataset(torch.arange(dataset_size), torch.zeros(dataset_size))
+    return check_dataset(local_rank, dataset, batch_size, epochs, drop_last, plant_overlap, num_workers)
+
+
+def check_dataset(local_rank, dataset, batch_size: int, epochs: int = 2, drop_last: bool = False,
+                  plant_overlap: bool = False, num_workers: int = 0):
+    """Worker of ``distkit shard-check --dataset``: the loader training would build over
+    ``dataset`` (a map-style dataset, or a function with no arguments returning one),
+    checked with :func:`collect_indices`. Returns the record on rank 0, None elsewhere."""
+    if callable(dataset) and not isinstance(dataset, torch.utils.data.Dataset):
+        dataset = dataset()
     sampler = rank_zero_sampler(IndexedDataset(dataset)) if plant_overlap else None
     if sampler is not None:
         import warnings
@@ -401,3 +416,13 @@ def check_shards(local_rank, dataset_size: int, batch_size: int, epochs: int = 2
                                    shuffle=True, drop_last=drop_last)
     record["settings"] = describe_loader(loader, batch_size, num_workers)
     return record if idist.get_rank() == 0 else None  # the same on every rank: pickle it once
+
+
+def check_loader(local_rank, make_loader, epochs: int = 2):
+    """Worker of ``distkit shard-check --loader``: the ``DataLoader`` that
+    ``make_loader()`` returns in this rank, checked as it is with
+    :func:`collect_loader_indices` (nobody calls ``set_epoch``). Record on rank 0."""
+    loader = make_loader()
+    record = collect_loader_indices(loader, epochs=epochs)
+    record["settings"] = describe_loader(loader)
+    return record if idist.get_rank() == 0 else None

@@ -51,6 +51,26 @@ def latest_checkpoint(output_dir) -> str | None:
     return str(found[-1]) if found else None
 
 
+def latest_checkpoint_in(run_dir) -> str | None:
+    """The newest complete checkpoint of one run folder, or None."""
+    found = sorted(Path(run_dir).glob("checkpoints/*.pt"),
+                   key=lambda p: (p.stat().st_mtime_ns, checkpoint_iteration(p)))
+    return str(found[-1]) if found else None
+
+
+def remove_run_dir_if_empty(run_dir) -> bool:
+    """Remove a run folder that holds nothing of value: no complete checkpoint and no
+    results (an empty ``checkpoints/`` or the temporary file of an interrupted save do
+    not count). Failures after start-up then leave no empty folders behind."""
+    import shutil
+
+    path = Path(run_dir)
+    if not path.is_dir() or latest_checkpoint_in(path) or (path / "results.json").exists():
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return True
+
+
 def resolve_resume_from(config):
     """Turn ``resume_from="latest"`` into the newest checkpoint under ``output_dir`` (or
     None: start from scratch). Every rank resolves it before the process group forms, so

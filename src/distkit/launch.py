@@ -201,9 +201,6 @@ def preflight(config, spawning: bool, task=None):
                            "--backend gloo to start several")
     if config.master_addr is not None:
         check_address_resolves(config.master_addr)
-    from distkit.checkpoint import check_output_dir
-
-    check_output_dir(config.output_dir)
     check_synthetic_fits_in_memory(config, nproc if spawning else _local_world_size())
     if not spawning and "WORLD_SIZE" in os.environ:
         config.check_batch_fits(int(os.environ["WORLD_SIZE"]))
@@ -244,13 +241,14 @@ def run(config, task=None) -> dict | None:
             results = run(Config(nproc_per_node=2, epochs=1, progress_bar=False))
             print(results["final"]["val_accuracy"])
     """
-    from distkit.checkpoint import make_run_dir
+    from distkit.checkpoint import check_output_dir, make_run_dir
     from distkit.tasks import resolve_task
     from distkit.training import training
 
     task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
     spawning = config.nproc_per_node is not None or not launched_externally()
     config = preflight(config, spawning, task)
+    check_output_dir(config.output_dir)
     if not spawning:
         return _join(config, training, config, task)
     if config.backend == "none":
@@ -350,17 +348,75 @@ def _spawn(config, fn, *args) -> None:
     from distkit.tracking import set_ignite_verbosity
 
     set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())  # a notebook's other children stay
     try:
         with idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
                             nnodes=config.nnodes, node_rank=config.node_rank,
                             master_addr=config.master_addr, master_port=config.master_port,
                             **spawn_kwargs) as parallel:
             parallel.run(fn, *args)
+    except KeyboardInterrupt:
+        # SIGINT to this process only (Jupyter's "interrupt kernel", kill -INT): the
+        # workers are non-daemonic, so without this they train on to the last epoch while
+        # the interpreter's exit waits for them.
+        stopped = stop_workers(set(multiprocessing.active_children()) - before)
+        raise KeyboardInterrupt(interrupted_message(config, stopped)) from None
     except Exception as e:
         failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node)
         if failure is None:
             raise
         raise failure from None
+    finally:
+        _discard_if_empty(config.run_dir)
+
+
+def stop_workers(children, grace_s: float = 3.0) -> int:
+    """Stop these child processes (SIGTERM, then SIGKILL after ``grace_s``) and reap
+    them; a repeated Ctrl-C meanwhile is ignored, so the cleanup cannot be cut short.
+    Returns how many were running."""
+    import signal
+    import threading
+    import time
+
+    children = [c for c in children if c.is_alive()]
+    if not children:
+        return 0
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
+    try:
+        for child in children:
+            child.terminate()
+        deadline = time.monotonic() + grace_s
+        for child in children:
+            child.join(max(0.0, deadline - time.monotonic()))
+        for child in children:
+            if child.is_alive():
+                child.kill()
+                child.join(2.0)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+    return len(children)
+
+
+def interrupted_message(config, stopped: int) -> str:
+    """What an interrupt left behind, and how to go on from it."""
+    from distkit.checkpoint import latest_checkpoint_in
+
+    newest = latest_checkpoint_in(config.run_dir) if config.run_dir else None
+    kept = (f"resume from the last complete checkpoint with --resume-from {newest}"
+            if newest else "no checkpoint had been written yet, so nothing is left behind")
+    return f"stopped {stopped} worker process(es); {kept}"
+
+
+def _discard_if_empty(run_dir) -> None:
+    """A run that ended before writing anything of value leaves no folder behind."""
+    if run_dir:
+        from distkit.checkpoint import remove_run_dir_if_empty
+
+        remove_run_dir_if_empty(run_dir)
 
 
 def _threads(config) -> int:

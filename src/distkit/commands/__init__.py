@@ -84,7 +84,7 @@ def main(argv=None) -> None:
     except DistkitError as e:
         sys.stderr.write(f"distkit: error: {e}\n")
         sys.exit(1)
-    except KeyboardInterrupt:
-        sys.stderr.write("distkit: interrupted\n")
+    except KeyboardInterrupt as e:  # the launcher says what it stopped and what is left
+        sys.stderr.write(f"distkit: interrupted{f': {e}' if str(e) else ''}\n")
         sys.exit(130)
     sys.exit(code or 0)

@@ -1,0 +1,132 @@
+"""Interrupting the launcher alone stops the whole run.
+
+SIGINT reaches only the launcher when it is sent with ``kill -INT <pid>`` or by Jupyter's
+"interrupt kernel". torch spawns non-daemonic workers, so without the launcher stopping
+them they trained on to the last epoch while the launcher's exit waited for them. Both
+tests interrupt a 200-epoch run (minutes) after its first checkpoint and check: every
+worker gone within seconds, one line saying so, the named checkpoint complete."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import subprocess_env
+from distkit.checkpoint import checkpoint_iteration, load_checkpoint
+from distkit.lessons import failure
+
+STOP_DEADLINE_S = 20  # "within a few seconds", with room for a busy 2-core machine
+
+
+def children(pid: int) -> list[int]:
+    """The training processes under ``pid`` (not multiprocessing's resource tracker)."""
+    return list(failure.worker_pids(pid).values())
+
+
+def gone_within(pids, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not any(failure_alive(p) for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def failure_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie (exited, not yet reaped by a parent that is gone) is not running
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def check_resumable(path: str, runs) -> None:
+    ckpt = load_checkpoint(path)  # weights_only=True; raises on a half-written file
+    assert ckpt["trainer"]["iteration"] == checkpoint_iteration(path) > 0
+    assert not list(runs.glob("*/results.json")), "an interrupted run wrote final results"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_sigint_to_the_launcher_only_stops_every_worker(tmp_path):
+    runs = tmp_path / "runs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distkit", "train", "--nproc-per-node", "2", "--epochs", "200",
+         "--no-progress", "--output-dir", str(runs)],
+        cwd=tmp_path, env=subprocess_env(), text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    try:
+        failure.wait_for_checkpoint(runs, 1, timeout=120)
+        workers = children(proc.pid)
+        assert len(workers) == 2, workers
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)  # the launcher only, as Jupyter's interrupt does
+        out, err = proc.communicate(timeout=STOP_DEADLINE_S)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert took < STOP_DEADLINE_S
+    assert gone_within(workers, 1), "a worker outlived the launcher"
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert "Traceback" not in err
+    m = re.fullmatch(r"distkit: interrupted: stopped 2 worker process\(es\); resume from the last "
+                     r"complete checkpoint with --resume-from (\S+\.pt)", lines[-1])
+    assert m, err[-2000:]
+    check_resumable(m.group(1) if os.path.isabs(m.group(1)) else str(tmp_path / m.group(1)), runs)
+    # nothing trains on: no checkpoint appears after the interrupt
+    before = sorted(runs.glob("*/checkpoints/*.pt"))
+    time.sleep(2)
+    assert sorted(runs.glob("*/checkpoints/*.pt")) == before
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_jupyter_interrupt_kernel_stops_every_worker(tmp_path):
+    """A real IPython kernel runs ``run(Config(...))``; ``interrupt_kernel()`` sends the
+    kernel SIGINT, as the notebook's stop button does."""
+    jupyter_client = pytest.importorskip("jupyter_client")
+    runs = tmp_path / "runs"
+    km = jupyter_client.KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(tmp_path), env=subprocess_env())
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        msg_id = kc.execute(
+            "from distkit import Config, run\n"
+            f"run(Config(nproc_per_node=2, epochs=200, progress_bar=False, output_dir={str(runs)!r},"
+            " threads_per_process=1))\n")
+        failure.wait_for_checkpoint(runs, 1, timeout=150)
+        kernel_pid = km.provisioner.process.pid
+        workers = children(kernel_pid)
+        assert len(workers) == 2, workers
+        sent = time.monotonic()
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=STOP_DEADLINE_S)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=STOP_DEADLINE_S)
+        took = time.monotonic() - sent
+        content = reply["content"]
+        assert content["status"] == "error" and content["ename"] == "KeyboardInterrupt", content
+        assert took < STOP_DEADLINE_S
+        assert gone_within(workers, 2), "a worker outlived the interrupt"
+        m = re.search(r"--resume-from (\S+\.pt)", content["evalue"])
+        assert m and content["evalue"].startswith("stopped 2 worker process(es)"), content["evalue"]
+        check_resumable(m.group(1), runs)
+        # the kernel is still usable after the interrupt
+        answer = kc.execute_interactive("1 + 1", timeout=30)
+        assert answer["content"]["status"] == "ok"
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -2,6 +2,7 @@
 --help that does not import torch."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -75,3 +76,109 @@ def test_help_imports_no_torch():
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------------------
+# Logs: a progress bar only where someone watches; ignite's INFO lines with --verbose
+# Experiment tracking: --logger tensorboard / mlflow through ignite's own loggers
+# --------------------------------------------------------------------------------------
+
+TINY = ["--epochs", "2", "--dataset", "synthetic", "--dataset-size", "256", "--output-dir", "runs"]
+BAR = re.compile(r"\d+%\|")  # tqdm's "25%|██▌"
+
+
+def the_run(tmp_path):
+    (run,) = (tmp_path / "runs").iterdir()
+    return run, json.loads((run / "results.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_piped_run_logs_lines_not_a_bar_and_tensorboard_gets_every_metric(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = subprocess.run([sys.executable, "-m", "distkit", "train", "--nproc-per-node", "2", *TINY,
+                          "--logger", "tensorboard", "--profile"], cwd=tmp_path, capture_output=True,
+                         text=True, env=subprocess_env(), timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert not BAR.search(out.stdout + out.stderr) and "\r" not in out.stdout + out.stderr
+    assert " INFO: " not in out.stderr, out.stderr  # ignite's launcher / auto_* lines: --verbose only
+    assert [ln.split()[:2] for ln in out.stdout.splitlines() if ln.startswith("epoch ")] == \
+        [["epoch", "1"], ["epoch", "2"]]
+
+    run, res = the_run(tmp_path)
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    scalars = {tag: events.Scalars(tag) for tag in events.Tags()["scalars"]}
+    for key, tag in [("train_loss", "training/loss"), ("lr", "training/lr/group_0"),
+                     ("val_loss", "validation/loss"), ("val_accuracy", "validation/accuracy")]:
+        assert [s.step for s in scalars[tag]] == [h["epoch"] for h in res["history"]], tag
+        assert [s.value for s in scalars[tag]] == pytest.approx([h[key] for h in res["history"]], rel=1e-6), tag
+    compute = next(r for r in res["profile"]["rows"]
+                   if r["source"] == "HandlersTimeProfiler" and r["name"] == "compute (training step)")
+    (logged,) = scalars["profile/compute/compute_training_step"]
+    assert (logged.step, logged.value) == (2, pytest.approx(compute["mean_s"], rel=1e-6))
+
+
+def run_in_a_terminal(args, cwd, timeout):
+    """Run with stdout and stderr on a pseudo-terminal, as in an interactive shell."""
+    import fcntl
+    import os
+    import pty
+    import select
+    import struct
+    import termios
+
+    master, follower = pty.openpty()
+    # a real terminal has a size; tqdm draws a bar as wide as the terminal (0 columns: nothing)
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    proc = subprocess.Popen(args, cwd=cwd, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
+                            env=subprocess_env())
+    os.close(follower)
+    chunks = []
+    try:
+        while select.select([master], [], [], timeout)[0]:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+        os.close(master)
+    return proc.returncode, b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_in_a_terminal_the_bar_shows_and_verbose_lets_ignite_info_through(tmp_path):
+    code, text = run_in_a_terminal([sys.executable, "-m", "distkit", "train", "--backend", "none", *TINY,
+                                    "--verbose"], tmp_path, timeout=150)
+    assert code == 0, text[-3000:]
+    assert BAR.search(text), text[-3000:]
+    assert "ignite.distributed.auto.auto_dataloader INFO" in text
+    assert not re.search(r"^epoch +1 ", text, re.M)  # the bar replaces the per-epoch lines
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_mlflow_logger_records_the_epochs(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    out = subprocess.run([sys.executable, "-m", "distkit", "train", "--backend", "none", *TINY,
+                          "--logger", "mlflow"], cwd=tmp_path, capture_output=True, text=True,
+                         env=subprocess_env(), timeout=150)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run, res = the_run(tmp_path)
+    client = MlflowClient(tracking_uri=f"sqlite:///{run / 'mlflow.db'}")
+    (mlrun,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    # ignite's MLflowLogger joins tag and name with a space (TensorBoard: a slash)
+    for key, name in [("train_loss", "training loss"), ("lr", "training lr group_0"),
+                      ("val_accuracy", "validation accuracy")]:
+        history = sorted(client.get_metric_history(mlrun.info.run_id, name), key=lambda m: m.step)
+        assert [(m.step, m.value) for m in history] == \
+            [(h["epoch"], pytest.approx(h[key], rel=1e-9)) for h in res["history"]], name
+    assert mlrun.data.params["epochs"] == "2"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from distkit.config import BACKENDS, DATASETS, MODELS, Config
+from distkit.config import BACKENDS, DATASETS, LOGGERS, MODELS, Config
 
 DEFAULTS = Config()
 
@@ -61,7 +61,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profile", action="store_true",
                    help="profile handlers and data/compute time; summary in results.json")
     g.add_argument("--no-progress", dest="progress_bar", action="store_false",
-                   help="print one line per epoch instead of a progress bar")
+                   help="one line per epoch even in a terminal (the progress bar shows only when "
+                        "output goes to a terminal or a notebook; in logs, one line per epoch)")
+    g.add_argument("--verbose", action="store_true",
+                   help="also print ignite's INFO lines (launcher parameters, data loaders, model wrapping)")
+    g.add_argument("--logger", choices=LOGGERS, default=DEFAULTS.logger,
+                   help="experiment tracker on rank 0 (ignite's TensorboardLogger / MLflowLogger): "
+                        "loss, lr, validation metrics per epoch, the profile with --profile; "
+                        "pip install tensorboard / mlflow first")
     g.add_argument("--output-dir", default=DEFAULTS.output_dir,
                    help="each run writes to a fresh sub-folder of this")
     g.add_argument("--checkpoint-every", type=int, default=0,

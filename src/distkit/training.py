@@ -22,7 +22,7 @@ from ignite.handlers import Checkpoint, DiskSaver, EarlyStopping, PiecewiseLinea
 from ignite.metrics import Average
 from ignite.utils import manual_seed
 
-from distkit import profiling
+from distkit import profiling, tracking
 from distkit.checkpoint import (CHECKPOINT_PREFIX, load_checkpoint, make_run_dir, to_save,
                                 write_results)
 from distkit.data import get_dataflow
@@ -234,6 +234,7 @@ def training(local_rank: int, config, task: Task | None = None) -> dict | None:
 
 def _train(local_rank: int, config, task: Task) -> dict | None:
     rank, world_size = idist.get_rank(), idist.get_world_size()
+    show_bar = tracking.console(config)  # a bar only where someone watches; ignite's INFO lines if verbose
     torch.set_num_threads(config.threads_per_process or threads_per_process(idist.get_nproc_per_node()))
     config.check_batch_fits(world_size)
     run_dir = resolve_run_dir(config)
@@ -260,7 +261,7 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
             "epoch_time_s": engine.state.times["EPOCH_COMPLETED"],
             "lr": optimizer.param_groups[0]["lr"],
         })
-        if rank == 0 and not config.progress_bar:
+        if rank == 0 and not show_bar:
             h = history[-1]
             shown = "  ".join(f"{k[4:].replace('accuracy', 'acc')} {h[k]:.4f}" for k in h
                               if k.startswith("val_") and isinstance(h[k], float))
@@ -306,15 +307,17 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     if config.resume_from:
         Checkpoint.load_objects(objects, load_checkpoint(config.resume_from))
 
-    if rank == 0 and config.progress_bar:
+    if rank == 0 and show_bar:
         # rank 0's own batch loss: showing it needs no communication
         ProgressBar(persist=False).attach(trainer, output_transform=lambda out: {"loss": out["loss"]})
 
+    tracker = tracking.attach(config, trainer, evaluator, optimizer, run_dir)  # --logger, rank 0
     start = time.perf_counter()
     trainer.run(train_loader, max_epochs=config.epochs)
     wall = time.perf_counter() - start
 
     profile = profiling.summarize(profiler) if profiler is not None else None
+    tracker.close(profile)
     digests = {"initial": initial_digests, "final": replica_digests(model)}
     memory = peak_memory_per_rank()
     results = _report(rank, run_dir, config, task, history, trainer, (checkpoint, best), profile,
@@ -382,5 +385,3 @@ def _last_checkpoint_path(run_dir, checkpoint, folder="checkpoints"):
 
 def _best_path(run_dir, best):
     return _last_checkpoint_path(run_dir, best, folder="best")
-
-

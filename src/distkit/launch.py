@@ -351,6 +351,9 @@ def _spawn(config, fn, *args) -> None:
     import multiprocessing
 
     before = set(multiprocessing.active_children())  # a notebook's other children stay
+    from distkit.tracking import set_ignite_verbosity
+
+    set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
     try:
         with idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
                             nnodes=config.nnodes, node_rank=config.node_rank,

@@ -18,10 +18,15 @@ processes at once:
   micro-batches of class labels;
 - ``activation_shape``: the shape of one micro-batch's activations (for ``recv``).
 
+Rank 0 sends each micro-batch's activations as its own tensor, and sends those of the
+next micro-batch before it waits for the gradient of the previous one (here: all the
+forwards, then all the backwards, as GPipe does), so that the two stages work at the same
+time. Sends and receives pair up in the same order on both sides.
+
 Afterwards each stage's parameters must hold in ``.grad`` exactly the gradients that one
 process would compute for the whole model on the whole batch, with the loss
 ``cross_entropy`` averaged over all samples (every micro-batch has the same size). Return
-that loss (a float) on rank 1 and None on rank 0. Do not step an optimizer.
+that loss (a Python float) on rank 1 and None on rank 0. Do not step an optimizer.
 
 Tools: ``torch.distributed.send(tensor, dst)`` / ``recv(tensor, src)`` (point to point;
 ``idist`` has no wrapper for them), ``tensor.detach()``, ``requires_grad_()``,

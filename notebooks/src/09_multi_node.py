@@ -13,7 +13,8 @@
 # 4. lets `torchrun --max-restarts` restart the job, which resumes from the newest
 #    checkpoint and ends, parameter for parameter, where the uninterrupted run ended.
 #
-# Hardware: any CPU (Linux: killing a rank reads `/proc`). About a minute on 2 cores.
+# Hardware: any CPU (Linux: killing a rank reads `/proc`). Every run writes into a fresh
+# temporary folder, so running the notebook again starts from nothing.
 # Launch templates for real clusters: `scripts/` (torchrun on 1 or N nodes, SLURM, Colab).
 
 # %%
@@ -21,6 +22,7 @@ import json
 import logging
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,7 +38,8 @@ logging.disable(logging.INFO)  # ignite's launcher INFO lines; the logs below ke
 # One thread per process in every run: the same arithmetic in every layout (a different
 # thread count sums in a different order, and changes the last bits of the weights).
 TRAIN = ["--epochs", "2", "--no-progress", "--checkpoint-every", "5", "--threads-per-process", "1"]
-print(f"torch {torch.__version__}; every run below: distkit train {' '.join(TRAIN)}")
+workdir = Path(tempfile.mkdtemp(prefix="distkit-09-"))  # fresh per run: no earlier run's checkpoints
+print(f"torch {torch.__version__}; every run below: distkit train {' '.join(TRAIN)}; files in {workdir}")
 print("(digits: 23 iterations per epoch; a checkpoint every 5 and at each epoch's end)")
 
 # %% [markdown]
@@ -98,7 +101,7 @@ for procid in range(4):
 
 # %%
 port = free_port()
-out_dir = Path("runs/torchrun-2nodes")
+out_dir = workdir / "torchrun-2nodes"
 cmds = [multinode.torchrun_node(r, 2, port, ["train", *TRAIN, "--output-dir", out_dir]) for r in (0, 1)]
 print("$", " ".join(["torchrun", *cmds[0][3:]]))
 nodes = multinode.run_nodes(cmds, timeout=180)
@@ -126,7 +129,7 @@ def same_weights(a, b):
 
 # %%
 port = free_port()
-parallel_dir = Path("runs/parallel-2nodes")
+parallel_dir = workdir / "parallel-2nodes"
 
 
 def node(node_rank):
@@ -151,9 +154,9 @@ print(f"idist.Parallel: {res_p['world_size']} processes on {res_p['nnodes']} nod
 
 # %%
 proc = subprocess.Popen([sys.executable, "-m", "distkit", "train", "--nproc-per-node", "2", *TRAIN,
-                         "--output-dir", "runs/killed"], env=multinode.clean_env(), text=True,
+                         "--output-dir", str(workdir / "killed")], env=multinode.clean_env(), text=True,
                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-ckpt = failure.wait_for_checkpoint("runs/killed", 10, timeout=120)
+ckpt = failure.wait_for_checkpoint(str(workdir / "killed"), 10, timeout=120)
 killed_at = time.monotonic()
 pid = failure.kill_rank(proc.pid, 1)
 out, _ = proc.communicate(timeout=60)
@@ -177,13 +180,13 @@ assert proc.returncode != 0 and took < 30 and "rank 1" in last and "SIGKILL" in 
 # %%
 cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
        "--max-restarts=1", "-m", "distkit", "train", *TRAIN, "--resume-from", "latest",
-       "--output-dir", "runs/restarted"]
+       "--output-dir", str(workdir / "restarted")]
 print("$ TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun", " ".join(cmd[3:]))
 proc = subprocess.Popen(cmd, env=multinode.clean_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1),
                         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-failure.wait_for_checkpoint("runs/restarted", 10, timeout=120)
+failure.wait_for_checkpoint(str(workdir / "restarted"), 10, timeout=120)
 failure.kill_rank(proc.pid, 1)
-newest_at_kill = latest_checkpoint("runs/restarted")
+newest_at_kill = latest_checkpoint(str(workdir / "restarted"))
 out, _ = proc.communicate(timeout=240)
 keys = ("failed (exitcode", "--resume-from latest", "final validation", "results, checkpoints")
 print("\n".join(ln.split("] ")[-1] for ln in out.splitlines() if any(k in ln for k in keys)))
@@ -191,7 +194,7 @@ assert proc.returncode == 0
 
 # %%
 resumed_from = [ln for ln in out.splitlines() if "resuming from" in ln][-1].split("resuming from ")[-1]
-final = load_checkpoint(latest_checkpoint("runs/restarted"))
+final = load_checkpoint(latest_checkpoint(str(workdir / "restarted")))
 print(f"killed after {Path(newest_at_kill).name}; the restart resumed from {Path(resumed_from).name}, "
       "so it lost at most the 5 iterations after it")
 assert checkpoint_iteration(resumed_from) >= checkpoint_iteration(newest_at_kill)
@@ -215,8 +218,8 @@ print(f"interrupted + restarted == uninterrupted: all {len(final['model'])} para
 from ignite.handlers import DiskSaver
 
 state = {"model": {"w": torch.randn(25_000_000)}}  # 100 MB of float32
-saver = DiskSaver("runs/atomic", atomic=True, require_empty=False)
-caught = failure.kill_during_save(lambda i: saver(state, f"training_checkpoint_{i}.pt"), "runs/atomic")
+saver = DiskSaver(str(workdir / "atomic"), atomic=True, require_empty=False)
+caught = failure.kill_during_save(lambda i: saver(state, f"training_checkpoint_{i}.pt"), str(workdir / "atomic"))
 print(f"killed while {Path(caught['partial']).name} held {caught['partial_bytes'] / 1e6:.0f} MB")
 try:
     torch.load(caught["partial"], weights_only=True)

@@ -54,7 +54,7 @@ def describe_process(label: str = "") -> str:
 
 def show_env(local_rank: int, label: str = "") -> None:
     """Print :func:`describe_process`; a function for ``idist.Parallel.run``."""
-    print(describe_process(label), flush=True)
+    print(describe_process(label) + "\n", end="", flush=True)  # one write: lines of two processes never interleave
 
 
 def slurm_env(procid: int, ntasks: int, localid: int | None = None, nnodes: int = 1,

@@ -313,9 +313,8 @@ assert all(r["replicas_identical"] for r in runs.values())
 #   the difference printed above is checked to be at most 0.01.
 # - **Time per epoch**: the ratio printed above, measured on this runtime (medians over
 #   the epochs). Each process does 1/N of the work of an epoch, but every step also
-#   waits for the gradient all-reduce, and with a model this small that communication
-#   is a large share of a step (notebook 08 measures it). A busy machine also blurs CPU
-#   timings: other programs take cores.
+#   waits for the gradient all-reduce (notebook 08 measures its share of a step). A
+#   busy machine also blurs CPU timings: other programs take cores.
 # - **`replicas identical`**: every run hashed each replica's weights at the start and at
 #   the end (`results.json`); all equal means the replicas never drifted apart.
 #

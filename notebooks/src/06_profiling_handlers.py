@@ -256,7 +256,7 @@ plots.data_vs_compute([slow["profile"], fast["profile"]], ["num_workers=0", "8 w
 
 # %% [markdown]
 # Data wait shrank (the numbers printed above): the workers load the next batches while
-# the model trains on the current one. What is left of the wait is mostly the first
+# the model trains on the current one. What is left of the wait includes the first
 # batches of each epoch, requested before the workers have anything ready. Compute may
 # grow a little, because the workers share the same cores with training to collate and
 # hand over their batches.

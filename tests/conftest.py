@@ -19,6 +19,21 @@ def subprocess_env(**extra) -> dict:
     return env
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need an NVIDIA GPU: without one they are skipped, and say why."""
+    gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu_tests:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no NVIDIA GPU here (torch.cuda.is_available() is False): "
+                                   "run pytest -m gpu or scripts/gpu_check.sh on a machine with one")
+    for item in gpu_tests:
+        item.add_marker(skip)
+
+
 @pytest.fixture
 def run_cli(tmp_path):
     """Run ``python -m distkit ARGS`` in tmp_path; returns the CompletedProcess."""

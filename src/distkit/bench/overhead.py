@@ -7,7 +7,8 @@ import statistics
 import ignite.distributed as idist
 from torch.utils.data import DataLoader
 
-from distkit.bench.method import TARGETS, Settings, compare, interleaved, summarize, timed, torch_threads
+from distkit.bench.method import (TARGETS, Settings, compare, interleaved, paired_extra_us, summarize,
+                                  timed, torch_threads)
 from distkit.bench.sides import KitRun, bench_config, handwritten_epochs, handwritten_setup, linear_decay
 from distkit.data import get_dataflow
 from distkit.launch import threads_per_process
@@ -69,8 +70,10 @@ def measure_overhead(settings: Settings, threads: int | None = None) -> dict:
         "per_step_us": {
             "model": "mlp, batch 8", "steps_per_run": settings.overhead_probe_steps,
             "cpu_us_per_step": us,
-            "kit_extra_cpu_us_per_step": {name: t - us["hand-written"] for name, t in us.items()
-                                          if name != "hand-written"},
+            "cpu_us_per_step_rounds": {name: [1e6 * small.batch_size / r for r in rates]
+                                       for name, rates in small_cpu.items()},
+            # median over rounds of (kit - hand-written) in the same round
+            "kit_extra_cpu_us_per_step": paired_extra_us(small_cpu, small.batch_size),
             "hand_written_step_ms_of_the_real_model": 1000 * config.batch_size / statistics.median(hand),
         },
     }

@@ -16,8 +16,8 @@ import torch.nn as nn
 from ignite.utils import manual_seed
 from torch.utils.data import DataLoader
 
-from distkit.bench.method import (TARGETS, Settings, compare, interleaved, summarize, timed,
-                                  torch_threads)
+from distkit.bench.method import (TARGETS, Settings, compare, interleaved, paired_extra_us, summarize,
+                                  timed, torch_threads)
 from distkit.bench.sides import KitRun, bench_config, handwritten_epochs, handwritten_setup, linear_decay
 from distkit.config import Config
 from distkit.data import get_dataflow, synthetic_dataset
@@ -292,7 +292,10 @@ def measure_processes(settings: Settings, tasks=("ddp", "scaling")) -> dict:
         out["ddp"]["per_step_us"] = {
             "model": "mlp, batch 8 per process", "steps_per_run": settings.overhead_probe_steps,
             "cpu_us_per_step_per_process": us,
-            "kit_extra_cpu_us_per_step_per_process": us["kit"] - us["hand-written"],
+            "cpu_us_per_step_per_process_rounds": {
+                k: [1e6 * 8 / r for r in cpu[f"ddp-probe/{k}"]] for k in ("kit", "hand-written")},
+            "kit_extra_cpu_us_per_step_per_process": paired_extra_us(
+                {k: cpu[f"ddp-probe/{k}"] for k in ("kit", "hand-written")}, 8)["kit"],
             "hand_written_step_ms_of_the_real_model": step_ms,
         }
     if "scaling" in tasks:

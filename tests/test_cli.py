@@ -182,3 +182,48 @@ def test_mlflow_logger_records_the_epochs(tmp_path):
         assert [(m.step, m.value) for m in history] == \
             [(h["epoch"], pytest.approx(h[key], rel=1e-9)) for h in res["history"]], name
     assert mlrun.data.params["epochs"] == "2"
+
+
+# --------------------------------------------------------------------------------------
+# distkit doctor
+# --------------------------------------------------------------------------------------
+
+def doctor_json(**env):
+    base = {k: v for k, v in subprocess_env().items()  # this test process's own launch, if any
+            if k != "PYTORCH_NVML_BASED_CUDA_CHECK" and not k.startswith("SLURM_")
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "OMP_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-m", "distkit", "doctor", "--json"], capture_output=True,
+                         text=True, timeout=90, env={**base, **env})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_doctor_reports_versions_hardware_launcher_variables_and_repairs():
+    import platform
+
+    import torch
+
+    launch = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.1.2.3",
+              "SLURM_NTASKS": "4", "SLURM_JOB_ID": "991", "OMP_NUM_THREADS": "2"}
+    info = doctor_json(**launch)
+    assert info["distkit"] == __version__
+    assert info["os"] == platform.platform()
+    assert 0 < info["ram_gib"]["available"] <= info["ram_gib"]["total"]
+    assert info["torch_build"]["cuda"] == torch.version.cuda
+    nccl = torch.cuda.nccl.version() if torch.cuda.is_available() or torch.version.cuda else None
+    assert info["torch_build"]["nccl"] == (".".join(map(str, nccl)) if nccl else None)
+    # every launcher variable set, and nothing else from the environment
+    assert {k: v for k, v in info["environment"].items() if k in launch} == launch
+    assert set(info["environment"]) - set(launch) <= {"CUDA_VISIBLE_DEVICES", "PJRT_DEVICE", "MASTER_PORT",
+                                                      "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
+                                                      "TORCHELASTIC_RUN_ID"} | {
+        k for k in info["environment"] if k.startswith("SLURM_")}
+    # import distkit sets PYTORCH_NVML_BASED_CUDA_CHECK when the user has not (compat.py)
+    assert "fork_safe_cuda_check" in info["compat_applied"]
+    assert "fork_safe_cuda_check" not in doctor_json(PYTORCH_NVML_BASED_CUDA_CHECK="0")["compat_applied"]
+    if torch.cuda.is_available():
+        assert [g["name"] for g in info["gpus"]] == [torch.cuda.get_device_name(i)
+                                                      for i in range(torch.cuda.device_count())]
+        assert all(g["memory_gib"] > 0 for g in info["gpus"])
+    else:  # nccl may be built into torch, but without a GPU it is not usable
+        assert info["gpus"] == [] and "nccl" not in info["backends"] and "gloo" in info["backends"]

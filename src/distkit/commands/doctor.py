@@ -4,27 +4,84 @@ from __future__ import annotations
 import os
 import platform
 
+# Variables a launcher sets (torchrun, idist.Parallel, SLURM's srun, torch-xla) or that
+# change how processes start; doctor shows those set, so a learner sees what a run will join.
+LAUNCHER_VARIABLES = ("OMP_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                      "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                      "CUDA_VISIBLE_DEVICES", "PJRT_DEVICE")
+
+
+def launcher_environment(environ=os.environ) -> dict:
+    """The launcher variables set here, and every ``SLURM_*`` one."""
+    names = [n for n in LAUNCHER_VARIABLES if n in environ]
+    names += sorted(n for n in environ if n.startswith("SLURM_"))
+    return {n: environ[n] for n in names}
+
+
+def memory_gib() -> dict:
+    """Total and available RAM (Linux: /proc/meminfo; elsewhere the total from sysconf)."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = {line.split(":")[0]: int(line.split()[1]) for line in f if line.split()[1:]}
+        return {"total": round(kib["MemTotal"] / 2**20, 1), "available": round(kib["MemAvailable"] / 2**20, 1)}
+    except (OSError, KeyError, ValueError):
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return {"total": round(total / 2**30, 1), "available": None}
+
+
+def torch_build(torch) -> dict:
+    """The CUDA, cuDNN and NCCL versions this torch was built with (None: not in this build)."""
+    build = {"cuda": torch.version.cuda, "cudnn": None, "nccl": None}
+    try:
+        v = torch.backends.cudnn.version()  # 92600 is 9.26.0; before cuDNN 9, 8907 was 8.9.7
+        if v:
+            major, rest = (v // 10000, v % 10000) if v >= 90000 else (v // 1000, v % 1000)
+            build["cudnn"] = f"{major}.{rest // 100}.{rest % 100}"
+    except Exception:  # a CPU build, or the library does not load
+        pass
+    try:
+        build["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+    except Exception:
+        pass
+    return build
+
 
 def report() -> dict:
     import ignite
     import ignite.distributed as idist
     import torch
 
+    import distkit
+    from distkit.compat import APPLIED
     from distkit.launch import default_nproc, resolve_backend, tpu_available
     from distkit.launch import threads_per_process
 
+    gpus = [{"name": torch.cuda.get_device_name(i),
+             "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+            for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    tpu = tpu_available()
+    built = list(idist.available_backends())
+    # Built into torch is not usable here: nccl needs a visible GPU, xla-tpu a TPU.
+    usable = [b for b in built if (b != "nccl" or gpus) and (b != "xla-tpu" or tpu)]
     info = {
+        "distkit": distkit.__version__,
         "python": platform.python_version(),
+        "os": platform.platform(),
+        "ram_gib": memory_gib(),
         "torch": torch.__version__,
+        "torch_build": torch_build(torch),
         "ignite": ignite.__version__,
         "cores": threads_per_process(1),
         "cuda_available": torch.cuda.is_available(),
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
-        "tpu": tpu_available(),
-        "backends": list(idist.available_backends()),
+        "gpus": gpus,
+        "tpu": tpu,
+        "backends": usable,
+        "backends_built": built,
         "colab": "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ,
         "launched_by": ("torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else
                         "slurm" if "SLURM_JOB_ID" in os.environ else None),
+        "environment": launcher_environment(),
+        "compat_applied": list(APPLIED),
     }
     try:
         import torchvision
@@ -77,9 +134,19 @@ def main(args) -> int:
     width = max(len(k) for k in info)
     for key, value in info.items():
         if key != "recommended":
-            print(f"{key:<{width}}  {value}")
+            print(f"{key:<{width}}  {_shown(value)}")
     rec = info["recommended"]
     print(f"\nrecommended: {rec['command']}  ({rec['threads_per_process']} thread(s) per process)")
     for tip in advice(info):
         print(f"- {tip}")
     return 0
+
+
+def _shown(value) -> str:
+    """A value on one line, for people: dicts as k=v, GPUs as 'name (N GiB)'."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    if isinstance(value, list):
+        return ", ".join(f"{v['name']} ({v['memory_gib']} GiB)" if isinstance(v, dict) else str(v)
+                         for v in value) or "none"
+    return str(value)

@@ -293,3 +293,12 @@ def test_quiet_ignite_logs_restores_levels():
         assert all(logging.getLogger(n).getEffectiveLevel() == logging.WARNING for n in IGNITE_LOGGERS)
     assert {n: logging.getLogger(n).level for n in IGNITE_LOGGERS} == \
         {n: (lv if n in before and lv else logging.INFO) for n, lv in before.items()}
+
+
+def test_runner_doctests_pass():
+    import doctest
+
+    import distkit.runner
+
+    result = doctest.testmod(distkit.runner)
+    assert result.attempted >= 4 and result.failed == 0

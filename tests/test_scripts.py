@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from conftest import REPO_ROOT, subprocess_env
-from distkit.launch import free_port
+from distkit.launch import free_port, threads_per_process
 from distkit.lessons.multinode import clean_env, slurm_env
 
 SCRIPTS = REPO_ROOT / "scripts"
@@ -79,8 +79,11 @@ def test_what_ignite_reads_from_slurm():
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_torchrun_nnodes_script_on_two_loopback_nodes(tmp_path):
+    """Two "nodes" on this machine: besides training in sync, the two launches (one
+    process each, so torchrun sets no OMP_NUM_THREADS) share the cores between them."""
     env = subprocess_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port(), JOB_ID="loopback",
                          OUTPUT_DIR=tmp_path / "runs", PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
+    env.pop("OMP_NUM_THREADS")  # as in a learner's shell: the thread count is distkit's doing
     nodes = [subprocess.Popen(["bash", str(SCRIPTS / "torchrun_nnodes.sh"), *TINY], cwd=tmp_path, env=env,
                               text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
     try:
@@ -94,6 +97,10 @@ def test_torchrun_nnodes_script_on_two_loopback_nodes(tmp_path):
     res = json.loads(results.read_text())
     assert (res["world_size"], res["nnodes"]) == (2, 2)
     assert res["replicas_identical"]
+    # 2 ranks on this host: cores / 2 each (1 on the 2-core CI machine), not cores / 1 per
+    # launch, which gave 2 processes x all the cores (issue 13: 16x slower per epoch)
+    assert res["threads_per_process"] == threads_per_process(2)
+    assert threads_per_process(2) < threads_per_process(1) or threads_per_process(1) == 1
 
 
 FAKE_SRUN = textwrap.dedent('''\

@@ -94,6 +94,20 @@ def threads_per_process(local_world_size: int) -> int:
     return max(1, cores // max(1, local_world_size))
 
 
+def ranks_on_this_host() -> int:
+    """The ranks of this run that share this machine's cores, counted by hostname (one
+    ``all_gather`` at start-up; call on every rank). Not torchrun's LOCAL_WORLD_SIZE: two
+    launches on one machine (two "nodes" on 127.0.0.1) each count only their own ranks,
+    and with that count share the cores twice over."""
+    if idist.get_world_size() == 1:
+        return 1
+    if idist.backend() == "xla-tpu":  # TPU hosts: one launch per host; skip a string collective on XLA
+        return idist.get_nproc_per_node()
+    me = socket.gethostname()
+    names = idist.all_gather(me)
+    return sum(name == me for name in (names if isinstance(names, list) else [names]))
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago (bind to port 0, read it back)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -314,7 +328,7 @@ def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None
 
 def _pinned(local_rank, fn, threads, *args):
     """``fn`` in this process, with this process's share of the cores."""
-    torch.set_num_threads(threads or threads_per_process(idist.get_nproc_per_node()))
+    torch.set_num_threads(threads or threads_per_process(ranks_on_this_host()))
     return fn(local_rank, *args)
 
 

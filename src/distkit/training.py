@@ -25,7 +25,7 @@ from distkit import profiling, tracking
 from distkit.checkpoint import (CHECKPOINT_PREFIX, load_checkpoint, make_run_dir, to_save,
                                 write_results)
 from distkit.data import get_dataflow
-from distkit.launch import threads_per_process
+from distkit.launch import ranks_on_this_host, threads_per_process
 from distkit.strategies import (checkpoint_objects, full_state_dict_everywhere,
                                  peak_memory_per_rank, prepare_model)
 from distkit.tasks import Task, resolve_task
@@ -260,7 +260,7 @@ def training(local_rank: int, config, task: Task | None = None) -> dict | None:
 def _train(local_rank: int, config, task: Task) -> dict | None:
     rank, world_size = idist.get_rank(), idist.get_world_size()
     show_bar = tracking.console(config)  # a bar only where someone watches; ignite's INFO lines if verbose
-    torch.set_num_threads(config.threads_per_process or threads_per_process(idist.get_nproc_per_node()))
+    torch.set_num_threads(config.threads_per_process or threads_per_process(ranks_on_this_host()))
     config.check_batch_fits(world_size)
     run_dir = resolve_run_dir(config)
 

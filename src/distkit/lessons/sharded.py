@@ -17,6 +17,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 FP32 = 4  # bytes per float32 value
+COLLECTIVES = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "send", "recv",
+               "alltoall", "all_to_all", "reduce", "gather", "scatter"}
 
 
 def _local(t):
@@ -44,9 +46,9 @@ def _kind(name: str) -> str | None:
     op = op.strip("_").replace("_base", "").replace("_into_tensor", "").replace("_tensor", "")
     aliases = {"allgather": "all_gather", "allreduce": "all_reduce", "reduce_scatter": "reduce_scatter",
                "recv_any_source": "recv", "broadcast": "broadcast"}
-    if op in ("wait_tensor", "barrier", "monitored_barrier"):
-        return None
-    return aliases.get(op, op)
+    op = aliases.get(op, op)
+    # Only data movement: waits, barriers and autograd wrappers around a counted op are not.
+    return op if op in COLLECTIVES else None
 
 
 class CommCounter(TorchDispatchMode):

@@ -291,8 +291,31 @@ def test_quiet_ignite_logs_restores_levels():
     before = {n: logging.getLogger(n).level for n in IGNITE_LOGGERS}
     with quiet_ignite_logs():
         assert all(logging.getLogger(n).getEffectiveLevel() == logging.WARNING for n in IGNITE_LOGGERS)
-    assert {n: logging.getLogger(n).level for n in IGNITE_LOGGERS} == \
-        {n: (lv if n in before and lv else logging.INFO) for n, lv in before.items()}
+    assert {n: logging.getLogger(n).level for n in IGNITE_LOGGERS} == before
+
+
+QUIET_THEN_LOUD = """
+import torch, ignite.distributed as idist
+from distkit.runner import quiet_ignite_logs
+data = torch.utils.data.TensorDataset(torch.arange(8.0))
+with quiet_ignite_logs():
+    idist.auto_dataloader(data, batch_size=4)   # hidden
+print("RESTORED", flush=True)
+idist.auto_dataloader(data, batch_size=4)       # ignite's INFO line again, as without distkit
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ignite_logs_again_after_the_block():
+    import subprocess
+    import sys
+
+    from conftest import subprocess_env
+
+    done = subprocess.run([sys.executable, "-c", QUIET_THEN_LOUD], env=subprocess_env(),
+                          capture_output=True, text=True, timeout=100)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("auto_dataloader INFO: Use data loader kwargs") == 1, done.stderr
 
 
 def test_runner_doctests_pass():

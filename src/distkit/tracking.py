@@ -32,15 +32,6 @@ from distkit.errors import DistkitError
 # logger -> the package that must be importable (and the distkit extra that installs it)
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
 
-# The loggers ignite creates with setup_logger at level INFO (ignite 0.5.5): created here
-# first, ignite's later setup_logger(name) keeps them as they are.
-IGNITE_INFO_LOGGERS = (
-    "ignite.distributed.launcher.Parallel",
-    "ignite.distributed.auto.auto_dataloader",
-    "ignite.distributed.auto.auto_model",
-)
-
-
 def check_installed(logger: str) -> None:
     """One line, before any process starts, if the tracker's package is missing."""
     package = PACKAGES.get(logger)
@@ -73,11 +64,9 @@ def _isatty(stream) -> bool:
 def set_ignite_verbosity(verbose: bool) -> None:
     """ignite's launcher and ``auto_*`` INFO lines through (``verbose``) or not; warnings
     always. Call in every process that may log them (the launcher, and each rank)."""
-    from ignite.utils import setup_logger
+    from distkit.runner import quiet_ignite_logs  # the kit's one switch for those loggers
 
-    level = logging.INFO if verbose else logging.WARNING
-    for name in IGNITE_INFO_LOGGERS:
-        setup_logger(name, level=level, distributed_rank=0, reset=True)
+    quiet_ignite_logs(logging.INFO if verbose else logging.WARNING)  # for the rest of this process
 
 
 def console(config) -> bool:

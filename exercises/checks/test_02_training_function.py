@@ -122,6 +122,10 @@ def test_training_shards_data_and_keeps_replicas_equal():
                 f"rank {rank} never called idist.auto_optim: wrap the optimizer with it. On "
                 f"CPUs and GPUs it returns the optimizer unchanged, but on TPUs and with Horovod "
                 f"it makes the step distributed, and the same training function must run there")
+        if r["auto_optim"][0] != "SGD":
+            raise harness.ExerciseFailure(
+                f"rank {rank} built a {r['auto_optim'][0]} optimizer: the task asks for "
+                f"torch.optim.SGD(model.parameters(), lr=config['lr'])")
     r = ranks[0]
     if not r["final_loss"] < 0.8 * r["initial_loss"]:
         raise harness.ExerciseFailure(

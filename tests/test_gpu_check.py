@@ -33,7 +33,7 @@ def gpu_present() -> bool:
 
 def run_script(*args, env=None, timeout=60):
     return subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=subprocess_env(PYTHON=sys.executable, **(env or {})))
+                          timeout=timeout, env=subprocess_env(**{"PYTHON": sys.executable, **(env or {})}))
 
 
 @pytest.mark.timeout(30)

@@ -4,7 +4,8 @@
 Notebooks are written as plain Python files with cell markers, so they diff and review
 like code; this script turns each into a clean .ipynb (no outputs) and prepends the two
 cells every notebook needs: the Open-in-Colab badge and the install cell. Both are
-generated from REPO below, never hand-copied.
+generated from the repository named in pyproject.toml ([project.urls] Repository), the
+one place that names it; never hand-copied.
 
     python scripts/build_notebooks.py          # rebuild every notebook
     python scripts/build_notebooks.py --check  # exit 1 if a notebook is out of date
@@ -16,22 +17,43 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
-REPO = "distkit/distkit"  # the one place that names the repository (GitHub owner/name)
-BRANCH = "main"
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "notebooks" / "src"
 OUT = ROOT / "notebooks"
+BRANCH = "main"
 
-INSTALL_CELL = f'''# Installs what Colab lacks: pytorch-ignite and distkit (torch is preinstalled there).
-# Locally, where distkit is already installed, this cell does nothing.
-import importlib.util, subprocess, sys
-REPO_URL = "https://github.com/{REPO}"
-PIP_INSTALL = [sys.executable, "-m", "pip", "install", "-q", f"git+{{REPO_URL}}@{BRANCH}"]  # pip install git+REPO_URL
+
+def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
+    """``Repository`` under ``[project.urls]`` in pyproject.toml (read as text: tomllib is
+    Python 3.11+, and the kit supports 3.10)."""
+    text = pyproject.read_text()
+    urls = re.search(r"^\[project\.urls\]\s*$(.*?)(?=^\[|\Z)", text, re.M | re.S)
+    found = urls and re.search(r'^Repository\s*=\s*"(https://github\.com/[^/"]+/[^/"]+?)/?"', urls.group(1), re.M)
+    if not found:
+        raise SystemExit(f"{pyproject}: no Repository = \"https://github.com/OWNER/NAME\" under [project.urls]")
+    return found.group(1)
+
+
+REPO_URL = repository_url()
+REPO = REPO_URL.removeprefix("https://github.com/")  # owner/name, for the Colab badge
+
+INSTALL_CELL = f'''# Installs distkit and what the runtime lacks (on Colab: pytorch-ignite). The runtime's own
+# torch and torchvision are pinned, so pip can neither replace nor upgrade them, and the
+# Jupyter stack is not a dependency. Locally, where distkit is installed, it does nothing.
+import importlib, importlib.metadata, importlib.util, os, subprocess, sys, tempfile
+REPO_URL = "{REPO_URL}"
+# DISTKIT_INSTALL_SPEC: install from a local checkout or a wheel instead (how CI tests this cell)
+SPEC = os.environ.get("DISTKIT_INSTALL_SPEC") or f"git+{{REPO_URL}}@{BRANCH}"
 if importlib.util.find_spec("distkit") is None:
-    subprocess.run(PIP_INSTALL, check=True)'''
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as keep:
+        keep.write("\\n".join(f"{{p}}=={{importlib.metadata.version(p)}}" for p in ("torch", "torchvision")
+                              if importlib.util.find_spec(p)))
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", SPEC, "-c", keep.name], check=True)
+    importlib.invalidate_caches()  # so this kernel finds the package it just installed'''
 
 
 def badge(name: str) -> str:

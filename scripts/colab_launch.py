@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Launch the unchanged ``distkit train`` on a Colab runtime (CPU, GPU or TPU).
 
-Exact command, in a Colab cell (extra flags go to ``distkit train``):
+Exact command, in a Colab cell after any notebook's install cell, which installs distkit
+and defines ``REPO_URL`` (IPython expands ``$REPO_URL``; the URL itself lives only in
+pyproject.toml's ``[project.urls]``). Extra flags go to ``distkit train``:
 
-    !git clone -q https://github.com/distkit/distkit && pip install -q -e distkit && python distkit/scripts/colab_launch.py --epochs 3
+    !git clone -q $REPO_URL distkit-repo && python distkit-repo/scripts/colab_launch.py --epochs 3
 
 In a clone that is already installed: ``python scripts/colab_launch.py --epochs 3``;
 ``--dry-run`` prints the command it would run and stops.
@@ -21,9 +23,13 @@ From inside a notebook, without a child process, the same run is
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from build_notebooks import REPO_URL  # noqa: E402  (read from pyproject.toml [project.urls])
 
 
 def in_colab() -> bool:
@@ -54,6 +60,10 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     dry_run = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]
+    if importlib.util.find_spec("distkit") is None:
+        print(f"distkit: error: distkit is not installed here: run a notebook's install cell, or "
+              f"pip install git+{REPO_URL}", file=sys.stderr)
+        return 1
     cmd, env = choose(argv)
     where = "Colab" if in_colab() else "not Colab"
     shown = " ".join(["distkit", *cmd[3:]])

@@ -7,6 +7,7 @@
 # Usage (extra flags go to `distkit train`):
 #   bash scripts/torchrun_1node.sh
 #   NPROC=4 MAX_RESTARTS=3 OUTPUT_DIR=runs/job1 bash scripts/torchrun_1node.sh --epochs 20
+#   bash scripts/torchrun_1node.sh --task course:task   # a course's own Task (docs/course.md)
 #
 # Exact command (printed before it starts; DRY_RUN=1 prints it and stops):
 #   TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone --nproc_per_node=$NPROC --max-restarts=$MAX_RESTARTS -m distkit train --output-dir $OUTPUT_DIR --checkpoint-every $CHECKPOINT_EVERY --resume-from latest "$@"

@@ -6,6 +6,8 @@
 #
 # Usage (extra flags go to `distkit train`), on each of the 2 nodes:
 #   NNODES=2 MASTER_ADDR=10.0.0.1 JOB_ID=job1 bash scripts/torchrun_nnodes.sh --epochs 20
+#   NNODES=2 MASTER_ADDR=10.0.0.1 JOB_ID=job2 bash scripts/torchrun_nnodes.sh --task course:task
+#   (a course's own Task, docs/course.md: course.py importable on every node)
 # Two "nodes" on one machine: run it twice with MASTER_ADDR=127.0.0.1.
 #
 # Exact command (printed before it starts; DRY_RUN=1 prints it and stops):

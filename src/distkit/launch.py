@@ -253,7 +253,7 @@ def run(config, task=None) -> dict | None:
 
         if __name__ == "__main__":   # spawned processes import this file: don't recurse
             results = run(Config(nproc_per_node=2, epochs=1, progress_bar=False))
-            print(results["final"]["val_accuracy"])
+            print(f"val accuracy {results['final']['val_accuracy']:.3f}")
     """
     from distkit.checkpoint import check_output_dir, make_run_dir
     from distkit.tasks import resolve_task

@@ -242,9 +242,11 @@ def training(local_rank: int, config, task: Task | None = None) -> dict | None:
 
         >>> from distkit import Config
         >>> from distkit.training import training
-        >>> cfg = Config(backend="none", epochs=1, progress_bar=False, output_dir="runs/doc")
-        >>> results = training(0, cfg)          # doctest: +SKIP
-        >>> sorted(results["final"])            # doctest: +SKIP
+        >>> cfg = Config(backend="none", model="mlp", epochs=1, progress_bar=False,
+        ...              output_dir="runs/doc")
+        >>> results = training(0, cfg)  # doctest: +ELLIPSIS
+        epoch   1  train loss ...
+        >>> sorted(results["final"])
         ['epoch', 'epoch_time_s', 'lr', 'train_loss', 'val_accuracy', 'val_loss']
     """
     results = _train(local_rank, config, resolve_task(task if task is not None else config))

@@ -301,6 +301,10 @@ def attach_checkpointing(trainer, model, optimizer, dirname):
         return _attach(trainer, model, optimizer, dirname)
 ''', r"on rank 1 attach_checkpointing returned NoneType: create the ignite.handlers.Checkpoint "
      r"on EVERY rank"),
+    ("07", "a global_step_transform with one argument",
+     [("lambda engine, _: engine.state.iteration", "lambda engine: engine.state.iteration")],
+     r"rank 0 raised TypeError: .*takes 1 positional argument but 2 were given\n"
+     r"no line of your file was running: it was raised in ignite/handlers/checkpoint\.py:\d+"),
     # 08 gradient accumulation
     ("08", "no no_sync: one exchange per micro-batch",
      [('        if last or not hasattr(model, "no_sync"):', "        if True:")],

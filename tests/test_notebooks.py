@@ -34,9 +34,11 @@ REQUIRED_CALLS = {
     "08": ["EarlyStopping", "PiecewiseLinear.simulate_values", "add_event_handler", "DistributedSampler"],
     "09": ["idist.Parallel", "DiskSaver", "_setup_ddp_vars_from_slurm_env"],
 }
-# Notebooks whose cells write files (runs, checkpoints, CSVs): each must run twice in the
-# same folder with the same outcome, and write only into temporary folders of its own.
-WRITES_FILES = {"04", "06", "09"}
+# Notebooks whose cells leave files behind (runs, checkpoints, CSVs, in temporary folders
+# of their own): each must run twice in the same folder with the same outcome. (01 writes
+# only inside `with tempfile.TemporaryDirectory()` blocks, gone when they end; the others
+# write nothing.)
+WRITES_FILES = {"04", "06", "08", "09"}
 
 
 def code_cells(path):
@@ -103,17 +105,57 @@ def test_every_parallel_launch_picks_a_free_port(path):
     assert not fixed, f"{path.name}: idist.Parallel without master_port: {fixed}"
 
 
+# Run after the notebook's own cells: every figure it drew (kept open by the first cell
+# below) has a label on each axis that carries numbers; an axis of named categories
+# (bar labels) speaks for itself. Image grids with their axes switched off are exempt.
+KEEP_FIGURES = "%config InlineBackend.close_figures = False"
+CHECK_AXES = r"""
+import matplotlib.pyplot as plt
+
+def _numeric(labels):
+    for t in labels:
+        text = t.get_text()
+        for junk in ("$", "\\mathdefault", "{", "}", "^"):
+            text = text.replace(junk, "")
+        text = text.replace("\u2212", "-").strip()
+        if text:
+            try:
+                float(text)
+            except ValueError:
+                return False  # named categories
+    return True
+
+_unlabelled = []
+for _num in plt.get_fignums():
+    _fig = plt.figure(_num)
+    _fig.canvas.draw()
+    for _ax in _fig.axes:
+        if not _ax.axison or _ax.get_label() == "<colorbar>":
+            continue
+        if not (_ax.lines or _ax.patches or _ax.images or _ax.collections):
+            continue
+        for _which, _label, _ticks in (("x", _ax.get_xlabel(), _ax.get_xticklabels()),
+                                       ("y", _ax.get_ylabel(), _ax.get_yticklabels())):
+            if not _label and _numeric(_ticks):
+                _unlabelled.append(f"figure {_num} '{_ax.get_title()}': no {_which} label")
+print(f"{len(plt.get_fignums())} figure(s) checked")
+assert not _unlabelled, _unlabelled
+"""
+
+
 def execute(path, folder):
     import nbformat
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
+    nb.cells = [nbformat.v4.new_code_cell(KEEP_FIGURES), *nb.cells, nbformat.v4.new_code_cell(CHECK_AXES)]
     client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
                             resources={"metadata": {"path": str(folder)}})
     client.execute()  # raises CellExecutionError, naming the cell, if any cell fails
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # up to two runs of a notebook (pyproject's default is 300 s per test)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, tmp_path):
     runs = 2 if path.name[:2] in WRITES_FILES else 1  # "Restart & Run All", in the same folder

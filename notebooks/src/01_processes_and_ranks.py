@@ -189,13 +189,15 @@ assert all(s["entered_at"] >= seen[0]["left_at"] for s in seen[1:])  # ...after 
 #
 # ## 4. In a script instead of a notebook
 #
-# Here `idist.Parallel` forks the kernel, so the children already have `exchange`. In a
-# script (and on macOS and Windows, which cannot fork) processes are *spawned*: each
+# Here `idist.Parallel` forks the kernel, so the children already have `exchange`:
+# ignite picks `start_method="fork"` when it finds itself under IPython and `"spawn"`
+# everywhere else (`ignite/distributed/comp_models/native.py`, lines 384-388 in ignite
+# 0.5.5; Windows has no fork at all). In a script the processes are *spawned*: each
 # child starts a fresh Python, imports your file, and looks the function up by name.
 # So in a script the function must be defined at the top level of an importable
 # module, and the launch must sit under `if __name__ == "__main__":`, or each child
 # importing the file would launch again. This one runs the collectives with
-# `start_method="spawn"`:
+# `start_method="spawn"` (its default there, written out):
 
 # %%
 import subprocess

@@ -95,7 +95,7 @@ def profiled_training(local_rank, metric, show):
             "train_loss": trainer.state.metrics["train_loss"]}
 
 
-per_rank = run_on_ranks(profiled_training, 2, "RunningAverage", True, backend="gloo")
+running = run_on_ranks(profiled_training, 2, "RunningAverage", True, backend="gloo")  # rank 0's return value
 
 # %% [markdown]
 # Rank 0's two tables, printed by the profilers themselves. In `HandlersTimeProfiler`'s
@@ -117,15 +117,15 @@ def step_seconds(results):
 
 
 average = run_on_ranks(profiled_training, 2, "Average", False, backend="gloo")
-for name, res in (("RunningAverage", per_rank), ("Average", average)):
+for name, res in (("RunningAverage", running), ("Average", average)):
     for r in res["handlers"]:
         if str(r[0]).startswith("Metric."):
             print(f"{name:15} {r[0]:28} {r[1]:20} total {r[2]} s")
-running_s, average_s = metric_seconds(per_rank), metric_seconds(average)
-iters = per_rank["iterations"]
+running_s, average_s = metric_seconds(running), metric_seconds(average)
+iters = running["iterations"]
 print(f"per iteration on rank 0: RunningAverage {running_s / iters * 1e3:.3f} ms, Average "
       f"{average_s / iters * 1e3:.3f} ms ({running_s / average_s:.0f}x); the training step itself "
-      f"{step_seconds(per_rank) / iters * 1e3:.2f} ms")
+      f"{step_seconds(running) / iters * 1e3:.2f} ms")
 assert running_s > 2 * average_s, "an all-reduce per iteration must cost more than a local sum"
 
 # %% [markdown]

@@ -13,21 +13,31 @@
 #   rule** with warm-up (Goyal et al. 2017: lr x N, reached linearly over the first
 #   epoch) is run beside the unchanged lr.
 #
-# Every run uses ignite's `EarlyStopping` on the validation loss, runs twice (medians
-# over the repeats; the first epoch of each run is left out of the timings), with **one
-# torch thread per process** (pinned), and every number is printed. Then we take one
-# step apart: compute vs the gradient all-reduce, and the bytes it moves.
+# Every run uses ignite's `EarlyStopping` on the validation loss and runs once (its
+# time per epoch is the median over its epochs after the first, which pays for
+# warm-up), with **one torch thread per process** (pinned), and every number is
+# printed. (`repeats=3` below gives medians over repeats too, at 3 times the cost.)
+# Then we take one step apart: compute vs the gradient all-reduce, and the bytes it
+# moves.
 #
-# Hardware: any CPU (2 GPUs or more: nccl on them). Runs in about a minute on 2 cores.
+# Hardware: any CPU (2 GPUs or more: nccl on them). The study's wall time is printed
+# after it runs.
 
 # %%
+import math
 import os
+import tempfile
 
 import torch
+from ignite.engine import Events
+from ignite.handlers import EarlyStopping, PiecewiseLinear
 
 from distkit import plots
 from distkit.lessons import scaling
 from distkit.config import Config
+from distkit.sharding import quiet_ignite_logs
+
+quiet_ignite_logs()  # ignite's INFO lines about loader arguments
 
 if torch.cuda.device_count() >= 2:
     backend, sizes = "nccl", [n for n in (1, 2, 4) if n <= torch.cuda.device_count()]
@@ -55,15 +65,87 @@ for job in scaling.plan(sizes, STRONG_BATCH, WEAK_BATCH):
 # %% [markdown]
 # ## 2. Run it
 #
-# Digits (1437 training images), the small CNN, lr 0.05, at most 4 epochs. The lr decays
-# linearly to 0 over the run. `EarlyStopping(patience=1, min_delta=0.1)` stops a run
-# after the first epoch that lowers the validation loss by less than 0.1.
+# Digits (1437 training images), the small CNN, lr 0.05, at most 4 epochs. Two ignite
+# handlers shape every run; `distkit.training` builds them from the config, and here
+# they are by hand.
+#
+# **The learning rate**: `PiecewiseLinear(optimizer, "lr", milestones_values=[...])`,
+# called on every `ITERATION_STARTED`, interpolates linearly between
+# `(iteration, lr)` milestones: from 0 to the peak over the warm-up (with the linear
+# scaling rule) or straight from the peak, then down to 0 at the last iteration.
+# `PiecewiseLinear.simulate_values` computes the values it would set, without an
+# optimizer. For weak scaling at N = 4 (16 per process, global batch 64):
 
 # %%
-base = Config(dataset="digits", model="cnn", epochs=4, lr=0.05, seed=0, output_dir="runs/scaling",
+top = max(sizes)
+steps_per_epoch = math.ceil(math.ceil(1437 / top) / WEAK_BATCH)  # each rank's shard, in batches of 16
+total = 4 * steps_per_epoch
+schedules = {"same lr": [(0, 0.05), (total, 0.0)],
+             f"lr x {top} + 1 warm-up epoch": [(0, 0.0), (steps_per_epoch, 0.05 * top), (total, 0.0)]}
+import matplotlib.pyplot as plt
+
+fig, ax = plt.subplots(figsize=(6, 3))
+for name, milestones in schedules.items():
+    values = PiecewiseLinear.simulate_values(num_events=total, param_name="lr", milestones_values=milestones)
+    ax.plot([i for i, _ in values], [v for _, v in values], label=name)
+    print(f"{name:28} milestones {milestones}: lr at iterations 0, {steps_per_epoch}, {total - 1}: "
+          f"{values[0][1]:.3f}, {values[steps_per_epoch][1]:.3f}, {values[-1][1]:.4f}")
+ax.set_xlabel(f"iteration ({steps_per_epoch} per epoch)")
+ax.set_ylabel("learning rate")
+ax.set_title(f"weak scaling, N = {top}: the lr schedules")
+ax.legend()
+ax.grid(alpha=0.3)
+
+# %% [markdown]
+# **Early stopping**: `EarlyStopping(patience, score_function, trainer, threshold)`
+# is called after each validation; it calls `score_function(engine)` (higher is better),
+# and after `patience` calls without an improvement of more than `threshold` over the
+# best score it calls `trainer.terminate()`. (`threshold` was called `min_delta` before
+# ignite 0.5.5; `Config.early_stopping_min_delta` keeps that name.) ignite's idiom
+# attaches it to the **evaluator**, scoring the evaluator's own metric. Here on one process, with the kit's
+# trainer and evaluator (`distkit.training.create_trainer` is an ignite `Engine` with the
+# step written out, `create_evaluator` is `create_supervised_evaluator` with `Accuracy`
+# and `Loss`) and the study's settings, `patience=1, threshold=0.1`:
+
+# %%
+from distkit.data import get_dataflow
+from distkit.training import create_evaluator, create_trainer, initialize
+
+demo = Config(dataset="digits", model="cnn", lr=0.05, batch_size=64, seed=0)
+train_loader, val_loader = get_dataflow(demo)  # one process: auto_dataloader returns a plain DataLoader
+model, optimizer, criterion = initialize(demo)
+trainer = create_trainer(model, optimizer, criterion, demo)
+evaluator = create_evaluator(model, criterion, demo)
+trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: evaluator.run(val_loader))
+val_losses = []
+evaluator.add_event_handler(Events.COMPLETED, lambda e: val_losses.append(e.state.metrics["loss"]))
+stopper = EarlyStopping(patience=1, threshold=0.1, trainer=trainer,
+                        score_function=lambda engine: -engine.state.metrics["loss"])
+evaluator.add_event_handler(Events.COMPLETED, stopper)
+trainer.run(train_loader, max_epochs=10)
+print("validation loss per epoch:", ", ".join(f"{v:.3f}" for v in val_losses))
+print(f"stopped after epoch {trainer.state.epoch} of at most 10")
+assert trainer.state.epoch == len(val_losses) < 10
+assert min(val_losses[:-1]) - val_losses[-1] <= 0.1                     # the last epoch improved by <= 0.1 ...
+assert all(a - b > 0.1 for a, b in zip(val_losses[:-2], val_losses[1:-1]))  # ... every earlier one by more
+
+# %% [markdown]
+# `distkit.training` makes the same `EarlyStopping` call from `Config.early_stopping_*`,
+# scoring the negated validation loss its validation handler just recorded, and
+# attaches the `PiecewiseLinear` above to the trainer's `ITERATION_STARTED`.
+#
+# Now the study: `scaling.scaling_study` starts each world size once with
+# `idist.Parallel` (through `distkit.runner.run_per_rank`), calls
+# `distkit.training.training` in those processes for each configuration, then times
+# one step with and without DDP's gradient all-reduce (section 3). Its runs go to a
+# temporary folder:
+
+# %%
+base = Config(dataset="digits", model="cnn", epochs=4, lr=0.05, seed=0,
+              output_dir=tempfile.mkdtemp(prefix="distkit-08-"),
               early_stopping_patience=1, early_stopping_min_delta=0.1)
 study = scaling.scaling_study(base, world_sizes=sizes, strong_batch=STRONG_BATCH,
-                              weak_batch=WEAK_BATCH, repeats=2, warmup_epochs=1.0, backend=backend)
+                              weak_batch=WEAK_BATCH, repeats=1, warmup_epochs=1.0, backend=backend)
 print(scaling.format_table(study["summary"]))
 print(f"\n{len(study['runs'])} runs in {study['wall_time_s']:.0f} s on {study['machine']}")
 
@@ -101,7 +183,9 @@ print(f"\nevery step of N > 1 processes all-reduces {grad_bytes:,} bytes "
       f"({grad_bytes // 4:,} float32 gradients); a single process all-reduces nothing")
 
 # %% [markdown]
-# What the table says, in general terms (the cell below prints this run's numbers):
+# What the table should show on a quiet machine; check it against this run's numbers,
+# which the cell below prints (other programs on the same cores distort them, most of
+# all for N > 1, and the load average printed at the top says how busy it was):
 #
 # - **Compute per step** follows the batch per process: strong scaling shrinks it
 #   (64 → 32 → 16 per process); weak scaling keeps it. Unless processes outnumber the
@@ -139,22 +223,56 @@ if top > 1:
     print(f"at N={top} the linear scaling rule ends with the lower validation loss")
 
 # %% [markdown]
-# Strong scaling does not change the maths (the global batch, and so each step's
-# average gradient, is the same), so it needs no lr change: its final losses stay close
-# across N. The small differences come from which samples share a process, not from the
-# number of steps.
+# Strong scaling does not change the maths, so it needs no lr change. Two facts make
+# that exact, up to the last batch of an epoch:
+#
+# - `DistributedSampler` draws **one** permutation of the dataset for any N (seeded by
+#   `seed + epoch`) and gives rank r every N-th index of it. With B / N samples per
+#   process per step, step k covers the same samples whether 2 or 4 processes share
+#   it. Only the last batch differs: the sampler pads the dataset to a multiple of N by
+#   repeating samples. The cell below checks this for the first epoch. (With **one**
+#   process `auto_dataloader` adds no sampler at all, `ignite/distributed/auto.py`
+#   line 75: a plain `DataLoader(shuffle=True)` draws another order from torch's
+#   global generator, so N = 1 sees the same samples per epoch in other batches.)
+# - This CNN has no BatchNorm and no dropout, so a sample's gradient does not depend on
+#   which other samples share its process; DDP averages the per-process mean gradients
+#   of equal-sized shards, which is the mean gradient of the global batch.
+#
+# What is left is the order of the floating-point additions, that padded last batch,
+# and at N = 1 the other sample order.
 
 # %%
+from torch.utils.data.distributed import DistributedSampler
+
+from distkit.data import digits_dataset, split
+
+train_set, _ = split(digits_dataset())
+
+
+def global_batches(n, batch=STRONG_BATCH):
+    """The samples of each global step of epoch 1, with n processes (strong scaling)."""
+    shards = [list(DistributedSampler(train_set, num_replicas=n, rank=r, shuffle=True)) for r in range(n)]
+    per = batch // n
+    return [sorted(i for shard in shards for i in shard[k * per:(k + 1) * per])
+            for k in range(math.ceil(len(shards[0]) / per))]
+
+
+two = global_batches(2)
+for n in sizes[1:]:
+    steps = global_batches(n)
+    same = sum(a == b for a, b in zip(steps, two))
+    print(f"N={n}: {len(steps)} steps per epoch, {same} of them on exactly the samples of N=2's step")
+    assert len(steps) == len(two) and steps[:-1] == two[:-1]  # all but the padded last step
 strong = [row[("strong", scaling.PLAIN, n)]["final_val_loss"] for n in sizes]
 print("strong scaling, final val loss per N:", ", ".join(f"{v:.4f}" for v in strong))
 print(f"spread: {max(strong) - min(strong):.4f}")
 
 # %% [markdown]
-# ## 5. EarlyStopping
+# ## 5. EarlyStopping in the study
 #
 # Each run's epochs and validation losses; a run with fewer than 4 epochs was stopped by
-# `EarlyStopping` because its last epoch improved the validation loss by less than 0.1
-# (in a real study: a larger patience, a smaller min_delta, and more epochs).
+# `EarlyStopping` because its last epoch improved the validation loss by no more than
+# 0.1 (in a real study: a larger patience, a smaller min_delta, and more epochs).
 
 # %%
 for r in sorted(study["runs"], key=lambda r: (r["world_size"], r["per_process_batch"], r["scale_lr"])):

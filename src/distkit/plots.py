@@ -68,6 +68,7 @@ def sharding_map(record, max_epochs: int = 3):
                interpolation="nearest")
     ax1.set_yticks(range(len(seen)), [f"epoch {e + 1}" for e in range(len(seen))])
     ax1.set_xlabel("sample index")
+    ax1.set_ylabel("epoch")
     ax1.set_title(f"{n} samples on {w} ranks: who saw what")
     handles = [Patch(color=colours[r + 1], label=f"rank {r}") for r in range(w)]
     handles += [Patch(color="black", label="several ranks"), Patch(facecolor="white", edgecolor="gray", label="none")]
@@ -79,6 +80,8 @@ def sharding_map(record, max_epochs: int = 3):
         same = sum(before[i] == after[i] for i in both)
         ax2.scatter([before[i] for i in both], [after[i] for i in both], s=6, alpha=0.7,
                     label=f"epoch {e + 1} -> {e + 2}: {same}/{len(both)} at the same position")
+    last = len(seen[0][0]) - 1
+    ax2.plot([0, last], [0, last], ls=":", color="gray", label="the same order")
     ax2.set_xlabel(f"position in epoch e (of rank 0's {len(seen[0][0])} samples)")
     ax2.set_ylabel("position of the same sample in epoch e + 1")
     ax2.set_title("rank 0: did the order change? (diagonal = no)")
@@ -104,6 +107,7 @@ def profiler_bars(summary, top: int = 8):
                    fontsize=8)
     ax1.invert_yaxis()
     ax1.set_xlabel("seconds in total, per rank (min..max over ranks)")
+    ax1.set_ylabel("handler (event, ranks that ran it)")
     ax1.set_title("handler cost (HandlersTimeProfiler)")
     data, compute = row(summary, "data (fetch a batch)"), row(summary, "compute (training step)")
     ranks = range(summary["world_size"])
@@ -195,6 +199,7 @@ def benchmark_chart(results):
     lo = min([b[1] for b in bars] + [0.9])
     ax.set_xlim(lo - 0.02, max([b[1] for b in bars] + [1.0]) + 0.06)
     ax.invert_yaxis()
+    ax.set_xlabel("kit samples/s / hand-written samples/s (1 = as fast)")
     title = "kit / hand-written samples/s (dashed: target)"
     if "skipped" in gpu:
         title += f"\nGPU: skipped: {gpu['skipped']}"

@@ -35,14 +35,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import os
 import statistics
-import tempfile
 import time
 from dataclasses import dataclass, field
-from datetime import timedelta
 
 import ignite.distributed as idist
 import torch
@@ -188,9 +185,9 @@ def _compact(results: dict, job: Job, repeat: int) -> dict:
 
 
 def _world_size_worker(local_rank: int, base: Config, jobs: list, repeats: int, warmup_epochs: float,
-                       threads: int, cost_repeats: int, out_path: str) -> None:
+                       threads: int, cost_repeats: int) -> list | None:
     """One process of one world size: every job x repeat through the unchanged
-    ``training`` function, then the step costs; rank 0 appends JSON lines to out_path."""
+    ``training`` function, then the step costs. Returns the rows on rank 0."""
     from distkit.training import training
 
     logging.disable(logging.INFO)  # ignite's INFO lines, once per run: keep the output short
@@ -206,34 +203,23 @@ def _world_size_worker(local_rank: int, base: Config, jobs: list, repeats: int, 
         torch.set_num_threads(threads)
         costs = measure_step_costs(config, batch, repeats=cost_repeats)
         rows.append({"kind": "cost", **costs})
-    if idist.get_rank() == 0:
-        with open(out_path, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+    return rows if idist.get_rank() == 0 else None
 
 
 def run_world_size(base: Config, jobs: list, repeats: int = 2, warmup_epochs: float = 1.0,
                    threads: int = 1, cost_repeats: int = 20, backend: str = "gloo") -> list[dict]:
-    """Start ``jobs[0].world_size`` processes once (``idist.Parallel``) and run all jobs in
-    them; return rank 0's rows."""
-    from distkit.launch import free_port
+    """Start ``jobs[0].world_size`` processes once (:func:`distkit.runner.run_per_rank`)
+    and run all jobs in them; return rank 0's rows."""
+    from distkit.runner import run_per_rank
 
     n = jobs[0].world_size
     assert all(j.world_size == n for j in jobs)
     previous = os.environ.get("OMP_NUM_THREADS")
     os.environ["OMP_NUM_THREADS"] = str(threads)  # inherited by the processes
-    logging.disable(logging.INFO)  # the launcher's INFO lines
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            out_path = os.path.join(tmp, "rows.jsonl")
-            with idist.Parallel(backend=backend, nproc_per_node=n, master_port=free_port(),
-                                timeout=timedelta(seconds=base.timeout_s)) as parallel:
-                parallel.run(_world_size_worker, base, jobs, repeats, warmup_epochs, threads,
-                             cost_repeats, out_path)
-            with open(out_path) as f:
-                return [json.loads(line) for line in f]
+        return run_per_rank(_world_size_worker, n, backend, base, jobs, repeats, warmup_epochs,
+                            threads, cost_repeats, timeout_s=base.timeout_s)[0]
     finally:
-        logging.disable(logging.NOTSET)
         if previous is None:
             os.environ.pop("OMP_NUM_THREADS", None)
         else:

@@ -12,7 +12,7 @@ Task: write two functions.
    (the engine's process function), without the time spent fetching the batch and without
    the time of other handlers.
 2. ``slowest_rank(seconds)``: every rank passes its own step time; return, on every rank,
-   the largest one. In synchronous data-parallel training every step waits for the
+   the largest one, as a Python float. In synchronous data-parallel training every step waits for the
    slowest rank, so that is the number that sets the pace.
 
 Engine events, in the order they fire for every batch: ``GET_BATCH_STARTED``,

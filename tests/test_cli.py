@@ -227,3 +227,15 @@ def test_doctor_reports_versions_hardware_launcher_variables_and_repairs():
         assert all(g["memory_gib"] > 0 for g in info["gpus"])
     else:  # nccl may be built into torch, but without a GPU it is not usable
         assert info["gpus"] == [] and "nccl" not in info["backends"] and "gloo" in info["backends"]
+
+
+def test_a_logger_whose_package_is_missing_stops_before_any_process(monkeypatch, run_cli):
+    from distkit import tracking
+    from distkit.config import Config
+    from distkit.errors import DistkitError
+
+    monkeypatch.setitem(tracking.PACKAGES, "tensorboard", "distkit_no_such_package")
+    with pytest.raises(DistkitError, match=r"--logger tensorboard needs the distkit_no_such_package package.*pip install"):
+        Config(logger="tensorboard").validate()
+    out = run_cli("train", "--logger", "wandb")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "invalid choice: 'wandb'" in out.stderr

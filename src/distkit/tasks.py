@@ -92,8 +92,8 @@ class Task:
     - ``score=(name, "min" | "max")``: the validation metric that early stopping and the
       best-model checkpoint follow; default ``("loss", "min")``.
     - ``optimizer(params, config) -> torch.optim.Optimizer``: default SGD from the config.
-    - ``name``: how results and messages call the task (default: the model function's
-      module).
+    - ``name``: how results, checkpoints and messages call the task (default:
+      ``module:attr``, where its module holds it).
 
     Example::
 
@@ -216,7 +216,7 @@ def resolve_task(spec) -> Task:
         distkit.errors.DistkitError: --task 'distkit.tasks:NO_SUCH_TASK': module 'distkit.tasks' has no attribute 'NO_SUCH_TASK': name a Task defined at its top level
     """
     if isinstance(spec, Task):
-        return spec
+        return _named(spec)
     if isinstance(spec, str):
         return load_task(spec)
     if hasattr(spec, "dataset") and hasattr(spec, "model"):  # a Config
@@ -245,9 +245,18 @@ def load_task(spec: str) -> Task:
     if not isinstance(task, Task):
         raise DistkitError(f"--task {spec!r} is a {type(task).__name__}, not a distkit.Task: "
                            "point it at an object made with distkit.Task(...)")
-    if task.name == getattr(task.model, "__module__", None) or task.name == "task":
-        task = dataclasses.replace(task, name=spec)
-    return task
+    return _named(task)
+
+
+def _named(task: Task) -> Task:
+    """A task named by default (its module) gets the name ``module:attr`` under which its
+    module holds it, the same whether it came by object, ``module:attr`` or a file path
+    (a resumed run is checked against the task name its checkpoint records)."""
+    module_name = getattr(task.model, "__module__", None)
+    if task.name != module_name or module_name not in sys.modules:
+        return task  # named by its author, or a built-in task
+    attr = next((k for k, v in vars(sys.modules[module_name]).items() if v is task), None)
+    return dataclasses.replace(task, name=f"{module_name}:{attr}") if attr else task
 
 
 def _import(spec: str, module_name: str):

@@ -61,12 +61,13 @@ def _isatty(stream) -> bool:
         return False
 
 
-def set_ignite_verbosity(verbose: bool) -> None:
+def set_ignite_verbosity(verbose: bool):
     """ignite's launcher and ``auto_*`` INFO lines through (``verbose``) or not; warnings
-    always. Call in every process that may log them (the launcher, and each rank)."""
+    always. Call in every process that may log them (the launcher, and each rank).
+    Returns the switch: ``.restore()`` puts the previous levels back."""
     from distkit.runner import quiet_ignite_logs  # the kit's one switch for those loggers
 
-    quiet_ignite_logs(logging.INFO if verbose else logging.WARNING)  # for the rest of this process
+    return quiet_ignite_logs(logging.INFO if verbose else logging.WARNING)
 
 
 def console(config) -> bool:

@@ -361,13 +361,10 @@ def _spawn(config, fn, *args) -> None:
         spawn_kwargs["timeout"] = timedelta(seconds=config.timeout_s)
     from distkit.tracking import set_ignite_verbosity
 
-    set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
+    logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
     import multiprocessing
 
     before = set(multiprocessing.active_children())  # a notebook's other children stay
-    from distkit.tracking import set_ignite_verbosity
-
-    set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
     try:
         with idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
                             nnodes=config.nnodes, node_rank=config.node_rank,
@@ -386,6 +383,7 @@ def _spawn(config, fn, *args) -> None:
             raise
         raise failure from None
     finally:
+        logs.restore()  # a notebook's own ignite calls log as before
         _discard_if_empty(config.run_dir)
 
 

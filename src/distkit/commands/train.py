@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--timeout", dest="timeout_s", type=float, default=DEFAULTS.timeout_s,
                    help="seconds any collective may wait before the run fails")
     g.add_argument("--threads-per-process", type=int, default=None,
-                   help="default: cores / processes on this node")
+                   help="default: this machine's cores / the processes of the run on this machine "
+                        "(all launches: two torchrun \"nodes\" on one machine share it)")
     g = p.add_argument_group("data, model and optimization")
     g.add_argument("--task", default=None, metavar="MODULE:ATTR",
                    help="a course's own distkit.Task: module:attr (module importable from the "

@@ -200,10 +200,12 @@ if not ON_TPU:
 else:
     from distkit.config import Config
     from distkit.launch import run
+    import tempfile
+
     from distkit.commands.train import summary
 
     results = run(Config(backend="xla-tpu", nproc_per_node=nproc, epochs=5, progress_bar=False,
-                         output_dir="runs"))
+                         output_dir=tempfile.mkdtemp(prefix="distkit-03-")))  # never into the repository
     print(summary(results))
     assert results["world_size"] == nproc and results["final"]["val_accuracy"] > 0.8
 

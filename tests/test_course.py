@@ -93,13 +93,14 @@ def assert_course_results(res, world_size, nnodes=1):
 @pytest.mark.timeout(240)
 def test_course_task_spawn_two_processes(tmp_path):
     write_course(tmp_path)
-    out = cli(["--task", "course:task", "--nproc-per-node", "2", *TRAIN,
-               "--output-dir", tmp_path / "runs"], cwd=tmp_path)
+    out = cli(["--task", "course:task", "--nproc-per-node", "2", *TRAIN, "--profile",
+               "--early-stopping-patience", "3", "--output-dir", tmp_path / "runs"], cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "final validation mse" in out.stdout and "task course:task" in out.stdout
     res = results_under(tmp_path / "runs")
     assert_course_results(res, world_size=2)
     assert res["config"]["task"] == "course:task"
+    assert res["profile"], "--profile works on a course task too"
     assert (tmp_path / "runs" / res["run_dir"].split("/")[-1] / "learning_curves.png").exists()
 
 

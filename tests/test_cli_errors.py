@@ -108,16 +108,20 @@ def test_garbage_checkpoint(run_cli, tmp_path):
     assert_one_line_error(result, "not a loadable checkpoint", tmp_path=tmp_path)
 
 
-def write_checkpoint(path, model_name, iteration, epoch_length=23, max_epochs=2):
-    """A file shaped like distkit's checkpoints, for a model of the given name."""
+def write_checkpoint(path, model_name, iteration, epoch_length=23, max_epochs=2, **entries):
+    """A file shaped like distkit's checkpoints, for a model of the given name, recording
+    the settings of a default 2-process run; ``entries`` replace whole entries."""
+    from distkit.checkpoint import resume_settings
     from distkit.models import get_model
 
     model = get_model(model_name)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    torch.save({"trainer": {"iteration": iteration, "epoch_length": epoch_length,
-                            "max_epochs": max_epochs},
-                "model": model.state_dict(), "optimizer": opt.state_dict(),
-                "lr_scheduler": {}}, path)
+    ckpt = {"trainer": {"iteration": iteration, "epoch_length": epoch_length,
+                        "max_epochs": max_epochs},
+            "model": model.state_dict(), "optimizer": opt.state_dict(), "lr_scheduler": {},
+            "settings": resume_settings(Config(epochs=max_epochs), f"digits/{model_name}", 2)}
+    ckpt.update(entries)
+    torch.save(ckpt, path)
     return path
 
 
@@ -132,6 +136,93 @@ def test_checkpoint_of_a_finished_run(run_cli, tmp_path):
     done = write_checkpoint(tmp_path / "done.pt", "cnn", iteration=46)  # 2 x 23: all done
     result = run_cli("train", "--output-dir", tmp_path / "runs", "--resume-from", done, timeout=FAST)
     assert_one_line_error(result, "finished run", "all 2 epochs", tmp_path=tmp_path)
+
+
+# --- resuming: a changed flag is refused, naming it; crafted files are one line --------
+
+@pytest.mark.parametrize("args, words", [
+    # the lr schedule comes back from the checkpoint: 5 epochs would train 3-5 at lr 0
+    (["--epochs", "5"], ["--epochs = 2", "has 5", "resume with --epochs 2"]),
+    # the epoch length comes back too: each "epoch" would see half the data
+    (["--batch-size", "32"], ["--batch-size = 64", "has 32", "resume with --batch-size 64"]),
+    (["--nproc-per-node", "1"], ["world size", "= 2", "has 1", "2 processes in all"]),
+    (["--dataset", "synthetic"], ["'digits/cnn'", "'synthetic/cnn'", "the task 'digits/cnn'"]),
+])
+def test_resume_with_a_changed_setting_is_refused_naming_the_flag(run_cli, tmp_path, args, words):
+    ckpt = write_checkpoint(tmp_path / "mid.pt", "cnn", iteration=30)
+    result = run_cli("train", "--output-dir", tmp_path / "runs", "--epochs", 2,
+                     "--resume-from", ckpt, *args, timeout=FAST)
+    assert_one_line_error(result, "--resume-from", *words, tmp_path=tmp_path)
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"lr": 0.1}, ["--lr = 0.05", "has 0.1"]),
+    ({"seed": 3}, ["--seed = 0", "has 3"]),
+    ({"scale_lr": True}, ["--scale-lr = False", "resume with no --scale-lr"]),
+    ({"warmup_epochs": 1.0}, ["--warmup-epochs"]),
+    ({"momentum": 0.5}, ["Config.momentum"]),
+])
+def test_every_setting_the_checkpoint_restores_must_match(tmp_path, changes, words):
+    from distkit.checkpoint import check_checkpoint_fits
+
+    ckpt = write_checkpoint(tmp_path / "mid.pt", "cnn", iteration=30)
+    check_checkpoint_fits(str(ckpt), Config(epochs=2), world_size=2)  # the same: accepted
+    with pytest.raises(DistkitError) as info:
+        check_checkpoint_fits(str(ckpt), Config(epochs=2, **changes), world_size=2)
+    for word in words:
+        assert word in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("entries, words", [
+    ({"trainer": {}}, ["'trainer' state lacks iteration, epoch_length, max_epochs"]),
+    ({"model": torch.zeros(3)}, ["'model' entry is a Tensor, not a state dict"]),
+    ({"model": {"conv1.weight": "text"}}, ["holds weights for another model"]),
+    ({"optimizer": {"state": {}}}, ["'optimizer' state lacks param_groups"]),
+    ({"trainer": {"iteration": -1, "epoch_length": 23, "max_epochs": 2}}, ["trainer state is not"]),
+    ({"settings": None}, ["does not record the settings"]),
+])
+def test_crafted_checkpoint_is_one_line(run_cli, tmp_path, entries, words):
+    ckpt = write_checkpoint(tmp_path / "crafted.pt", "cnn", iteration=30, **entries)
+    result = run_cli("train", "--output-dir", tmp_path / "runs", "--epochs", 2,
+                     "--resume-from", ckpt, timeout=FAST)
+    assert_one_line_error(result, f"--resume-from {str(ckpt)!r}", *words, tmp_path=tmp_path)
+
+
+def test_resume_from_latest_falls_back_past_a_corrupt_newest_checkpoint(run_cli, tmp_path):
+    """The newest file is garbage (a disk error, a copy cut short): the previous one is
+    used, and the run says so. That one ends a finished run here, so the run stops in
+    preflight, in seconds, after saying which file it fell back to."""
+    import os
+
+    runs = tmp_path / "runs"
+    (runs / "a" / "checkpoints").mkdir(parents=True)
+    good = write_checkpoint(runs / "a" / "checkpoints" / "training_checkpoint_46.pt", "cnn", 46)
+    (runs / "b" / "checkpoints").mkdir(parents=True)
+    bad = runs / "b" / "checkpoints" / "training_checkpoint_50.pt"
+    bad.write_bytes(good.read_bytes()[:5000])  # truncated
+    os.utime(good, ns=(1_000_000_000, 1_000_000_000))  # older
+    result = run_cli("train", "--output-dir", runs, "--resume-from", "latest", timeout=FAST)
+    assert_one_line_error(result, "--resume-from latest", "finished run", str(good))
+    assert f"1 newer checkpoint(s) do not load (newest: {bad}): falling back to {good}" in result.stderr
+    assert sorted(p.name for p in runs.iterdir()) == ["a", "b"]  # nothing new written
+
+
+def test_resume_from_latest_resolves_to_the_newest_loadable(tmp_path, capsys):
+    import os
+
+    from distkit.checkpoint import resolve_resume_from
+
+    runs = tmp_path / "runs"
+    (runs / "a" / "checkpoints").mkdir(parents=True)
+    good = write_checkpoint(runs / "a" / "checkpoints" / "training_checkpoint_30.pt", "cnn", 30)
+    os.utime(good, ns=(1_000_000_000, 1_000_000_000))
+    (runs / "a" / "checkpoints" / "training_checkpoint_40.pt").write_bytes(b"garbage")
+    config = Config(output_dir=str(runs), resume_from="latest")
+    assert resolve_resume_from(config).resume_from == str(good)
+    assert "falling back to" in capsys.readouterr().err
+    good.write_bytes(b"garbage too")
+    with pytest.raises(DistkitError, match="none of the 2 checkpoint"):
+        resolve_resume_from(config)
 
 
 def test_dataset_that_needs_a_download_while_offline(run_cli, tmp_path):

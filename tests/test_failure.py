@@ -57,7 +57,7 @@ def alive(pid):
 def fake_checkpoint(path: Path, iteration: int, epoch_length: int = 23, max_epochs: int = 2):
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"trainer": {"iteration": iteration, "epoch_length": epoch_length, "max_epochs": max_epochs},
-                "model": {}, "optimizer": {}, "lr_scheduler": {}}, path)
+                "model": {}, "optimizer": {"state": {}, "param_groups": []}, "lr_scheduler": {}}, path)
     return path
 
 
@@ -260,3 +260,40 @@ def test_torchrun_restart_resumes_and_ends_identical_to_an_uninterrupted_run(tmp
         assert torch.equal(a[name], b[name]), f"{name} differs after the restart"
     first = load_checkpoint(resumed.group(1))["model"]  # and the check can fail:
     assert any(not torch.equal(first[n], a[n]) for n in a)
+
+
+# --- a full disk --------------------------------------------------------------------------
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 1 MiB tmpfs: room for the run folder, not for one checkpoint (about 1.2 MB for
+    the digits CNN with its momentum buffers). Needs root (mount); skipped elsewhere."""
+    path = tmp_path / "tiny"
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                                            str(path)], capture_output=True).returncode != 0:
+        pytest.skip("needs root allowed to mount a tmpfs")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_full_disk_while_saving_is_one_line_naming_the_disk(tmp_path, tiny_disk):
+    """torch.save reports a full disk as ``RuntimeError: [enforce fail at
+    inline_container.cc] . unexpected pos``; the learner reads "no space left on <dir>"."""
+    proc = start(distkit_cmd("--nproc-per-node", 2, "--epochs", 1, "--no-progress",
+                             "--output-dir", tiny_disk / "runs"), tmp_path)
+    started = time.monotonic()
+    out = finish(proc, 150)
+    assert proc.returncode == 1, out[-2000:]
+    assert time.monotonic() - started < 150
+    last = out.strip().splitlines()[-1]
+    assert re.fullmatch(rf"distkit: error: rank 0: no space left on '{re.escape(str(tiny_disk))}"
+                        r"/runs/[^']+/checkpoints' while writing the run: free some space or pass "
+                        r"an --output-dir on another disk; .*", last), out[-2000:]
+    assert "Traceback" not in out and "unexpected pos" not in out
+    # nothing half-written: the run folder (no checkpoint, no results) is gone
+    assert list((tiny_disk / "runs").iterdir()) == []

@@ -77,10 +77,27 @@ def resolve_resume_from(config):
     no rank of this start has written a checkpoint yet and all find the same file."""
     if config.resume_from != LATEST:
         return config
-    path = latest_checkpoint(config.output_dir)
-    if path is not None and checkpoint_finished(path):
+    found = find_checkpoints(config.output_dir)
+    path, ckpt, unloadable = None, None, []
+    for candidate in reversed(found):  # newest first; a corrupt one is passed over
+        try:
+            ckpt = load_checkpoint(str(candidate))
+            path = str(candidate)
+            break
+        except DistkitError:
+            unloadable.append(str(candidate))
+    if found and path is None:
         raise DistkitError(
-            f"--resume-from latest: the newest checkpoint under {config.output_dir!r} ({path}) ends "
+            f"--resume-from latest: none of the {len(found)} checkpoint(s) under "
+            f"{config.output_dir!r} loads (newest: {found[-1]}): start a new run with its own "
+            "--output-dir, or without --resume-from")
+    if unloadable and int(os.environ.get("RANK", "0")) == 0:
+        print(f"distkit: warning: --resume-from latest: {len(unloadable)} newer checkpoint(s) do "
+              f"not load (newest: {unloadable[0]}): falling back to {path}", file=sys.stderr,
+              flush=True)
+    if path is not None and checkpoint_is_finished(ckpt):
+        raise DistkitError(
+            f"--resume-from latest: the newest loadable checkpoint under {config.output_dir!r} ({path}) ends "
             "a finished run, so there is nothing to resume: give a new job its own --output-dir")
     if int(os.environ.get("RANK", "0")) == 0:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
@@ -91,11 +108,6 @@ def resolve_resume_from(config):
         if warning:
             print(f"distkit: warning: {warning}", file=sys.stderr, flush=True)
     return config.replace(resume_from=path)
-
-
-def checkpoint_finished(path) -> bool:
-    """True if the checkpoint's trainer had done all its epochs; ``latest`` refuses it."""
-    return checkpoint_is_finished(load_checkpoint(str(path)))
 
 
 def restart_store_warning() -> str | None:
@@ -142,6 +154,52 @@ def disk_error(error: OSError, where) -> DistkitError:
                         "--output-dir you can write to")
 
 
+def checkpoint_saver(dirname: str):
+    """ignite's ``DiskSaver`` (atomic: a temporary file, then a rename), whose failure to
+    write is one line: torch.save reports a full disk as ``RuntimeError: [enforce fail at
+    inline_container.cc] . unexpected pos``, which names neither the cause nor the disk."""
+    from ignite.handlers import DiskSaver
+
+    class OneLineDiskSaver(DiskSaver):
+        def __call__(self, checkpoint, filename, metadata=None):
+            try:
+                super().__call__(checkpoint, filename, metadata)
+            except (OSError, RuntimeError) as e:
+                raise save_error(e, checkpoint, self.dirname) from None
+
+    return OneLineDiskSaver(dirname, require_empty=False, atomic=True)
+
+
+def save_error(error: Exception, checkpoint, dirname) -> Exception:
+    """A DistkitError for a failed save: a full disk named as such, other OSErrors in one
+    line; anything else unchanged."""
+    if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return disk_error(error, dirname)
+    if isinstance(error, RuntimeError) and "unexpected pos" in str(error):
+        # A short write. DiskSaver has removed its temporary file, so the free space is
+        # back to what it was before the save: less than the checkpoint needs = disk full.
+        import shutil
+
+        need = sum(t.numel() * t.element_size() for t in _tensors(checkpoint))
+        free = shutil.disk_usage(dirname).free
+        if free < need + (1 << 20):
+            return disk_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), dirname)
+    if isinstance(error, OSError):
+        return disk_error(error, dirname)
+    return error
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors(value)
+    elif isinstance(obj, (list, tuple)):
+        for value in obj:
+            yield from _tensors(value)
+
+
 def make_run_dir(output_dir: str, backend: str, world_size: int) -> str:
     """Create a fresh folder ``<output_dir>/<time>-<backend>-<world_size>procs``; never
     reuse one (a suffix is added if the name exists)."""
@@ -159,9 +217,80 @@ def make_run_dir(output_dir: str, backend: str, world_size: int) -> str:
     raise DistkitError(f"could not create a fresh run folder under {output_dir}: clean it up")
 
 
-def to_save(trainer, model, optimizer, lr_scheduler) -> dict:
-    """What a checkpoint holds; the same dict is used to save and to load."""
-    return {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
+def to_save(trainer, model, optimizer, lr_scheduler, settings=None) -> dict:
+    """What a checkpoint holds; the same dict is used to save and to load. ``settings``
+    (a :class:`RunSettings`) records what a resumed run must share with this one."""
+    objects = {"trainer": trainer, "model": model, "optimizer": optimizer, "lr_scheduler": lr_scheduler}
+    if settings is not None:
+        objects[SETTINGS] = settings
+    return objects
+
+
+SETTINGS = "settings"
+# What a resumed run must share with the run that wrote the checkpoint, and why: the
+# trainer, optimizer and lr schedule come back from the checkpoint as they were, so a
+# changed value here would be silently ignored or would silently change the run.
+_MUST_MATCH = {
+    "task": ("--task (or --dataset/--model)", "the weights, data and metrics belong to it"),
+    "dataset_size": ("--dataset-size", "the synthetic data and the epoch length depend on it"),
+    "world_size": ("the world size (--nproc-per-node x --nnodes)",
+                   "every process's shard, batch and data order depend on it"),
+    "batch_size": ("--batch-size", "the epoch length and the order of batches depend on it"),
+    "epochs": ("--epochs", "the lr schedule, restored from the checkpoint, ends at its last epoch"),
+    "lr": ("--lr", "the lr schedule is restored from the checkpoint"),
+    "scale_lr": ("--scale-lr", "the lr schedule is restored from the checkpoint"),
+    "warmup_epochs": ("--warmup-epochs", "the lr schedule is restored from the checkpoint"),
+    "momentum": ("Config.momentum", "the optimizer is restored from the checkpoint"),
+    "weight_decay": ("Config.weight_decay", "the optimizer is restored from the checkpoint"),
+    "seed": ("--seed", "the train/validation split and the data order depend on it"),
+    "strategy": ("--strategy", "the model and optimizer state are saved per strategy"),
+}
+
+
+def resume_settings(config, task_name: str, world_size: int) -> dict:
+    """The values of ``_MUST_MATCH`` for this run (plain values: loadable with
+    ``weights_only=True``)."""
+    settings = {"task": task_name, "world_size": int(world_size)}
+    for name in _MUST_MATCH:
+        if name not in settings and hasattr(config, name):
+            settings[name] = getattr(config, name)
+    if config.dataset != "synthetic" or getattr(config, "task", None):
+        settings.pop("dataset_size", None)  # only the synthetic set has a size to choose
+    return settings
+
+
+class RunSettings:
+    """The ``settings`` entry of every checkpoint: :func:`resume_settings` of the run
+    that wrote it. Loading it changes nothing; :func:`check_checkpoint_fits` compares it
+    with the resuming run's, before any process starts."""
+
+    def __init__(self, settings: dict):
+        self.settings = dict(settings)
+
+    def state_dict(self) -> dict:
+        return dict(self.settings)
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def check_settings_match(path: str, saved: dict, current: dict) -> None:
+    """Refuse, in one line naming the flag, a resume whose settings differ from the
+    checkpoint's (see ``_MUST_MATCH``)."""
+    for name, (flag, why) in _MUST_MATCH.items():
+        if name not in saved or name not in current or saved[name] == current[name]:
+            continue
+        if name == "task":
+            fix = f"the task {saved[name]!r}"
+        elif isinstance(saved[name], bool):
+            fix = flag if saved[name] else f"no {flag}"
+        elif name == "world_size":
+            fix = f"{saved[name]} processes in all"
+        else:
+            fix = f"{flag} {saved[name]}"
+        raise DistkitError(
+            f"--resume-from {path!r} was written with {flag} = {saved[name]!r} and this run has "
+            f"{current[name]!r} ({why}): resume with {fix}, or start a new run without --resume-from")
 
 
 def load_checkpoint(path: str) -> dict:
@@ -178,12 +307,33 @@ def load_checkpoint(path: str) -> dict:
     if missing:
         raise DistkitError(f"--resume-from {path!r} lacks {', '.join(sorted(missing))}: pass a "
                            "checkpoint written by distkit train")
+    for name, keys in _REQUIRED_KEYS.items():
+        entry = ckpt[name]
+        if not isinstance(entry, dict):
+            raise DistkitError(f"--resume-from {path!r}: its {name!r} entry is a "
+                               f"{type(entry).__name__}, not a state dict: pass a checkpoint "
+                               "written by distkit train")
+        lacking = [k for k in keys if k not in entry]
+        if lacking:
+            raise DistkitError(f"--resume-from {path!r}: its {name!r} state lacks "
+                               f"{', '.join(lacking)}: pass a checkpoint written by distkit train")
+    counts = {k: ckpt["trainer"][k] for k in ("iteration", "epoch_length", "max_epochs")}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in counts.values()) \
+            or counts["epoch_length"] == 0:
+        raise DistkitError(f"--resume-from {path!r}: its trainer state is not a trainer's "
+                           f"({counts}): pass a checkpoint written by distkit train")
     return ckpt
 
 
-def check_checkpoint_fits(path: str, config, task=None) -> None:
+# Keys each entry's state dict must have for ignite to load it (the rest it checks itself).
+_REQUIRED_KEYS = {"trainer": ("iteration", "epoch_length", "max_epochs"), "model": (),
+                  "optimizer": ("state", "param_groups"), "lr_scheduler": ()}
+
+
+def check_checkpoint_fits(path: str, config, task=None, world_size: int | None = None) -> None:
     """Fail early if the checkpoint was written for another task's model (``task``
-    default: the config's, see ``distkit.tasks.resolve_task``)."""
+    default: the config's, see ``distkit.tasks.resolve_task``), or with settings this
+    run would silently change (see ``_MUST_MATCH``; ``world_size`` None: not compared)."""
     from distkit.tasks import resolve_task
 
     ckpt = load_checkpoint(path)
@@ -191,7 +341,7 @@ def check_checkpoint_fits(path: str, config, task=None) -> None:
     model = task.model(config)
     try:
         model.load_state_dict(ckpt["model"])
-    except RuntimeError:
+    except Exception:  # RuntimeError for other shapes, TypeError/AttributeError for non-tensors
         flags = f"--task {config.task}" if config.task else \
             f"--model {config.model} --dataset {config.dataset}"
         raise DistkitError(
@@ -202,6 +352,14 @@ def check_checkpoint_fits(path: str, config, task=None) -> None:
             f"--resume-from {path!r} is the end of a finished run (all "
             f"{ckpt['trainer']['max_epochs']} epochs done): nothing is left to resume; start a "
             "new run without --resume-from")
+    if not isinstance(ckpt.get(SETTINGS), dict):
+        raise DistkitError(
+            f"--resume-from {path!r} does not record the settings it was trained with (written "
+            "by an older distkit, or not by distkit train): start a new run without --resume-from")
+    current = resume_settings(config, task.name, world_size if world_size else 0)
+    if not world_size:
+        current.pop("world_size")
+    check_settings_match(path, ckpt[SETTINGS], current)
 
 
 def checkpoint_is_finished(ckpt: dict) -> bool:

@@ -231,7 +231,9 @@ def preflight(config, spawning: bool, task=None):
     if config.resume_from:
         from distkit.checkpoint import check_checkpoint_fits
 
-        check_checkpoint_fits(config.resume_from, config, task)
+        world_size = nproc * config.nnodes if spawning else \
+            int(os.environ.get("WORLD_SIZE", "1"))
+        check_checkpoint_fits(config.resume_from, config, task, world_size)
     if spawning and config.dataset in ("mnist", "cifar10"):
         # Download once here, before any process starts, so an offline machine fails fast.
         from distkit.data import fetch_torchvision

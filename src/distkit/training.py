@@ -18,11 +18,12 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Events, create_supervised_evaluator
 from ignite.engine.deterministic import DeterministicEngine
-from ignite.handlers import Checkpoint, DiskSaver, EarlyStopping, PiecewiseLinear, ProgressBar
+from ignite.handlers import Checkpoint, EarlyStopping, PiecewiseLinear, ProgressBar
 from ignite.utils import manual_seed
 
 from distkit import profiling, tracking
-from distkit.checkpoint import (CHECKPOINT_PREFIX, load_checkpoint, make_run_dir, to_save,
+from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_saver, load_checkpoint,
+                                make_run_dir, resume_settings, to_save,
                                 write_results)
 from distkit.data import get_dataflow
 from distkit.launch import ranks_on_this_host, threads_per_process
@@ -309,9 +310,11 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     # rank 0 only, atomically (temporary file, then rename).
     # Under fsdp: full (unsharded) state dicts, so the files stay plain model weights.
     saved_model, saved_optimizer = checkpoint_objects(model, optimizer)
-    objects = to_save(trainer, saved_model, saved_optimizer, lr_scheduler)
+    # the settings a resumed run must share with this one (checked before it starts)
+    settings = RunSettings(resume_settings(config, task.name, world_size))
+    objects = to_save(trainer, saved_model, saved_optimizer, lr_scheduler, settings)
     checkpoint = Checkpoint(
-        objects, DiskSaver(os.path.join(run_dir, "checkpoints"), require_empty=False, atomic=True),
+        objects, checkpoint_saver(os.path.join(run_dir, "checkpoints")),  # full disk: one line
         filename_prefix=CHECKPOINT_PREFIX, n_saved=2,
         global_step_transform=lambda engine, _: engine.state.iteration)
     save_at = Events.EPOCH_COMPLETED
@@ -320,7 +323,7 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     trainer.add_event_handler(save_at, checkpoint)
     # The best model by the task's score, beside (not among) the resumable checkpoints.
     best = Checkpoint(
-        {"model": saved_model}, DiskSaver(os.path.join(run_dir, "best"), require_empty=False, atomic=True),
+        {"model": saved_model}, checkpoint_saver(os.path.join(run_dir, "best")),
         filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0])
     trainer.add_event_handler(Events.EPOCH_COMPLETED, best)
 

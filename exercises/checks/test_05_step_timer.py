@@ -13,6 +13,8 @@ pytestmark = pytest.mark.ex05
 STEP_S = 0.03  # the process function sleeps this long
 DATA_S = 0.06  # fetching a batch sleeps this long
 HANDLER_S = 0.20  # a handler at every EPOCH_COMPLETED ("validation") sleeps this long
+LOG_S = 0.10  # a handler at every ITERATION_COMPLETED ("logging"): far from DATA_S, so the
+#               check can tell which of the two a timer counted
 ITERS = 8  # per epoch: a total over the epoch (0.24 s) is far from a step + a batch (0.09 s)
 
 
@@ -42,9 +44,17 @@ def test_timer_measures_only_the_step():
         time.sleep(STEP_S)
         steps.append(time.perf_counter() - start)
 
+    logged = []
+
+    def log(engine):
+        start = time.perf_counter()
+        time.sleep(LOG_S)
+        logged.append(time.perf_counter() - start)
+
     trainer = Engine(step)
     timer = ex.attach_step_timer(trainer)
-    # Attached after the learner's timer, like validation in a real training script.
+    # Attached after the learner's timer, like logging and validation in a real script.
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, log)
     trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: time.sleep(HANDLER_S))
     data = SlowData()
     trainer.run(data, max_epochs=2)
@@ -55,17 +65,24 @@ def test_timer_measures_only_the_step():
     # Compare with what the step and the data took in this run (a busy machine sleeps
     # longer than asked), not with the nominal times.
     step_s, data_s = sum(steps) / len(steps), sum(data.took) / len(data.took)
+    log_s = sum(logged) / len(logged)
     told = (f"your timer says {got:.3f} s, but one step took {step_s:.3f} s, fetching a batch "
-            f"{data_s:.3f} s, and a handler at the end of each epoch {HANDLER_S:.2f} s")
-    if got >= 1.6 * (step_s + data_s):
+            f"{data_s:.3f} s, a logging handler after each step {log_s:.3f} s, and a handler at "
+            f"the end of each epoch {HANDLER_S:.2f} s")
+    if got >= 0.8 * ITERS * step_s:
         raise harness.ExerciseFailure(
-            f"{told}: that looks like a total or includes more than the step; use "
-            f"Timer(average=True), resume it at ITERATION_STARTED, pause it and step it at "
-            f"ITERATION_COMPLETED")
-    if got >= step_s + 0.5 * data_s:
+            f"{told}: that looks like a total, not an average; use Timer(average=True) and "
+            f"step it at ITERATION_COMPLETED, so value() divides by the number of steps")
+    outside = got - step_s
+    if outside >= 0.5 * data_s and abs(outside - data_s) <= 0.3 * data_s:
         raise harness.ExerciseFailure(
             f"{told}: it also counts fetching the batch; resume the timer at "
             f"ITERATION_STARTED (after the batch arrived) and pause it at ITERATION_COMPLETED")
+    if outside >= 0.5 * data_s:
+        raise harness.ExerciseFailure(
+            f"{told}: it also counts time outside the step, the other handlers' (logging, "
+            f"validation); pause the timer at ITERATION_COMPLETED, where the step ends, not "
+            f"at a later event")
     if got < 0.9 * step_s:
         raise harness.ExerciseFailure(
             f"{told}: it misses part of the step (or divides by too much); resume at "

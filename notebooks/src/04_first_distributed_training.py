@@ -196,25 +196,42 @@ plots.sample_predictions(mine["images"], mine["labels"], mine["predicted"]);
 # ## 3. The kit's `training`: the same function, grown up
 #
 # `distkit.launch.run(config)` checks the config, picks a free port and calls
-# `idist.Parallel(...).run(distkit.training.training, config)`, then reads rank 0's
-# `results.json`. Inside, `distkit.training` makes the same ignite calls as the
-# function above; this cell finds each one in the kit's source:
+# `idist.Parallel(...).run(distkit.training.training, config, task)`, then reads rank
+# 0's `results.json`. Inside, `distkit.training` makes the same ignite calls as the
+# function above; this cell parses the source of the kit's modules that
+# `distkit.training` loaded and finds each call there:
 
 # %%
-import importlib
-import importlib.util
+import ast
 import inspect
+import sys
 
-kit_modules = [importlib.import_module(m) for m in ("distkit.training", "distkit.data", "distkit.tasks")
-               if importlib.util.find_spec(m) is not None]
+import distkit.training
+
+
+def calls(source):
+    """(dotted name, line) of every call in ``source``: ``idist.auto_model(...)`` -> "idist.auto_model"."""
+    def name(node):
+        if isinstance(node, ast.Attribute):
+            return f"{name(node.value)}.{node.attr}"
+        return node.id if isinstance(node, ast.Name) else "?"
+    return [(name(n.func), n.lineno) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)]
+
+
+# the kit's modules that distkit.training has loaded (not the notebook props in distkit.lessons)
+kit = {m.__name__: calls(inspect.getsource(m)) for name, m in sorted(sys.modules.items())
+       if name.startswith("distkit.") and not name.startswith(("distkit.lessons", "distkit.commands"))
+       and getattr(m, "__file__", None)}
+yours = calls(inspect.getsource(training))
 print("yours:    training" + str(inspect.signature(training)))
 print("distkit:  training" + str(inspect.signature(distkit.training.training)))
-for call in ("idist.auto_dataloader(", "idist.auto_model(", "idist.auto_optim(", "set_epoch(",
-             "create_supervised_evaluator(", "Checkpoint(", "trainer.run(", "idist.all_gather("):
-    where = [f"{os.path.basename(m.__file__)}:{n}" for m in kit_modules
-             for n, line in enumerate(inspect.getsource(m).splitlines(), 1) if call in line]
-    print(f"  {call:30} {'in your training' if call in inspect.getsource(training) else '-':17} "
-          f"distkit: {', '.join(where)}")
+for call in ("idist.auto_dataloader", "idist.auto_model", "idist.auto_optim", "set_epoch",
+             "create_supervised_evaluator", "Checkpoint", "trainer.run", "idist.all_gather"):
+    def hit(dotted):
+        return dotted == call or dotted.endswith("." + call)
+    where = [f"{module.split('.')[-1]}.py:{line}" for module, found in kit.items() for dotted, line in found if hit(dotted)]
+    mine = any(hit(dotted) for dotted, _ in yours)
+    print(f"  {call:28} {'in your training' if mine else '-':17} distkit: {', '.join(where)}")
     assert where, call
 
 # %% [markdown]

@@ -198,8 +198,8 @@ plots.sample_predictions(mine["images"], mine["labels"], mine["predicted"]);
 # `distkit.launch.run(config)` checks the config, picks a free port and calls
 # `idist.Parallel(...).run(distkit.training.training, config, task)`, then reads rank
 # 0's `results.json`. Inside, `distkit.training` makes the same ignite calls as the
-# function above; this cell parses the source of the kit's modules that
-# `distkit.training` loaded and finds each call there:
+# function above; this cell parses the source of the kit's modules loaded in this
+# kernel (`distkit.training` and what it imports) and finds each call there:
 
 # %%
 import ast
@@ -218,7 +218,7 @@ def calls(source):
     return [(name(n.func), n.lineno) for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)]
 
 
-# the kit's modules that distkit.training has loaded (not the notebook props in distkit.lessons)
+# the kit's modules loaded in this kernel (not the notebook props in distkit.lessons)
 kit = {m.__name__: calls(inspect.getsource(m)) for name, m in sorted(sys.modules.items())
        if name.startswith("distkit.") and not name.startswith(("distkit.lessons", "distkit.commands"))
        and getattr(m, "__file__", None)}

@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -185,3 +187,93 @@ def test_colab_launcher_runs_distkit_train(tmp_path):
     assert "+ distkit train --backend none --nproc-per-node 1 --epochs 1" in out.stdout
     assert "final validation accuracy" in out.stdout
     assert list((tmp_path / "runs").glob("*/results.json"))
+
+
+# --------------------------------------------------------------------------------------
+# Colab: the notebooks' real install cell, in an environment set up as Colab's is
+# --------------------------------------------------------------------------------------
+
+# What a Colab runtime has before the install cell runs (issue 13: torch 2.9 and
+# torchvision 0.24; matplotlib, scikit-learn, tqdm; a Jupyter kernel), and not
+# pytorch-ignite or distkit. Built once, then reused (about 5.5 GB: torch's CUDA build).
+COLAB_PREINSTALLED = ["torch==2.9.0", "torchvision==0.24.0", "matplotlib", "scikit-learn", "tqdm",
+                      "ipykernel", "nbclient", "nbformat"]
+COLAB_VENV = Path(os.environ.get("DISTKIT_COLAB_VENV", Path.home() / ".cache" / "distkit" / "colab-venv"))
+KEPT = ("torch", "torchvision", "ipykernel", "jupyter_client", "nbclient", "matplotlib", "numpy")
+
+
+def colab_like_python() -> Path:
+    python, marker = COLAB_VENV / "bin" / "python", COLAB_VENV / "colab-preinstalled.txt"
+    if python.exists() and marker.exists() and marker.read_text().split() == COLAB_PREINSTALLED:
+        return python
+    shutil.rmtree(COLAB_VENV, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", str(COLAB_VENV)], check=True, timeout=120)
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *COLAB_PREINSTALLED], check=True, timeout=1200)
+    marker.write_text("\n".join(COLAB_PREINSTALLED))
+    return python
+
+
+def checkout_copy(dest: Path) -> Path:
+    """What pip needs to build distkit from this working tree, copied (a build in the
+    checkout itself would leave build/ behind in it)."""
+    for name in ("pyproject.toml", "README.md", "LICENSE", "requirements.txt"):
+        shutil.copy(REPO_ROOT / name, dest / name)
+    shutil.copytree(REPO_ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    return dest
+
+
+# Run in the Colab-like environment: the notebooks' install cell (every notebook's second
+# cell is this text: test_notebooks checks they are in sync), in a real kernel, then a
+# tiny training in the same kernel (idist.Parallel forks there).
+DRIVER = textwrap.dedent('''\
+    import json, sys, nbformat
+    from nbclient import NotebookClient
+    install_cell, out = open(sys.argv[1]).read(), sys.argv[2]
+    versions = "import importlib.metadata as md, json; print('VERSIONS', json.dumps({{p: md.version(p) for p in {kept!r}}}))"
+    train = """
+    from distkit.config import Config
+    from distkit.launch import run
+    res = run(Config(nproc_per_node=2, epochs=1, dataset="synthetic", dataset_size=256, output_dir="runs"))
+    print("TRAINED", res["world_size"], res["final"]["val_accuracy"], res["versions"]["torch"])
+    """
+    cells = [nbformat.v4.new_code_cell(versions), nbformat.v4.new_code_cell(install_cell),
+             nbformat.v4.new_code_cell(versions), nbformat.v4.new_code_cell(train)]
+    run_nb = nbformat.v4.new_notebook(cells=cells)
+    NotebookClient(run_nb, timeout=600, kernel_name="python3", resources={{"metadata": {{"path": out}}}}).execute()
+    print("".join(o.get("text", "") for c in run_nb.cells for o in c.get("outputs", [])))
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_path):
+    python = colab_like_python()
+    # distkit and ignite from an earlier run out, so the cell installs them again
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "distkit", "pytorch-ignite"],
+                   capture_output=True, timeout=120)
+    sys.path.insert(0, str(SCRIPTS))
+    from build_notebooks import INSTALL_CELL
+
+    (tmp_path / "install_cell.py").write_text(INSTALL_CELL)
+    (tmp_path / "checkout").mkdir()
+    spec = checkout_copy(tmp_path / "checkout")
+    (tmp_path / "drive.py").write_text(DRIVER.format(kept=KEPT))
+    (tmp_path / "work").mkdir()
+    env = {k: v for k, v in subprocess_env(DISTKIT_INSTALL_SPEC=spec).items()
+           if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
+    env["PATH"] = f"{python.parent}:{env['PATH']}"
+    out = subprocess.run([str(python), str(tmp_path / "drive.py"), str(tmp_path / "install_cell.py"),
+                          str(tmp_path / "work")],
+                         capture_output=True, text=True, env=env, timeout=1500)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    before, after = [json.loads(ln.split(" ", 1)[1])
+                     for ln in out.stdout.splitlines() if ln.startswith("VERSIONS ")]
+    assert before == after, "the install cell changed a package the runtime had"
+    assert before["torch"].startswith("2.9.0") and before["torchvision"].startswith("0.24.0")
+    (trained,) = [ln.split() for ln in out.stdout.splitlines() if ln.startswith("TRAINED ")]
+    # trained on 2 processes, with the runtime's torch (torch.__version__ adds "+cu128")
+    assert trained[1] == "2" and 0.0 <= float(trained[2]) <= 1.0 and trained[3].startswith(before["torch"])
+    installed = subprocess.run([str(python), "-m", "pip", "show", "distkit", "pytorch-ignite"],
+                               capture_output=True, text=True, timeout=60).stdout
+    assert "Name: distkit" in installed and "Name: pytorch-ignite" in installed
+    assert "Editable project location" not in installed  # a real install, from the checkout copy

@@ -277,3 +277,23 @@ def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_pat
                                capture_output=True, text=True, timeout=60).stdout
     assert "Name: distkit" in installed and "Name: pytorch-ignite" in installed
     assert "Editable project location" not in installed  # a real install, from the checkout copy
+
+
+def test_the_repository_is_named_in_pyproject_only(tmp_path):
+    """Badges and install cells come from [project.urls] Repository: no other tracked file
+    (generated notebooks aside) spells it, and another value there changes what is built."""
+    sys.path.insert(0, str(SCRIPTS))
+    import build_notebooks
+
+    url = build_notebooks.REPO_URL
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO_ROOT, capture_output=True, text=True,
+                             timeout=30).stdout.split()
+    spelled = [f for f in tracked if not f.endswith(".ipynb") and (REPO_ROOT / f).is_file()
+               and url.removeprefix("https://") in (REPO_ROOT / f).read_text(errors="ignore")]
+    assert spelled == ["pyproject.toml"], spelled
+    fork = tmp_path / "pyproject.toml"
+    fork.write_text((REPO_ROOT / "pyproject.toml").read_text().replace(url, "https://github.com/someone/fork"))
+    assert build_notebooks.repository_url(fork) == "https://github.com/someone/fork"
+    (notebook,) = [json.loads(p.read_text()) for p in sorted((REPO_ROOT / "notebooks").glob("02_*.ipynb"))]
+    assert f"colab.research.google.com/github/{build_notebooks.REPO}/blob/" in "".join(notebook["cells"][0]["source"])
+    assert f'REPO_URL = "{url}"' in "".join(notebook["cells"][1]["source"])

@@ -103,7 +103,7 @@ def test_gpu_measurement_says_it_is_skipped_without_cuda():
 # --- bad input: one line, before any measuring ----------------------------------------
 
 @pytest.mark.parametrize("args, message", [
-    (["--only", "overhead,bogus"], "unknown measurement bogus: choose from overhead, ddp, scaling, data, gpu"),
+    (["--only", "overhead,bogus"], "unknown measurement bogus: choose from overhead, ddp, scaling, data, gpu, peers"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
 ])
 def test_bad_input_fails_in_one_line(args, message, capsys, tmp_path):
@@ -149,6 +149,7 @@ def tiny_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run([sys.executable, "-m", "distkit", "bench", "--tiny", "--output", str(out),
+                           "--only", "overhead,ddp,scaling,data,gpu",
                            "--note", "test run"], cwd=out, env=subprocess_env(),
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -254,3 +255,60 @@ def test_bench_tiny_data_pipeline_verdicts_follow_the_medians(tiny_run):
             compute = p["compute"][model]["median"]
             assert verdict["data_bound_with_0_workers"] == (zero < compute)
             assert verdict["compute_ms_per_batch"] == pytest.approx(1000 * d["batch_size"] / compute)
+
+
+# --- peers: whole commands ------------------------------------------------------------
+
+def test_run_command_reports_the_peak_memory_of_the_largest_process_of_the_command():
+    """The child allocates 300 MiB in a grandchild: wait4's ru_maxrss sees it."""
+    from conftest import subprocess_env
+    from distkit.bench.peers import run_command
+
+    code = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
+            "'b = bytearray(300 * 2**20); b[::4096] = b\"x\" * len(b[::4096])'], check=True)")
+    run = run_command([sys.executable, "-c", code], subprocess_env(), timeout_s=120)
+    assert run["returncode"] == 0, run["stderr_tail"]
+    assert 300 <= run["peak_rss_mib"] < 1000, run
+    assert run["wall_s"] > 0
+
+
+def test_peers_lists_every_contender_and_says_why_one_is_skipped(monkeypatch):
+    from distkit.bench import peers
+
+    monkeypatch.setattr(peers, "peers_python", lambda: None)
+    table = peers.contenders(64, 1)
+    assert set(table) == {"distkit", "distkit (torchrun)", peers.BASELINE, "ignite (idist.Parallel)",
+                          "accelerate", "lightning fabric"}
+    assert table["accelerate"].startswith("not installed: pip install accelerate lightning")
+    argv = table["distkit"][0]("/tmp/x", 1234)
+    assert argv[1:4] == ["-m", "distkit", "train"] and "--batch-size" in argv
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_bench_peers_tiny_runs_real_commands_and_pairs_the_ratios(tmp_path):
+    """``distkit bench --tiny --only peers --check``: the kit's command and the
+    hand-written torchrun loop (and, for tiny steps, the kit under torchrun) really run;
+    every number comes from their records."""
+    from conftest import subprocess_env
+
+    proc = subprocess.run([sys.executable, "-m", "distkit", "bench", "--tiny", "--only", "peers",
+                           "--check", "--output", str(tmp_path)], cwd=tmp_path, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=880)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(tmp_path / "bench-tiny.json") as f:
+        p = json.load(f)["peers"]
+    assert "6 peers: whole commands, global batch 64" in proc.stdout
+    default, tiny = p["default_batch"], p["tiny_steps"]
+    assert set(default["contenders"]) == {"distkit", "hand-written (torchrun)"}
+    assert set(tiny["contenders"]) == {"distkit", "distkit (torchrun)"}
+    for name, c in default["contenders"].items():
+        assert c["final_val_accuracy"][0] > 0.2  # it trained: 10 classes, chance is 0.1
+        assert 0 < c["first_step_s"][0] < c["wall_s"][0]
+        assert c["peak_rss_mib"][0] > 100  # a process that imported torch
+    hand, kit = default["contenders"]["hand-written (torchrun)"], default["contenders"]["distkit"]
+    assert kit["throughput_ratio"] == pytest.approx(kit["samples_per_s"][0] / hand["samples_per_s"][0])
+    assert kit["wall_delta_s"] == pytest.approx(kit["wall_s"][0] - hand["wall_s"][0])
+    own, torchrun = (tiny["contenders"][k]["samples_per_s"][0] for k in ("distkit", "distkit (torchrun)"))
+    assert tiny["default_launch_vs_torchrun"] == pytest.approx(own / torchrun)
+    assert tiny["per_process_batch"] == 8

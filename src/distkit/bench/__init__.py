@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import importlib
 
-MEASUREMENTS = ("overhead", "ddp", "scaling", "data", "gpu")
+MEASUREMENTS = ("overhead", "ddp", "scaling", "data", "gpu", "peers")
 
 # What ``from distkit.bench import X`` finds, and where; imported on first use, so that
 # ``distkit bench --help`` (and every other sub-command) does not import torch for it.

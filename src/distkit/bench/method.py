@@ -38,6 +38,10 @@ class Settings:
     gpu_batch: int = 256
     gpu_steps: int = 30
     study_repeats: int = 5   # rounds of the scaling and data measurements
+    peer_rounds: int = 5     # rounds of whole commands (peers), after one warm-up round
+    peer_epochs: int = 3
+    peer_warmup: int = 1
+    peer_names: tuple | None = None  # contenders of the peers measurement (None: all)
 
 
 MODES = {
@@ -45,7 +49,8 @@ MODES = {
     "tiny": Settings("tiny", repeats=2, warmup=1, batch_size=32, steps=3, mlp_hidden=256,
                      scaling_steps=2, max_world_size=2, data_batch=16, data_batches=2,
                      data_workers=(0, 1), compute_steps=1, gpu_batch=4, gpu_steps=1,
-                     overhead_probe_steps=20, study_repeats=2),
+                     overhead_probe_steps=20, study_repeats=2, peer_rounds=1, peer_epochs=1,
+                     peer_warmup=0, peer_names=("distkit", "hand-written (torchrun)")),
     "quick": Settings("quick", repeats=15, warmup=1, batch_size=256, steps=8, mlp_hidden=1024,
                       scaling_steps=6, max_world_size=2, data_batch=128, data_batches=8,
                       compute_steps=2, overhead_variants=False, overhead_probe_steps=100,

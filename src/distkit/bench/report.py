@@ -96,6 +96,8 @@ def table(results: dict) -> str:
                                 else "compute-bound with 0 workers; ")
                              + (f"{keep} worker(s) keep up" if keep is not None
                                 else "no tested worker count keeps up"))
+    if "peers" in results:
+        lines += _peers_lines(results["peers"])
     if "pool" in results:
         idle = results["pool"]["pool_idle"]
         lines.append(f"\n(the process pool used {idle['idle_cpu_s']:.2f} s of CPU while waiting "
@@ -110,3 +112,38 @@ def targets_missed(results: dict) -> list:
     """Names of the measurements whose kit/hand-written ratio misses its target."""
     return [k for k in TARGETS if k in results and "ratio" in results[k]
             and not results[k]["within_target"]]
+
+
+def _num(x, fmt):
+    return format(x, fmt) if x is not None else "-"
+
+
+def _peers_lines(p) -> list:
+    """Whole commands: one row per contender, medians over rounds; ratios and deltas are
+    paired with the hand-written loop's run of the same round."""
+    lines = []
+    row = "{:<26} {:>11} {:>7} {:>12} {:>8} {:>9} {:>8} {:>9}"
+    for key, title in (("default_batch", "global batch {b}"), ("tiny_steps", "tiny steps, global batch {b}")):
+        if key not in p:
+            continue
+        c = p[key]
+        lines += ["", f"6 peers: whole commands, {title.format(b=c['batch_size'])} "
+                      f"({c['per_process_batch']} per process), {c['epochs']} epochs, "
+                      f"{c['rounds']} rounds; load average {p['load_average']['start']} -> "
+                      f"{p['load_average']['end']}",
+                  row.format("contender", "samples/s", "ratio", "first step s", "(delta)", "wall s",
+                             "(delta)", "peak MiB")]
+        for name, e in c["contenders"].items():
+            m = e["median"]
+            lines.append(row.format(
+                name, _rate(m["samples_per_s"]), _num(e.get("throughput_ratio"), ".3f"),
+                _num(m.get("first_step_s"), ".2f"), _num(e.get("first_step_delta_s"), "+.2f"),
+                _num(m["wall_s"], ".2f"), _num(e.get("wall_delta_s"), "+.2f"),
+                _num(m["peak_rss_mib"], ".0f")))
+        for name, why in c.get("skipped", {}).items():
+            lines.append(f"{name:<26} skipped: {why}")
+        if "default_launch_vs_torchrun" in c:
+            lines.append(f"    distkit under its own launch / under torchrun, samples/s: "
+                         f"{c['default_launch_vs_torchrun']:.3f} (target >= 0.97)")
+    lines.append("    (ratio and deltas: against the hand-written torchrun loop of the same round)")
+    return lines

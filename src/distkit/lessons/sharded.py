@@ -65,13 +65,16 @@ class CommCounter(TorchDispatchMode):
         super().__init__()
         self.calls: dict[str, int] = {}
         self.payload: dict[str, int] = {}
+        self.log: list[tuple] = []  # (kind, shape, dtype) of each op's largest tensor
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kind = _kind(str(func))
         if kind is not None:
-            sizes = [_nbytes(t) for t in _tensors(list(args) + list((kwargs or {}).values()))]
+            tensors = sorted(_tensors(list(args) + list((kwargs or {}).values())), key=_nbytes)
             self.calls[kind] = self.calls.get(kind, 0) + 1
-            self.payload[kind] = self.payload.get(kind, 0) + (max(sizes) if sizes else 0)
+            self.payload[kind] = self.payload.get(kind, 0) + (_nbytes(tensors[-1]) if tensors else 0)
+            if tensors:
+                self.log.append((kind, tuple(tensors[-1].shape), str(tensors[-1].dtype)))
         return func(*args, **(kwargs or {}))
 
     def total(self) -> int:

@@ -1,0 +1,43 @@
+"""Exercise 11: a pipeline schedule, and its bubble predicted then measured.
+
+Pipeline parallelism (notebook 11) cuts a model into stages, one per rank, and the batch
+into micro-batches that flow through them. In a step of the GPipe schedule each stage
+runs all the micro-batches' forwards, then all their backwards; at the start and the end
+some stages wait for the others: the *bubble*. The check runs your schedule on 2 gloo
+ranks with stages whose forward and backward take a known time, measures the share of
+the step each stage sat idle, and sets it against your prediction.
+
+Task:
+
+1. ``bubble_fraction(stages, microbatches)``: the share of a step that each stage is
+   idle, for ``stages`` equal stages and ``microbatches`` micro-batches, when sending
+   costs nothing. (Draw it: how many time slots does a step last, and in how many of
+   them does one stage work?)
+2. ``pipeline_step(stage_module, stage_index, num_stages, inputs, targets,
+   n_microbatches)``: one training step (forward and backward, no optimizer) of this
+   rank's stage with ``torch.distributed.pipelining``: wrap ``stage_module`` in a
+   ``PipelineStage`` (on the CPU), make a ``ScheduleGPipe`` with ``n_microbatches``
+   micro-batches and the loss ``F.mse_loss``, and run ``schedule.step``: the first
+   stage gives it ``inputs`` (the whole batch: the schedule cuts it), the last stage
+   ``target=targets`` and a list to collect each micro-batch's loss in (``losses=``).
+   Return the mean of those losses as a Python float on the last stage, None elsewhere.
+
+Check it:  pytest exercises -m ex11     (or: distkit check 11)
+Stuck?     distkit check 11 --hint     (or read exercises/hints.md)
+"""
+import torch
+import torch.nn.functional as F
+from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+
+def bubble_fraction(stages, microbatches):
+    """The idle share of a GPipe step with equal stages and free communication."""
+    # TODO: the step lasts (how many?) slots; a stage works in `microbatches` of them.
+    raise NotImplementedError("exercise 11: write bubble_fraction")
+
+
+def pipeline_step(stage_module, stage_index, num_stages, inputs, targets, n_microbatches):
+    """One GPipe step of this rank's stage; the mean micro-batch loss on the last stage."""
+    # TODO: PipelineStage(stage_module, stage_index, num_stages, torch.device("cpu")),
+    # ScheduleGPipe(stage, n_microbatches=..., loss_fn=F.mse_loss), then schedule.step(...)
+    raise NotImplementedError("exercise 11: write pipeline_step")

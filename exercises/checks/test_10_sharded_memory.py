@@ -1,0 +1,117 @@
+"""Checks for exercise 10: the bytes each of 2 ranks holds after one Adam step, measured
+under DDP and under the learner's FSDP sharding, against the learner's prediction."""
+import pytest
+import torch
+import torch.nn as nn
+
+import harness
+
+pytestmark = pytest.mark.ex10
+
+WORLD = 2
+KINDS = ("params", "grads", "optimizer")
+
+
+def make_model():
+    torch.manual_seed(0)  # every layer's first dimension divides by 2: equal shards
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+
+
+NUM_PARAMS = sum(p.numel() for p in make_model().parameters())
+
+
+def one_adam_step(model):
+    from distkit.lessons.sharded import state_bytes
+
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    out = model(x)
+    out.pow(2).mean().backward()
+    optimizer.step()
+    return out.detach(), state_bytes(model, optimizer)
+
+
+def on_rank():
+    import ignite.distributed as idist
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    ex = harness.load("10")
+    report = {"predicted": {s: ex.predict_bytes_per_rank(NUM_PARAMS, WORLD, s) for s in ("ddp", "fsdp")},
+              "predicted_fsdp_4": ex.predict_bytes_per_rank(NUM_PARAMS, 4, "fsdp")}
+    reference_out, report["ddp"] = one_adam_step(idist.auto_model(make_model()))
+    sharded = ex.shard(make_model())
+    if not isinstance(sharded, nn.Module):
+        report["returned"] = type(sharded).__name__
+        return report
+    report["whole"] = [name for name, p in sharded.named_parameters() if not isinstance(p, DTensor)]
+    report["root_unit"] = isinstance(sharded, FSDPModule)
+    report["linear_units"] = [isinstance(m, FSDPModule) for m in sharded.modules() if isinstance(m, nn.Linear)]
+    out, report["fsdp"] = one_adam_step(sharded)
+    report["same_output"] = torch.allclose(out, reference_out, rtol=0, atol=1e-6)
+    return report
+
+
+def explain(strategy, kind, predicted, measured):
+    """The learner's likely mistake, from how the prediction relates to the measurement
+    (kinds are compared in the order params, grads, optimizer: by the optimizer, the
+    first two were right)."""
+    if predicted == 0:
+        return f"you predicted no {kind} at all"
+    if kind == "optimizer" and predicted * 2 == measured:  # params and grads were right
+        return "Adam keeps TWO moments per parameter (exp_avg and exp_avg_sq): 2 x 4 bytes each"
+    if predicted * WORLD == measured and strategy == "ddp":
+        return "under DDP every rank keeps the WHOLE model: do not divide by the world size"
+    if predicted == measured * WORLD and strategy == "fsdp":
+        return (f"that is what DDP keeps; under FSDP each of the {WORLD} ranks keeps 1/{WORLD}: "
+                "divide by the world size")
+    if predicted * 4 == measured:
+        return "you counted values, not bytes: an fp32 value takes 4 bytes (FP32_BYTES)"
+    return "params and grads take 4 bytes per parameter each, Adam's state 8, divided by the ranks under FSDP"
+
+
+def test_predicted_bytes_match_the_measured_ones():
+    ranks = harness.run_ranks(on_rank)
+    r = ranks[0]
+    for strategy in ("ddp", "fsdp"):
+        predicted = r["predicted"][strategy]
+        if not isinstance(predicted, dict) or set(predicted) != set(KINDS):
+            raise harness.ExerciseFailure(
+                f"predict_bytes_per_rank(..., {strategy!r}) returned {predicted!r}: return a dict "
+                f"with exactly the keys 'params', 'grads' and 'optimizer' (bytes per rank)")
+    if "returned" in r:
+        raise harness.ExerciseFailure(
+            f"shard(model) returned {r['returned']}, not the model: return the model you sharded")
+    if r["whole"]:
+        raise harness.ExerciseFailure(
+            f"after shard(model) the parameters {harness.short_list(r['whole'])} are still whole "
+            f"(plain tensors, not DTensor shards) on every rank: call fully_shard on every nn.Linear")
+    if not all(r["linear_units"]):
+        raise harness.ExerciseFailure(
+            f"only {sum(r['linear_units'])} of the {len(r['linear_units'])} nn.Linear layers are "
+            f"FSDP units of their own: with fully_shard on the root only, the forward gathers the "
+            f"WHOLE model at once, which is what sharding should avoid. Call fully_shard on every "
+            f"nn.Linear, then on the model")
+    if not r["root_unit"]:
+        raise harness.ExerciseFailure(
+            "the model itself is not sharded: after the layers, call fully_shard(model) on the "
+            "root too (it runs the hooks that gather and free each layer's weights)")
+    if not r["same_output"]:
+        raise harness.ExerciseFailure(
+            "the sharded model computes other outputs than the plain one with the same weights: "
+            "shard(model) must only shard it, not change or re-create its layers")
+    for rank, report in enumerate(ranks):
+        for strategy in ("ddp", "fsdp"):
+            for kind in KINDS:
+                predicted, measured = report["predicted"][strategy][kind], report[strategy][kind]
+                if predicted != measured:
+                    raise harness.ExerciseFailure(
+                        f"under {strategy.upper()} with {WORLD} ranks you predicted {predicted!r} bytes "
+                        f"of {kind} per rank; rank {rank} holds {measured} (measured, model of "
+                        f"{NUM_PARAMS} parameters): {explain(strategy, kind, predicted, measured)}")
+    four = r["predicted_fsdp_4"]
+    expected = {k: v // 2 for k, v in r["fsdp"].items() if k in KINDS}
+    if not isinstance(four, dict) or {k: four.get(k) for k in KINDS} != expected:
+        raise harness.ExerciseFailure(
+            f"with 4 ranks under FSDP you predicted {four!r}, but the 2-rank measurement halves "
+            f"to {expected}: divide by world_size, not by a fixed number")

@@ -1,0 +1,148 @@
+"""Checks for exercise 11: the learner's GPipe step on 2 gloo ranks gives the whole
+model's gradients, sends one activation per micro-batch, and sits idle for the share of
+the step the learner predicted (measured with stages that take a known time)."""
+import math
+import statistics
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+
+import harness
+
+pytestmark = pytest.mark.ex11
+
+STAGES = 2
+BATCH, WIDTH = 16, 8
+MICRO = 4
+MEASURED_M = (2, 4)
+TIMED_BATCH = 32  # micro-batches of 8+ samples: 40+ ms each, so sending costs little beside
+# A measured bubble may exceed the model (sends and the schedule's own work cost time,
+# more so on a busy machine) but never undercut it by more than timer noise.
+BELOW, ABOVE = 0.05, 0.2
+
+
+def whole_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Sequential(nn.Linear(WIDTH, 16), nn.Tanh(), nn.Linear(16, WIDTH)),
+                         nn.Sequential(nn.Linear(WIDTH, 16), nn.Tanh(), nn.Linear(16, WIDTH)))
+
+
+def data():
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+
+
+def _step(ex, module, rank, m, repeat=1):
+    x, y = data()
+    x, y = x.repeat(repeat, 1), y.repeat(repeat, 1)
+    return ex.pipeline_step(module, rank, STAGES, x if rank == 0 else None,
+                            y if rank == STAGES - 1 else None, m)
+
+
+def on_rank():
+    import torch.distributed as dist
+
+    from distkit.lessons.pipeline import Timed, busy_fraction
+    from distkit.lessons.sharded import CommCounter
+
+    ex = harness.load("11")
+    rank = dist.get_rank()
+    report = {"predicted": {m: ex.bubble_fraction(STAGES, m) for m in MEASURED_M},
+              "predicted_4_stages": ex.bubble_fraction(4, 8)}
+    reference = whole_model()
+    x, y = data()
+    loss = nn.functional.mse_loss(reference(x), y)
+    loss.backward()
+    report["loss"] = loss.item()
+    report["wanted"] = [p.grad.clone() for p in reference[rank].parameters()]
+
+    stage = whole_model()[rank]
+    with CommCounter() as comm:
+        returned = _step(ex, stage, rank, MICRO)
+    report["grads"] = [None if p.grad is None else p.grad.clone() for p in stage.parameters()]
+    # Activations only: a fresh PipelineStage first sends its shapes (pickled, uint8)
+    report["sends"] = [shape for kind, shape, dtype in comm.log if kind == "send" and dtype == "torch.float32"]
+    report["returned"] = returned if isinstance(returned, (int, float, type(None))) else repr(returned)
+
+    report["measured"] = {}
+    for m in MEASURED_M:
+        bubbles = []
+        for _ in range(2):
+            timed = nn.Sequential(whole_model()[rank], Timed(0.005, 0.010))  # 5 ms / 10 ms per sample
+            dist.barrier()
+            start = time.perf_counter()
+            _step(ex, timed, rank, m, repeat=TIMED_BATCH // BATCH)
+            dist.barrier()  # the step ends when the last stage is done
+            bubbles.append(1 - busy_fraction(start, time.perf_counter()))
+        report["measured"][m] = statistics.median(bubbles)
+    return report
+
+
+def flat(grads):
+    return torch.cat([g.reshape(-1) for g in grads])
+
+
+def test_pipeline_step_and_its_bubble():
+    ranks = harness.run_ranks(on_rank)
+    for rank, r in enumerate(ranks):
+        if any(g is None for g in r["grads"]):
+            raise harness.ExerciseFailure(
+                f"after pipeline_step, stage {rank}'s parameters have no gradient: give the "
+                f"schedule the loss (loss_fn=F.mse_loss), so that the last stage computes it and "
+                f"the schedule runs the backward of every micro-batch")
+    sends = ranks[0]["sends"]
+    if len(sends) != MICRO or any(shape != (BATCH // MICRO, WIDTH) for shape in sends):
+        raise harness.ExerciseFailure(
+            f"with n_microbatches={MICRO} and a batch of {BATCH}, rank 0 sent {len(sends)} activation "
+            f"tensor(s) of shape {harness.short_list(sorted(set(sends)))}, not {MICRO} of {(BATCH // MICRO, WIDTH)}: "
+            f"the schedule must cut the batch into n_microbatches micro-batches "
+            f"(ScheduleGPipe(stage, n_microbatches=n_microbatches, ...)), one send each")
+    for rank, r in enumerate(ranks):
+        got, want = flat(r["grads"]), flat(r["wanted"])
+        if not torch.allclose(got, want, rtol=1e-4, atol=1e-6):
+            raise harness.ExerciseFailure(
+                f"stage {rank} has other gradients than the whole model on the whole batch "
+                f"(largest difference {(got - want).abs().max().item():.3g}): run exactly one "
+                f"schedule.step per call, on a fresh PipelineStage of stage_module")
+    if ranks[0]["returned"] is not None:
+        raise harness.ExerciseFailure(
+            f"rank 0 returned {ranks[0]['returned']!r}: return None there (the loss is computed "
+            f"on the last stage)")
+    got, want = ranks[1]["returned"], ranks[1]["loss"]
+    if not isinstance(got, (int, float)):
+        raise harness.ExerciseFailure(
+            f"the last stage returned {got!r}: return the mean of the micro-batch losses as a "
+            f"Python float (collect them with schedule.step(target=..., losses=losses))")
+    if math.isclose(got, MICRO * want, rel_tol=1e-4):
+        raise harness.ExerciseFailure(
+            f"the last stage returned {got:.6f}, {MICRO}x the batch's loss {want:.6f}: that is the "
+            f"SUM of the {MICRO} micro-batch losses; return their mean")
+    if not math.isclose(got, want, rel_tol=1e-4):
+        raise harness.ExerciseFailure(
+            f"the last stage returned {got:.6f}, but the batch's mean loss is {want:.6f}: return "
+            f"the mean of the losses the schedule collected")
+    for m in MEASURED_M:
+        predicted = ranks[0]["predicted"][m]
+        measured = [r["measured"][m] for r in ranks]
+        shown = ", ".join(f"rank {k} {b:.3f}" for k, b in enumerate(measured))
+        if not isinstance(predicted, (int, float)) or not all(
+                predicted - BELOW <= b <= predicted + ABOVE for b in measured):
+            if isinstance(predicted, (int, float)) and math.isclose(predicted, (STAGES - 1) / m):
+                why = ("(p-1)/m leaves out the slots the pipeline needs to fill and drain: a step "
+                       "lasts m + p - 1 slots, not m")
+            elif isinstance(predicted, (int, float)) and math.isclose(predicted, 1 - 1 / STAGES):
+                why = ("that is the idle share without micro-batches (one stage at a time); with m "
+                       "micro-batches the stages overlap")
+            else:
+                why = "count the slots of a step: each stage works in m of them"
+            raise harness.ExerciseFailure(
+                f"you predicted a bubble of {predicted!r} for {STAGES} stages and {m} micro-batches; "
+                f"measured: {shown} idle (a measurement may exceed the model by up to {ABOVE} for "
+                f"the cost of sending, never undercut it): {why}")
+    four = ranks[0]["predicted_4_stages"]
+    if not isinstance(four, (int, float)) or not math.isclose(four, 3 / 11):
+        raise harness.ExerciseFailure(
+            f"bubble_fraction(4, 8) returned {four!r}: your formula fits 2 stages but not 4; write "
+            f"it with `stages`, not a fixed number")

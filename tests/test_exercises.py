@@ -5,7 +5,10 @@ sentence a learner reads.
 
 The checks run as ``pytest exercises`` subprocesses (they live under ``exercises/`` with
 their own ``pytest.ini``), choosing the graded files with ``DISTKIT_EXERCISES``. A wrong
-answer is a solution file with one function redefined at its end (a later ``def`` wins).
+answer is the solution with a few lines substituted, or with a function redefined at its
+end (a later ``def`` wins). The wrong answers are graded in rounds, one pytest subprocess
+per round with one file per exercise, so each round's process launches serve up to nine
+exercises; the checks themselves start real gloo processes.
 """
 from __future__ import annotations
 

@@ -166,6 +166,34 @@ def test_sigkill_on_one_of_two_nodes_ends_both_nodes(tmp_path):
     assert re.search(r"distkit: error: rank 0 .*(closed|reset|peer)", outs[0]), outs[0][-2000:]
 
 
+# --- a stuck (stopped) rank ---------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_stopped_rank_ends_the_job_in_about_the_timeout_naming_it(tmp_path):
+    """SIGSTOP rank 1: rank 0 times out in its next all-reduce after --timeout s. Without
+    the launcher's watchdog the job took the timeout plus torch's 30 s SIGTERM grace (a
+    stopped process never handles SIGTERM), and the message named the healthy rank 0."""
+    timeout = 10
+    proc = start(distkit_cmd("--nproc-per-node", 2, *TRAIN, "--timeout", timeout,
+                             "--output-dir", tmp_path / "runs"), tmp_path)
+    failure.wait_for_checkpoint(tmp_path / "runs", 5, timeout=100)
+    workers = failure.worker_pids(proc.pid)
+    stopped_at = time.monotonic()
+    failure.kill_rank(proc.pid, 1, sig=signal.SIGSTOP)
+    out = finish(proc, timeout + 60)
+    took = time.monotonic() - stopped_at
+    assert proc.returncode == 1, out[-2000:]
+    # measured here: 21 s for --timeout 10 (10 s timeout, about 7 s for rank 0 to exit,
+    # 4 s for the launcher); before: 50 s
+    assert took < timeout + 25, f"{took:.1f} s"
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("distkit: error: rank 1 stopped answering (its process was stopped"), out[-2000:]
+    assert f"gave up after --timeout {timeout} s" in last and "--resume-from latest" in last
+    assert "rank 0" not in last and "Traceback" not in out
+    assert not any(alive(pid) for pid in workers.values())
+
+
 # --- a kill during a checkpoint save ------------------------------------------------------
 
 @pytest.mark.slow

@@ -367,6 +367,8 @@ def _spawn(config, fn, *args) -> None:
     import multiprocessing
 
     before = set(multiprocessing.active_children())  # a notebook's other children stay
+    watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
+    watchdog.start()
     try:
         with idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
                             nnodes=config.nnodes, node_rank=config.node_rank,
@@ -380,13 +382,78 @@ def _spawn(config, fn, *args) -> None:
         stopped = stop_workers(set(multiprocessing.active_children()) - before)
         raise KeyboardInterrupt(interrupted_message(config, stopped)) from None
     except Exception as e:
+        watchdog.finish()
+        first = (config.node_rank or 0) * config.nproc_per_node
+        if watchdog.stopped:
+            ranks = ", ".join(str(first + r) for r in watchdog.stopped)
+            raise DistkitError(
+                f"rank {ranks} stopped answering (its process was stopped: SIGSTOP, Ctrl-Z or a "
+                f"debugger); the other ranks gave up after --timeout {config.timeout_s:g} s and "
+                "the job was ended. Resume with --resume-from latest (the newest checkpoint "
+                "under --output-dir)") from None
         failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node)
         if failure is None:
             raise
         raise failure from None
     finally:
+        watchdog.finish()
         logs.restore()  # a notebook's own ignite calls log as before
         _discard_if_empty(config.run_dir)
+
+
+class StoppedRankWatchdog:
+    """Watches the spawned ranks; once one has exited while another is *stopped* (state
+    ``T``: SIGSTOP, Ctrl-Z of one process, a debugger), it kills the stopped ones and
+    remembers their local ranks.
+
+    Why: a stopped rank makes the others time out in their next collective (after
+    ``--timeout``); torch then ends the job with SIGTERM, which a stopped process never
+    handles, and waits 30 s before SIGKILL; and the failure it reports is the healthy
+    rank that timed out. It reads ``/proc`` instead of polling the ``Process`` objects,
+    whose reaping belongs to torch's own join."""
+
+    def __init__(self, before: set, nproc: int, poll_s: float = 0.2):
+        import threading
+
+        self.before, self.nproc, self.poll_s = before, nproc, poll_s
+        self.stopped: list[int] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="distkit-watchdog", daemon=True)
+
+    def start(self) -> None:
+        if os.path.isdir("/proc"):  # Linux only; elsewhere torch's own clean-up applies
+            self._thread.start()
+
+    def finish(self) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _watch(self) -> None:
+        import multiprocessing
+
+        workers = []
+        while not self._done.wait(self.poll_s):
+            if len(workers) < self.nproc:  # spawned in local-rank order
+                workers = sorted(set(multiprocessing.active_children()) - self.before,
+                                 key=lambda p: p._identity)
+                continue
+            states = [_process_state(p.pid) for p in workers]
+            if any(state in (None, "Z", "X") for state in states):  # one has exited
+                for rank, (process, state) in enumerate(zip(workers, states)):
+                    if state == "T":
+                        self.stopped.append(rank)
+                        os.kill(process.pid, 9)  # SIGKILL works on a stopped process
+                return
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (R, S, D, T, Z...), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def stop_workers(children, grace_s: float = 3.0) -> int:

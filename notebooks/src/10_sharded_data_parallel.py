@@ -103,11 +103,16 @@ def train(local_rank, strategy):
             "sent": comm[-1].sent_per_rank(idist.get_world_size())}
 
 
+def both(local_rank):  # one start of the processes, both strategies
+    return {strategy: train(local_rank, strategy) for strategy in ("ddp", "fsdp")}
+
+
 results = {}
 for n in (1, 2, 4):
+    per_rank = run_per_rank(both, n, "gloo")
     for strategy in ("ddp", "fsdp"):
-        results[strategy, n] = run_per_rank(train, n, "gloo", strategy)
-print("done:", sorted(results))
+        results[strategy, n] = [r[strategy] for r in per_rank]
+print("trained:", ", ".join(f"{s} on {n} rank(s)" for s, n in results))
 
 # %% [markdown]
 # ## 2. Memory per rank, measured and predicted

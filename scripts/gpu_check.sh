@@ -5,6 +5,8 @@
 #   scripts/gpu_check.sh --install-only --wheels DIR    # install and check imports, no GPU needed
 #   scripts/gpu_check.sh --make-wheels DIR              # on a machine WITH network: fill DIR
 #   DRY_RUN=1 [DRY_RUN_GPUS=N] scripts/gpu_check.sh ... # print every step, run none
+#   GPU_CHECK_REHEARSAL=1 scripts/gpu_check.sh --output DIR  # CPU rehearsal (tests): gloo
+#       for nccl, 2 processes; steps that need a GPU are recorded as skipped, never passed
 #
 # Steps, each recorded (passed or failed, with its figures) even when another fails:
 #   1. install  pytorch-ignite and distkit from the wheels in DIR, never from the network,
@@ -71,7 +73,11 @@ gpu_count() {
     if ! command -v nvidia-smi >/dev/null 2>&1 && ! [ -e /dev/nvidia0 ]; then echo 0; return; fi
     "$PYTHON" -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0
 }
-if [ "$INSTALL_ONLY" = 0 ]; then
+REHEARSAL="${GPU_CHECK_REHEARSAL:-0}"
+if [ "$REHEARSAL" = 1 ]; then
+    [ "$OUTPUT" != "$ROOT/benchmarks/results" ] || die "a rehearsal needs --output DIR: its results are not GPU results"
+    GPUS=2
+elif [ "$INSTALL_ONLY" = 0 ]; then
     GPUS="$(gpu_count)"
     [ "$GPUS" -gt 0 ] 2>/dev/null || die "no NVIDIA GPU visible here (nvidia-smi, /dev/nvidia0 and torch.cuda.device_count() say none): run it on a machine with one; nothing was installed or written"
 fi
@@ -140,7 +146,7 @@ else
     [ -n "$WORK" ] || WORK="$(mktemp -d -t distkit-gpu-check-XXXXXX)"
     mkdir -p "$WORK" "$OUTPUT"
 fi
-export DRY_RUN GPUS WORK OUTPUT ROOT
+export DRY_RUN GPUS WORK OUTPUT ROOT REHEARSAL
 cd "$ROOT"
 exec "$PYTHON" - <<'PY'
 import json
@@ -153,17 +159,24 @@ import traceback
 from pathlib import Path
 
 DRY = os.environ["DRY_RUN"] == "1"
+REHEARSAL = os.environ["REHEARSAL"] == "1"  # on a CPU, for the tests: gloo, no GPU steps
+BACKEND = "gloo" if REHEARSAL else "nccl"
 GPUS = int(os.environ["GPUS"])
 WORK, OUTPUT, ROOT = Path(os.environ["WORK"]), Path(os.environ["OUTPUT"]), Path(os.environ["ROOT"])
 PY = sys.executable
 EXPECTED_ACCURACY = 0.95  # the default digits CNN reaches 0.98 in 10 epochs (README, CPU)
+# A rehearsal checks the plumbing (commands, results.json, the report), not the numbers:
+# 2 epochs, and only "learned something" (10 classes: chance is 0.1).
+REHEARSAL_TRAIN = ["--epochs", "2"] if REHEARSAL else []
+if REHEARSAL:
+    EXPECTED_ACCURACY = 0.5
 BENCH_TARGET = 0.95       # kit images/s over hand-written (issue 15)
 steps, results = [], {}
 
 
-def step(name):
+def step(name, needs_gpu=False):
     def register(fn):
-        steps.append((name, fn))
+        steps.append((name, fn, needs_gpu))
         return fn
     return register
 
@@ -181,14 +194,14 @@ def sh(args, timeout, check=True):
 
 def train(name, nproc, *extra):
     out = WORK / name
-    sh([PY, "-m", "distkit", "train", "--backend", "nccl", "--nproc-per-node", nproc,
-        "--no-progress", "--output-dir", out, *extra], timeout=900)
+    sh([PY, "-m", "distkit", "train", "--backend", BACKEND, "--nproc-per-node", nproc,
+        "--no-progress", "--output-dir", out, *REHEARSAL_TRAIN, *extra], timeout=900)
     if DRY:
         return {}
     (run_json,) = out.glob("*/results.json")
     r = json.loads(run_json.read_text())
     acc = r["final"]["val_accuracy"]
-    assert r["backend"] == "nccl" and r["world_size"] == nproc, (r["backend"], r["world_size"])
+    assert r["backend"] == BACKEND and r["world_size"] == nproc, (r["backend"], r["world_size"])
     assert acc >= EXPECTED_ACCURACY, f"validation accuracy {acc:.4f} < {EXPECTED_ACCURACY}"
     return {"world_size": r["world_size"], "device": r["device"], "val_accuracy": acc,
             "val_loss": r["final"].get("val_loss"), "epochs": r["epochs_completed"],
@@ -198,7 +211,11 @@ def train(name, nproc, *extra):
 
 @step("environment")
 def environment():
-    smi = sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"], 30)
+    if REHEARSAL:
+        smi = None
+        gpus = [{"name": "CPU rehearsal", "driver": None, "memory": None}]
+    else:
+        smi = sh(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"], 30)
     if DRY:
         return {}
     import ignite
@@ -206,27 +223,31 @@ def environment():
 
     import distkit
 
-    gpus = [dict(zip(("name", "driver", "memory"), map(str.strip, line.split(","))))
-            for line in smi.stdout.strip().splitlines()]
+    if smi is not None:
+        gpus = [dict(zip(("name", "driver", "memory"), map(str.strip, line.split(","))))
+                for line in smi.stdout.strip().splitlines()]
+    cuda = torch.cuda.is_available()
     return {"gpus": gpus, "gpu_count": torch.cuda.device_count(), "driver": gpus[0]["driver"],
             "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version(), "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-            "bf16_supported": torch.cuda.is_bf16_supported(), "ignite": ignite.__version__,
-            "distkit": distkit.__version__, "python": sys.version.split()[0]}
+            "cudnn": torch.backends.cudnn.version() if cuda else None,
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+            "bf16_supported": torch.cuda.is_bf16_supported() if cuda else None,
+            "ignite": ignite.__version__, "distkit": distkit.__version__,
+            "python": sys.version.split()[0]}
 
 
-@step("train nccl, 1 GPU")
+@step(f"train {BACKEND}, 1 GPU")
 def train_one():
     return train("train-1gpu", 1)
 
 
 if GPUS > 1:  # with one GPU, "every GPU" is the run above
-    @step(f"train nccl, every GPU ({GPUS})")
+    @step(f"train {BACKEND}, every GPU ({GPUS})")
     def train_all():
         return train(f"train-{GPUS}gpu", GPUS)
 
 
-@step(f"train nccl --amp (bf16), every GPU ({GPUS})")
+@step(f"train {BACKEND} --amp (bf16), every GPU ({GPUS})")
 def train_amp():
     return train(f"train-{GPUS}gpu-amp", GPUS, "--amp")
 
@@ -258,19 +279,19 @@ def notebook(stem, must_show, must_not_show):
             "checked": {"shows": must_show, "does_not_show": must_not_show}}
 
 
-@step("notebook 02 (GPU cells)")
+@step("notebook 02 (GPU cells)", needs_gpu=True)
 def notebook_02():
     return notebook("02_gpus_with_nccl", [rf"{GPUS} GPU\(s\): backend nccl", r"cuda:0 +pinned"],
                     [r"No GPU on this runtime"])
 
 
-@step("notebook 07 (GPU cell)")
+@step("notebook 07 (GPU cell)", needs_gpu=True)
 def notebook_07():
     return notebook("07_timing_with_timer", [r"matmul: [0-9.]+ ms to launch, [0-9.]+ ms to finish"],
                     [r"GPU demonstration skipped"])
 
 
-@step("copy bandwidth, pinned vs pageable")
+@step("copy bandwidth, pinned vs pageable", needs_gpu=True)
 def copy():
     print("+ distkit.lessons.collectives.copy_bandwidth('cuda:0', (1, 16, 64), pin_memory=True/False)")
     if DRY:
@@ -289,7 +310,7 @@ def copy():
     return {"by_megabytes": by_size, "pinned_over_pageable_64MB": round(ratio, 2)}
 
 
-@step("distkit bench --only gpu")
+@step("distkit bench --only gpu", needs_gpu=True)
 def bench():
     out = WORK / "bench"
     sh([PY, "-m", "distkit", "bench", "--quick", "--only", "gpu", "--output", out,
@@ -307,13 +328,15 @@ def bench():
 @step("more processes than GPUs: one line from distkit train")
 def too_many_refused():
     start = time.perf_counter()
+    # a global batch that divides by GPUS + 1, so that the GPU count is what gets refused
     done = sh([PY, "-m", "distkit", "train", "--backend", "nccl", "--nproc-per-node", GPUS + 1,
-               "--output-dir", WORK / "too-many"], timeout=120, check=False)
+               "--batch-size", 16 * (GPUS + 1), "--output-dir", WORK / "too-many"], timeout=120, check=False)
     if DRY:
         return {}
     took = time.perf_counter() - start
     lines = done.stderr.strip().splitlines()
     assert done.returncode != 0 and len(lines) == 1 and lines[0].startswith("distkit: error:"), done.stderr[-800:]
+    assert "GPU" in lines[0], lines[0]  # refused for the GPU count, not for something else
     assert not (WORK / "too-many").exists() or not any((WORK / "too-many").iterdir()), "it wrote a run folder"
     return {"exit_code": done.returncode, "message": lines[0], "seconds": round(took, 2)}
 
@@ -341,7 +364,7 @@ if __name__ == "__main__":  # spawned ranks import this file
 '''
 
 
-@step("more processes than GPUs: the failing rank, without the check")
+@step("more processes than GPUs: the failing rank, without the check", needs_gpu=True)
 def too_many_per_rank():
     # What notebook 02 says happens without distkit's preflight: ignite calls
     # torch.cuda.set_device(local_rank) right after creating the process group, and local
@@ -361,8 +384,12 @@ def too_many_per_rank():
 
 
 started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-for name, fn in steps:
+for name, fn, needs_gpu in steps:
     print(f"== {name}", flush=True)
+    if REHEARSAL and needs_gpu:
+        results[name] = {"passed": None, "skipped": "needs a GPU: not rehearsed on a CPU"}
+        print("   skipped: needs a GPU", flush=True)
+        continue
     t0 = time.perf_counter()
     try:
         figures = fn()
@@ -381,14 +408,18 @@ if DRY:
 env = results["environment"]
 gpu = env.get("gpus", [{"name": "unknown"}])[0]["name"]
 slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") or "gpu"
-passed = all(r["passed"] for r in results.values())
-record = {"started": started, "gpu": gpu, "gpu_count": GPUS, "driver": env.get("driver"),
+ran = [r for r in results.values() if r["passed"] is not None]
+passed = all(r["passed"] for r in ran)
+record = {"started": started, "rehearsal": REHEARSAL, "gpu": gpu, "gpu_count": GPUS, "driver": env.get("driver"),
           "torch": env.get("torch"), "passed": passed, "work_dir": str(WORK), "steps": results}
 json_path, text_path = OUTPUT / f"gpu-check-{slug}.json", OUTPUT / f"gpu-check-{slug}.txt"
 json_path.write_text(json.dumps(record, indent=2) + "\n")
 lines = [f"gpu_check {started}: {GPUS} x {gpu}, driver {env.get('driver')}, torch {env.get('torch')}, "
          f"CUDA {env.get('cuda')}, ignite {env.get('ignite')}, distkit {env.get('distkit')}"]
 for name, r in results.items():
+    if r["passed"] is None:
+        lines.append(f"skip {name}: {r['skipped']}")
+        continue
     if not r["passed"]:
         lines.append(f"FAIL {name}: {r['error']}")
         continue
@@ -408,8 +439,9 @@ for name, r in results.items():
     elif "failing_local_rank" in r:
         detail = f"local rank {r['failing_local_rank']}: {r['error']}"
     lines.append(f"ok   {name}" + (f": {detail}" if detail else ""))
-lines.append(f"{'PASSED' if passed else 'FAILED'}: {sum(r['passed'] for r in results.values())} of "
-             f"{len(results)} steps; {json_path}")
+lines.append(f"{'PASSED' if passed else 'FAILED'}: {sum(bool(r['passed']) for r in ran)} of "
+             f"{len(ran)} steps" + (f" ({len(results) - len(ran)} skipped)" if len(ran) < len(results) else "")
+             + f"; {json_path}")
 text_path.write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 sys.exit(0 if passed else 1)

@@ -84,7 +84,8 @@ def test_dry_run_lists_every_step_with_commands_the_cli_accepts(tmp_path):
     trains = sorted((a.nproc_per_node, a.amp) for a in (parser.parse_args(c[3:]) for c in commands)
                     if a.command == "train" and "too-many" not in a.output_dir)
     assert trains == [(1, False), (2, False), (2, True)]
-    assert any("--nproc-per-node 3" in " ".join(c) for c in commands)   # GPUs + 1
+    refused = [parser.parse_args(c[3:]) for c in commands if "too-many" in " ".join(c)]
+    assert [(a.nproc_per_node, a.batch_size % a.nproc_per_node) for a in refused] == [(3, 0)]  # GPUs + 1
 
     for stem in ("02_gpus_with_nccl", "07_timing_with_timer"):
         assert (REPO_ROOT / "notebooks" / f"{stem}.ipynb").is_file()
@@ -100,7 +101,34 @@ def test_with_one_gpu_the_every_gpu_run_is_not_repeated(tmp_path):
     assert done.returncode == 0, done.stderr
     steps = [line[3:] for line in done.stdout.splitlines() if line.startswith("== ")]
     assert "train nccl, 1 GPU" in steps and not any("every GPU (1)" in s and "amp" not in s for s in steps)
-    assert "--nproc-per-node 2 --output-dir" in done.stdout   # the refused run asks for GPUs + 1
+    assert "--nproc-per-node 2 --batch-size 32 --output-dir" in done.stdout   # GPUs + 1, a batch that divides
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_cpu_rehearsal_runs_the_steps_and_writes_the_report(tmp_path):
+    """gloo for nccl, 2 epochs: the commands, results.json parsing and the JSON/text report
+    work end to end; the steps that need a GPU are recorded as skipped, never as passed."""
+    out = tmp_path / "out"
+    refused = run_script(env={"GPU_CHECK_REHEARSAL": "1"})
+    assert refused.returncode == 1 and "a rehearsal needs --output DIR" in refused.stderr
+
+    done = run_script("--output", out, "--work", tmp_path / "work", env={"GPU_CHECK_REHEARSAL": "1"},
+                      timeout=850)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    record = json.loads((out / "gpu-check-cpu-rehearsal.json").read_text())
+    assert record["rehearsal"] is True and record["passed"] is True
+    steps = record["steps"]
+    assert [name for name, r in steps.items() if r["passed"] is None] == [
+        "notebook 02 (GPU cells)", "notebook 07 (GPU cell)", "copy bandwidth, pinned vs pageable",
+        "distkit bench --only gpu", "more processes than GPUs: the failing rank, without the check"]
+    trains = {name: r for name, r in steps.items() if name.startswith("train gloo")}
+    assert sorted((r["world_size"], bool(r["amp"])) for r in trains.values()) == [(1, False), (2, False), (2, True)]
+    assert all(r["val_accuracy"] >= 0.5 and r["epochs"] == 2 for r in trains.values())
+    message = steps["more processes than GPUs: one line from distkit train"]["message"]
+    assert message.startswith("distkit: error: --backend nccl needs CUDA GPUs")
+    text = (out / "gpu-check-cpu-rehearsal.txt").read_text()
+    assert "PASSED: 5 of 5 steps (5 skipped)" in text and text.count("\nskip ") == 5
 
 
 # ---------------------------------------------------------------- the wheel-folder install

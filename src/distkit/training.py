@@ -337,6 +337,10 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     if config.resume_from:
         Checkpoint.load_objects(objects, load_checkpoint(config.resume_from))
 
+    @trainer.on(Events.ITERATION_COMPLETED(once=1))
+    def first_step_done(engine):  # start-up as a learner feels it (distkit bench's peers)
+        engine.state.first_step_unix_s = time.time()
+
     if rank == 0 and show_bar:
         # rank 0's own batch loss: showing it needs no communication
         ProgressBar(persist=False).attach(trainer, output_transform=lambda out: {"loss": out["loss"]})
@@ -377,9 +381,11 @@ def _report(rank, run_dir, config, task, history, trainer, checkpoints, profile,
         "peak_lr": peak_lr(config, world_size),
         "history": history,
         "iterations": trainer.state.iteration,
-        "epochs_completed": len(history),
+        "epochs_completed": history[-1]["epoch"] if history else 0,  # resumed runs included
+        "epochs_this_run": len(history),
         "final": history[-1] if history else None,
         "wall_time_s": wall,
+        "first_step_unix_s": getattr(trainer.state, "first_step_unix_s", None),
         "train_time_s": train_time,
         "seconds_per_epoch": train_time / len(history) if history else None,
         "samples_trained": trained_samples,

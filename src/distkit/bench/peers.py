@@ -162,10 +162,14 @@ def _one_run(name, build, read, env):
 
 
 def compare_commands(batch_size: int, epochs: int, rounds: int, warmup: int = 1, names=None,
-                     log=print) -> dict:
+                     log=print, extra=None) -> dict:
     """Every contender once per round, in a rotated order; ``warmup`` rounds first
-    (discarded: the first start of anything pays for cold file caches)."""
+    (discarded: the first start of anything pays for cold file caches). ``extra``: more
+    contenders, name -> (argv builder, reader, environment overrides), e.g. an older
+    version of the kit on its own ``PYTHONPATH``."""
     table = contenders(batch_size, epochs, names)
+    table.update({name: (build, read) for name, (build, read, _) in (extra or {}).items()})
+    overrides = {name: env for name, (_, _, env) in (extra or {}).items()}
     runnable = {k: v for k, v in table.items() if not isinstance(v, str)}
     order = list(runnable)
     env = _env()
@@ -173,7 +177,7 @@ def compare_commands(batch_size: int, epochs: int, rounds: int, warmup: int = 1,
     for r in range(warmup + rounds):
         k = r % len(order)
         for name in order[k:] + order[:k]:
-            result = _one_run(name, *runnable[name], env)
+            result = _one_run(name, *runnable[name], {**env, **overrides.get(name, {})})
             if r >= warmup:
                 runs[name].append(result)
         log(f"    round {r + 1}/{warmup + rounds} done"

@@ -57,7 +57,7 @@ run() {  # print a step's command; run it unless DRY_RUN=1
 }
 
 if [ -n "$MAKE_WHEELS" ]; then
-    mkdir -p "$MAKE_WHEELS"
+    [ "$DRY_RUN" = 1 ] || mkdir -p "$MAKE_WHEELS"
     run "$PYTHON" -m pip download pytorch-ignite --no-deps -d "$MAKE_WHEELS"
     run "$PYTHON" -m pip wheel --no-deps "$ROOT" -w "$MAKE_WHEELS"
     # what the kit and the notebook step need besides torch/torchvision (pinned out: the

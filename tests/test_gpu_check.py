@@ -131,6 +131,16 @@ def test_cpu_rehearsal_runs_the_steps_and_writes_the_report(tmp_path):
     assert "PASSED: 5 of 5 steps (5 skipped)" in text and text.count("\nskip ") == 5
 
 
+def test_make_wheels_fills_the_folder_the_issue_describes(tmp_path):
+    done = run_script("--make-wheels", tmp_path / "wheels", env={"DRY_RUN": "1"})
+    assert done.returncode == 0, done.stderr
+    commands = [line[2:] for line in done.stdout.splitlines() if line.startswith("+ ")]
+    assert commands[0].endswith(f"-m pip download pytorch-ignite --no-deps -d {tmp_path / 'wheels'}")
+    assert commands[1].endswith(f"-m pip wheel --no-deps {REPO_ROOT} -w {tmp_path / 'wheels'}")
+    assert "torch" not in commands[2].replace("pytorch", "")   # never a torch wheel
+    assert not any(tmp_path.iterdir())
+
+
 # ---------------------------------------------------------------- the wheel-folder install
 
 BASE_VENV = Path.home() / ".cache" / "distkit" / "gpu-check-venv"

@@ -325,3 +325,42 @@ def test_full_disk_while_saving_is_one_line_naming_the_disk(tmp_path, tiny_disk)
     assert "Traceback" not in out and "unexpected pos" not in out
     # nothing half-written: the run folder (no checkpoint, no results) is gone
     assert list((tiny_disk / "runs").iterdir()) == []
+
+
+# --- resuming: what a resumed run reports, and a changed flag refused ---------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_resumed_run_reports_every_epoch_and_labels_a_partial_train_loss(tmp_path):
+    """Stopped at iteration 30 (mid epoch 2 of 3, 23 iterations each) and resumed: the
+    summary counts 3 epochs, and epoch 2's train loss says it averages 16 batches."""
+    import json
+
+    runs = tmp_path / "runs"
+    first = finish(start(distkit_cmd("--nproc-per-node", 2, "--epochs", 3, "--no-progress",
+                                     "--max-iters", 30, "--output-dir", runs), tmp_path), 150)
+    ckpt = checkpoint.latest_checkpoint(runs)
+    assert ckpt and ckpt.endswith("_30.pt"), first[-2000:]
+    # the checkpoint records the settings of the run that wrote it...
+    from distkit.checkpoint import resume_settings
+
+    assert load_checkpoint(ckpt)["settings"] == resume_settings(Config(epochs=3), "digits/cnn", 2)
+    # ...so a resume that would silently differ is refused before any process starts
+    refused = subprocess.run(distkit_cmd("--nproc-per-node", 2, "--epochs", 3, "--batch-size", 32,
+                                         "--resume-from", ckpt, "--output-dir", tmp_path / "r2"),
+                             cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True,
+                             timeout=60)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines() == [
+        f"distkit: error: --resume-from {ckpt!r} was written with --batch-size = 64 and this run "
+        "has 32 (the epoch length and the order of batches depend on it): resume with "
+        "--batch-size 64, or start a new run without --resume-from"]
+    assert not (tmp_path / "r2").exists()
+    out = finish(start(distkit_cmd("--nproc-per-node", 2, "--epochs", 3, "--no-progress",
+                                   "--resume-from", ckpt, "--output-dir", runs), tmp_path), 150)
+    assert "after 3 epoch(s), 69 iterations" in out, out[-2000:]
+    resumed_dir = re.search(r"results, checkpoints and plots in (\S+)", out).group(1)
+    results = json.loads((tmp_path / resumed_dir / "results.json").read_text())
+    assert [h["epoch"] for h in results["history"]] == [2, 3]
+    assert [h["train_loss_iterations"] for h in results["history"]] == [16, 23]
+    assert results["epochs_completed"] == 3 and results["epochs_this_run"] == 2

@@ -248,7 +248,7 @@ def training(local_rank: int, config, task: Task | None = None) -> dict | None:
         >>> results = training(0, cfg)  # doctest: +ELLIPSIS
         epoch   1  train loss ...
         >>> sorted(results["final"])
-        ['epoch', 'epoch_time_s', 'lr', 'train_loss', 'val_accuracy', 'val_loss']
+        ['epoch', 'epoch_time_s', 'lr', 'train_loss', 'train_loss_iterations', 'val_accuracy', 'val_loss']
     """
     results = _train(local_rank, config, resolve_task(task if task is not None else config))
     # Free the trainer, the DDP model and the loaders (held by reference cycles) now, while
@@ -279,12 +279,18 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
 
     profiler = profiling.attach(trainer) if config.profile else None
 
+    @trainer.on(Events.EPOCH_STARTED)
+    def mark_epoch_start(engine):  # a run resumed mid-epoch starts its first epoch late
+        engine.state.epoch_start_iteration = engine.state.iteration
+
     @trainer.on(Events.EPOCH_COMPLETED)
     def validate(engine):
         state = evaluator.run(val_loader)
         history.append({
             "epoch": engine.state.epoch,
             "train_loss": engine.state.metrics["train_loss"],
+            # batches in train_loss's mean: fewer than the epoch's after a mid-epoch resume
+            "train_loss_iterations": engine.state.iteration - engine.state.epoch_start_iteration,
             **{f"val_{name}": _jsonable(value) for name, value in state.metrics.items()},
             "epoch_time_s": engine.state.times["EPOCH_COMPLETED"],
             "lr": optimizer.param_groups[0]["lr"],

@@ -190,7 +190,8 @@ def average_across_ranks(value):
      [("model = idist.auto_model(make_model())", "model = make_model()")],
      r"rank 0 and rank 1 hold different weights .* wrap it with idist.auto_model"),
     ("02", "no set_epoch: every epoch in the same order",
-     [("            train_loader.sampler.set_epoch(engine.state.epoch - 1)\n", "            pass\n")],
+     [("            train_loader.sampler.set_epoch(engine.state.epoch - 1)\n",
+       "            pass\n")],
      r"rank 0 read the same samples in the same order in epochs 1 and 2 .*ignite's Engine "
      r"never tells it the epoch.*set_epoch\(engine.state.epoch - 1\)"),
     ("02", "the batch size divided by hand",
@@ -319,6 +320,11 @@ def attach_checkpointing(trainer, model, optimizer, dirname):
      [("loss = loss_fn(model(x), y) / n", "loss = loss_fn(model(x), y)")],
      r"4\.0x too large.*you did not divide each micro-batch's loss by the number of "
      r"micro-batches \(4\)"),
+    ("08", "the loss divided by the world size too",
+     [("loss = loss_fn(model(x), y) / n",
+       "loss = loss_fn(model(x), y) / (n * idist.get_world_size())")],
+     r"with 2 processes, .*too small by the number of processes: you divided the loss by the "
+     r"world size too, but DDP already AVERAGES"),
     ("08", "a step after every micro-batch",
      [("            loss.backward()\n",
        "            loss.backward()\n            optimizer.step()\n")],

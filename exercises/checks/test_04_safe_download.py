@@ -51,7 +51,8 @@ def downloads(root):
     if not os.path.exists(times_file(root)):
         return []
     with open(times_file(root)) as f:
-        return [(int(r), float(a), float(b)) for r, a, b in (line.split() for line in f if line.strip())]
+        rows = [line.split() for line in f if line.strip()]
+    return [(int(r), float(a), float(b)) for r, a, b in rows]
 
 
 def test_one_download_and_nobody_reads_too_early(tmp_path):

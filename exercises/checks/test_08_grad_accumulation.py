@@ -124,7 +124,8 @@ def compare(weights, world_size, where):
         else:
             before = harness.flat_weights(make_model()) if step == 0 else reference[step - 1]
             if (got - before).abs().max().item() == 0:
-                why = " The weights did not change: call optimizer.step() after the backward passes."
+                why = (" The weights did not change: call optimizer.step() after the backward "
+                       "passes.")
             else:
                 why = (" Check that each micro-batch's loss is divided by their number "
                        f"({MICRO}), that the gradients are zeroed once at the start, and that "

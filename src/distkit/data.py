@@ -146,7 +146,16 @@ def get_dataflow(config, datasets=None):
     (train, validation) datasets; default: :func:`get_datasets`).
 
     ``auto_dataloader`` divides the GLOBAL ``batch_size`` and ``num_workers`` by the
-    world size and adds a ``DistributedSampler`` (shuffling the training set).
+    world size and adds a ``DistributedSampler`` (shuffling the training set). In one
+    plain process the loaders take the whole batch::
+
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from distkit import Config
+        >>> pair = TensorDataset(torch.randn(100, 3)), TensorDataset(torch.randn(20, 3))
+        >>> train, val = get_dataflow(Config(batch_size=32), pair)
+        >>> len(train), train.batch_size, val.batch_size
+        (4, 32, 64)
     """
     train_set, val_set = datasets if datasets is not None else get_datasets(config)
     pin = idist.device().type == "cuda"

@@ -37,7 +37,14 @@ def initialize(config, task: Task | None = None):
     ``config.dataset`` x ``config.model``), adapted to this process by ``idist.auto_*``.
 
     Every rank seeds the same generator before building the model, so every replica
-    starts from identical weights (DDP would broadcast them, XLA would not)."""
+    starts from identical weights (DDP would broadcast them, XLA would not). In one plain
+    process ``auto_model`` and ``auto_optim`` leave them as they are::
+
+        >>> from distkit import Config
+        >>> model, optimizer, criterion = initialize(Config(model="mlp"))
+        >>> type(model).__name__, type(optimizer).__name__, type(criterion).__name__
+        ('MLP', 'SGD', 'CrossEntropyLoss')
+    """
     task = resolve_task(task if task is not None else config)
     manual_seed(config.seed)
     # ddp: idist.auto_model; fsdp: fully_shard per layer (distkit.strategies)

@@ -80,6 +80,12 @@ def table(results: dict) -> str:
                          f"{mod['allreduce_bytes_per_step'] / 2**20:.2f} MiB (measured "
                          f"{mod['allreduce_bytes_per_step_measured'] / 2**20:.2f})  unpinned threads: "
                          f"{mod['oversubscribed_slowdown']:.2f}x slower")
+            if "step_costs" in mod:  # the scaling study's probe (distkit.lessons.scaling)
+                c = mod["step_costs"]
+                lines.append(f"{'':<12} one step at {c['per_process_batch']} per process: compute "
+                             f"{1e3 * c['compute_s']:.2f} ms, with all-reduce {1e3 * c['step_s']:.2f} ms, "
+                             f"all-reduce alone {1e3 * c['allreduce_s']:.2f} ms "
+                             f"(communication {c['communication_share']:.0%} of the step)")
     if "data" in results:
         d = results["data"]
         lines += ["", f"4 data pipeline (batch {d['batch_size']}; loader alone vs compute alone; "

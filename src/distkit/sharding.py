@@ -54,6 +54,9 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from distkit.data import IndexedDataset
+# The one way to quiet ignite's logs lives in distkit.runner; the name stays importable
+# from here for the notebooks and courses that use it.
+from distkit.runner import quiet_ignite_logs  # noqa: F401
 
 
 # --------------------------------------------------------------------------------------
@@ -243,11 +246,6 @@ def _shuffles(sampler) -> bool | None:
         return False
     shuffle = getattr(sampler, "shuffle", None)
     return bool(shuffle) if shuffle is not None else None
-
-
-# One way to quiet ignite's logs and one process runner, both in distkit.runner; these
-# names stay for the notebooks and courses that import them from here.
-from distkit.runner import quiet_ignite_logs  # noqa: E402,F401
 
 
 def run_on_ranks(fn, nproc_per_node: int, *args, backend: str = "gloo", timeout_s: float = 120.0,

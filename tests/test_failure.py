@@ -364,3 +364,31 @@ def test_resumed_run_reports_every_epoch_and_labels_a_partial_train_loss(tmp_pat
     assert [h["epoch"] for h in results["history"]] == [2, 3]
     assert [h["train_loss_iterations"] for h in results["history"]] == [16, 23]
     assert results["epochs_completed"] == 3 and results["epochs_this_run"] == 2
+
+
+# --- bad input under torchrun --------------------------------------------------------------
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("args, words", [
+    (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+    # mixing the two launch recipes: torchrun starts the processes, distkit would spawn more
+    (["--nproc-per-node", "2"], "--nproc-per-node 2 inside a torchrun/SLURM launch"),
+])
+def test_bad_input_under_torchrun_is_one_line_from_rank_0(tmp_path, args, words):
+    """Every rank fails the same check before training: rank 0 prints the line, the
+    others exit quietly, and torchrun's own summary (which a worker cannot silence) names
+    the line as the root cause instead of "To enable traceback see ..."."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "distkit", "train", *args, "--output-dir", tmp_path / "runs"]
+    started = time.monotonic()
+    proc = start(list(map(str, cmd)), tmp_path)
+    out = finish(proc, 120)
+    assert time.monotonic() - started < 120
+    assert proc.returncode == 1, out[-3000:]
+    ours = [ln for ln in out.splitlines() if ln.startswith("distkit: error:")]
+    assert len(ours) == 1 and words in ours[0], out[-3000:]
+    root_cause = out.split("Root Cause")[-1]
+    assert f"traceback : {ours[0]}" in root_cause, out[-3000:]
+    assert "ChildFailedError" in out  # torchrun's, exit code 1
+    assert not (tmp_path / "runs").exists()

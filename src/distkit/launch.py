@@ -261,10 +261,14 @@ def run(config, task=None) -> dict | None:
     from distkit.tasks import resolve_task
     from distkit.training import training
 
-    task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
-    spawning = config.nproc_per_node is not None or not launched_externally()
-    config = preflight(config, spawning, task)
-    check_output_dir(config.output_dir)
+    try:
+        task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
+        spawning = config.nproc_per_node is not None or not launched_externally()
+        config = preflight(config, spawning, task)
+        check_output_dir(config.output_dir)
+    except DistkitError as e:
+        e.every_rank = True  # under torchrun every rank fails here alike: one of them says so
+        raise
     if not spawning:
         return _join(config, training, config, task)
     if config.backend == "none":

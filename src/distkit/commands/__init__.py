@@ -73,6 +73,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def report_error(error: DistkitError) -> None:
+    """One line on stderr. Under torchrun every rank runs the same checks before training
+    starts: only rank 0 prints what failed (the others exit 1 quietly), and every rank
+    leaves the line in torchrun's error file, so the summary torchrun prints names it as
+    the root cause, whichever rank exited first (torchrun's own summary block cannot be
+    silenced from inside a worker)."""
+    import os
+
+    line = f"distkit: error: {error}"
+    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    if not (under_torchrun and getattr(error, "every_rank", False)
+            and os.environ.get("RANK", "0") != "0"):
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if under_torchrun and path:
+        import json
+        import time
+
+        try:  # the format torch.distributed.elastic's ErrorHandler.record_exception writes
+            with open(path, "w") as f:
+                json.dump({"message": {"message": line, "extraInfo": {
+                    "py_callstack": line, "timestamp": str(int(time.time()))}}}, f)
+        except OSError:
+            pass
+
+
 def main(argv=None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -82,7 +109,7 @@ def main(argv=None) -> None:
     try:
         code = args._module.main(args)
     except DistkitError as e:
-        sys.stderr.write(f"distkit: error: {e}\n")
+        report_error(e)
         sys.exit(1)
     except KeyboardInterrupt as e:  # the launcher says what it stopped and what is left
         sys.stderr.write(f"distkit: interrupted{f': {e}' if str(e) else ''}\n")

@@ -342,6 +342,7 @@ def too_many_refused():
 
 
 PER_RANK = r'''
+import json
 import sys
 from datetime import timedelta
 
@@ -360,7 +361,7 @@ if __name__ == "__main__":  # spawned ranks import this file
         print("INDEX none: every rank started")
     except Exception as e:
         print("INDEX", getattr(e, "error_index", None))
-        print("ERROR", str(e).strip().splitlines()[-1])
+        print("ERROR", json.dumps(str(e)))  # all of it: CUDA's message ends in debugging hints
 '''
 
 
@@ -378,9 +379,11 @@ def too_many_per_rank():
     index = re.search(r"^INDEX (\S+)", done.stdout, re.M)
     error = re.search(r"^ERROR (.*)$", done.stdout, re.M)
     assert index and error, f"no failure reported: {done.stdout[-400:]} {done.stderr[-400:]}"
-    assert index.group(1) == str(GPUS), f"failing local rank {index.group(1)}, expected {GPUS}"
-    assert "invalid device ordinal" in error.group(1).lower(), error.group(1)
-    return {"failing_local_rank": int(index.group(1)), "error": error.group(1)}
+    text = json.loads(error.group(1))
+    assert index.group(1) == str(GPUS), f"failing local rank {index.group(1)}, expected {GPUS}: {text[-400:]}"
+    line = next((ln.strip() for ln in text.splitlines() if "invalid device ordinal" in ln.lower()), None)
+    assert line, f"no 'invalid device ordinal' in the failing rank's error: {text[-600:]}"
+    return {"failing_local_rank": int(index.group(1)), "error": line}
 
 
 started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

@@ -209,6 +209,11 @@ def train(name, nproc, *extra):
             "wall_time_s": r.get("wall_time_s"), "amp": r["config"].get("amp")}
 
 
+def _nccl_version(torch):
+    v = torch.cuda.nccl.version()  # a tuple in recent torch, an int in older ones
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
 @step("environment")
 def environment():
     if REHEARSAL:
@@ -230,7 +235,7 @@ def environment():
     return {"gpus": gpus, "gpu_count": torch.cuda.device_count(), "driver": gpus[0]["driver"],
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if cuda else None,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+            "nccl": _nccl_version(torch) if cuda else None,
             "bf16_supported": torch.cuda.is_bf16_supported() if cuda else None,
             "ignite": ignite.__version__, "distkit": distkit.__version__,
             "python": sys.version.split()[0]}

@@ -392,3 +392,19 @@ def test_bad_input_under_torchrun_is_one_line_from_rank_0(tmp_path, args, words)
     assert f"traceback : {ours[0]}" in root_cause, out[-3000:]
     assert "ChildFailedError" in out  # torchrun's, exit code 1
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_a_failure_after_start_up_under_torchrun_leaves_no_empty_run_folder(tmp_path):
+    """Under torchrun rank 0 makes the run folder inside training; MNIST offline then
+    fails on every rank (downloads happen there, not in preflight). The folder, holding
+    nothing of value, is removed."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           "-m", "distkit", "train", "--dataset", "mnist", "--data-dir", tmp_path / "nodata",
+           "--output-dir", tmp_path / "runs"]
+    proc = start(list(map(str, cmd)), tmp_path)
+    out = finish(proc, 150)
+    assert proc.returncode == 1, out[-3000:]
+    assert "distkit: error: dataset 'mnist'" in out and "--dataset digits" in out
+    assert list((tmp_path / "runs").glob("*")) == [], "an empty run folder was left behind"

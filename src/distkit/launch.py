@@ -519,6 +519,10 @@ def _join(config, fn, *args):
     idist.initialize(config.backend, **kwargs)
     try:
         return fn(idist.get_local_rank(), *args)
+    except BaseException:
+        if idist.get_rank() == 0:  # training set config.run_dir; the folder is rank 0's
+            _discard_if_empty(config.run_dir)
+        raise
     finally:
         idist.finalize()
 

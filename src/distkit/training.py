@@ -272,7 +272,8 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     show_bar = tracking.console(config)  # a bar only where someone watches; ignite's INFO lines if verbose
     torch.set_num_threads(config.threads_per_process or threads_per_process(ranks_on_this_host()))
     config.check_batch_fits(world_size)
-    run_dir = resolve_run_dir(config)
+    # kept on the config too: under torchrun the launcher removes it if the run fails empty
+    run_dir = config.run_dir = resolve_run_dir(config)
 
     train_loader, val_loader = get_dataflow(config, task.datasets(config))
     model, optimizer, criterion = initialize(config, task)

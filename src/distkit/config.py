@@ -20,7 +20,6 @@ BACKENDS = ("auto", "gloo", "nccl", "xla-tpu", "none")
 DATASETS = ("digits", "synthetic", "mnist", "cifar10")
 MODELS = ("cnn", "mlp", "resnet18")
 LOGGERS = ("none", "tensorboard", "mlflow")
-LOGGERS = ("none", "tensorboard", "mlflow")
 
 
 @dataclass
@@ -80,12 +79,6 @@ class Config:
     """Let ignite's INFO lines through (launcher parameters, data loaders, model wrapping)."""
     logger: str = "none"
     """Experiment tracker, on rank 0: none, tensorboard or mlflow (see ``distkit.tracking``)."""
-    """Show ignite's progress bar where someone watches it: stdout a terminal or a notebook.
-    Elsewhere (CI logs, SLURM output files) one line per epoch instead."""
-    verbose: bool = False
-    """Let ignite's INFO lines through (launcher parameters, data loaders, model wrapping)."""
-    logger: str = "none"
-    """Experiment tracker, on rank 0: none, tensorboard or mlflow (see ``distkit.tracking``)."""
     output_dir: str = "runs"
     """Parent folder: every run gets a fresh sub-folder, never overwriting another run."""
     run_dir: Optional[str] = None
@@ -103,11 +96,6 @@ class Config:
         _choice("backend", self.backend, BACKENDS)
         _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
-        _choice("logger", self.logger, LOGGERS)
-        if self.logger != "none":
-            from distkit.tracking import check_installed
-
-            check_installed(self.logger)
         _choice("logger", self.logger, LOGGERS)
         if self.logger != "none":
             from distkit.tracking import check_installed

@@ -199,6 +199,9 @@ def preflight(config, spawning: bool, task=None):
             "starts the processes itself: drop --nproc-per-node (torchrun's --nproc_per_node "
             "sets the count), or run distkit train without torchrun")
     backend = resolve_backend(config.backend)
+    from distkit.strategies import check_strategy
+
+    check_strategy(getattr(config, "strategy", "ddp"), backend)  # --backend auto on a TPU, too
     nproc = config.nproc_per_node
     if spawning and nproc is None:
         nproc = default_nproc(backend)

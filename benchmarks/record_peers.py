@@ -44,6 +44,8 @@ def main():
     start, t0 = load_average(), time.perf_counter()
     log = lambda line: print(line, flush=True)  # noqa: E731
     default = compare_commands(64, args.epochs, args.rounds, args.warmup, log=log, extra=extra(64))
+    with open(args.out + ".default-batch.tmp", "w") as f:  # kept if the tiny steps fail
+        json.dump(default, f, indent=2, default=str)
     tiny = compare_commands(16, args.epochs, args.rounds, args.warmup, log=log, extra=extra(16),
                             names=("distkit", "distkit (torchrun)", BASELINE))
     own, torchrun = (tiny["contenders"][k]["samples_per_s"] for k in ("distkit", "distkit (torchrun)"))

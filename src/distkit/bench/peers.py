@@ -139,26 +139,32 @@ def _env():
     return env
 
 
-def _one_run(name, build, read, env):
-    folder = tempfile.mkdtemp(prefix="distkit-peer-")
-    try:
-        port = free_port()
-        run = run_command(build(folder, port), {**env, "MASTER_PORT": str(port)})
-        if run["returncode"] != 0:
-            from distkit.errors import DistkitError
+def _one_run(name, build, read, env, attempts=2):
+    """One run of one contender. A failed start is tried once more on a new port: the
+    free port can be taken by another job between ``free_port`` and the bind."""
+    for attempt in range(attempts):
+        folder = tempfile.mkdtemp(prefix="distkit-peer-")
+        try:
+            port = free_port()
+            run = run_command(build(folder, port), {**env, "MASTER_PORT": str(port)})
+            if run["returncode"] == 0:
+                record = read(folder)
+                break
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+    else:
+        from distkit.errors import DistkitError
 
-            raise DistkitError(f"contender {name!r} failed (exit {run['returncode']}): "
-                               f"{run['stderr_tail'].strip().splitlines()[-1:] or ''}")
-        record = read(folder)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        lines = [line for line in run["stderr_tail"].splitlines() if line.strip(" =-")]
+        raise DistkitError(f"contender {name!r} failed {attempts} times (exit {run['returncode']}): "
+                           f"{' / '.join(lines[-3:])}")
     epochs = record["epoch_times_s"]
     steady = epochs[1:] if len(epochs) > 1 else epochs
     first = record.get("first_step_unix_s")
     return {"wall_s": run["wall_s"], "peak_rss_mib": run["peak_rss_mib"],
             "first_step_s": first - run["start_unix_s"] if first else None,
             "samples_per_s": record["samples_per_epoch"] / statistics.median(steady),
-            "final_val_accuracy": record["final_val_accuracy"]}
+            "final_val_accuracy": record["final_val_accuracy"], "attempts": attempt + 1}
 
 
 def compare_commands(batch_size: int, epochs: int, rounds: int, warmup: int = 1, names=None,

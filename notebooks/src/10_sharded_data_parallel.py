@@ -70,6 +70,7 @@ STEPS = 8
 def train(local_rank, strategy):
     torch.manual_seed(0)  # the same initial weights on every rank and for both strategies
     model = make_model()
+    first = model[0]  # (DDP hides the layers behind .module)
     if strategy == "ddp":
         model = idist.auto_model(model)  # DistributedDataParallel (with more than 1 rank)
     else:
@@ -78,6 +79,8 @@ def train(local_rank, strategy):
                 fully_shard(layer)   # one all-gather unit per layer
         fully_shard(model)           # the root: drives the hooks
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)  # built AFTER sharding: it sees the shards
+    seen = []  # the shape of layer 0's weight while its forward runs
+    first.register_forward_hook(lambda layer, args, out: seen.append(tuple(layer.weight.shape)))
 
     g = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(512, 64, generator=g), torch.randint(0, 16, (512,), generator=g))
@@ -98,7 +101,9 @@ def train(local_rank, strategy):
     losses = []
     trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: losses.append(e.state.output))
     trainer.run(loader, max_epochs=1, epoch_length=STEPS)
-    return {"losses": losses, "memory": state_bytes(model, optimizer),
+    weight = first.weight.to_local() if strategy == "fsdp" else first.weight  # this rank's shard
+    held = tuple(weight.shape)  # between steps
+    return {"losses": losses, "memory": state_bytes(model, optimizer), "seen": seen[-1], "held": held,
             "calls": comm[-1].calls, "payload": comm[-1].payload,
             "sent": comm[-1].sent_per_rank(idist.get_world_size())}
 
@@ -146,11 +151,21 @@ print(format_table(rows, list(rows[0])))
 # N shards add up to one model, with nothing duplicated. (Exactly, because every
 # layer's first dimension divides by 4 here; otherwise FSDP pads the last rank's shard.)
 #
-# What the formula leaves out, and FSDP still needs: while a layer runs, its **full**
-# weight is materialised (one layer at a time, plus the one being prefetched), and the
-# activations kept for the backward are not sharded at all. On a GPU,
-# `torch.cuda.max_memory_allocated` shows that peak; `distkit train --strategy fsdp`
-# records each rank's peak in `results.json` (`peak_memory_per_rank`).
+# What the formula leaves out: while a layer runs, FSDP has all-gathered its **full**
+# weight. A forward hook on layer 0 saw its weight's shape during the forward; between
+# steps the rank holds only its rows:
+
+# %%
+for n in (2, 4):
+    r = results["fsdp", n][0]
+    print(f"fsdp, {n} ranks: layer 0's weight during its forward {r['seen']}, held between steps {r['held']}")
+    assert r["seen"] == (256, 64) and r["held"] == (256 // n, 64)
+
+# %% [markdown]
+# So a rank's peak is the formula's 16Ψ/N **plus** the full weights of the layers being
+# computed (one `fully_shard` unit at a time is the point of sharding layer by layer),
+# plus the activations. `distkit train --strategy fsdp` records each rank's peak memory in
+# `results.json` (`peak_memory_per_rank`: `torch.cuda.max_memory_allocated` on a GPU).
 #
 # ## 3. Bytes communicated per step
 #

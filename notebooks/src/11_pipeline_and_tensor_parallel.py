@@ -163,7 +163,7 @@ for rank in (0, 1):
 #   the excess grows as the micro-batches get smaller. On this shared 2-core machine
 #   that price also carries whatever else runs on the cores; the sleeps do not. That
 #   is the real trade-off: more micro-batches shrink the bubble but add per-micro-batch
-#   overhead (and smaller matrix multiplications, which a GPU runs less efficiently).
+#   overhead.
 # - GPipe and 1F1B have **the same bubble** in this model; what 1F1B changes is memory.
 #
 # ## 3. The activations each schedule keeps
@@ -357,4 +357,6 @@ assert pp_bytes == 2 * BATCH * WIDTH * 4 < 4 * psi  # the batch's activations an
 #
 # Real large-model training combines them (for example TP inside a node, PP across
 # nodes, FSDP or DDP over the rest), all on a `DeviceMesh` with one dimension per
-# strategy. The numbers here are tiny, and the same accounting holds at any size.
+# strategy. The numbers here are tiny; the accounting behind them (16Ψ and 16Ψ/N of
+# state, 4Ψ against 12Ψ of payload, the activations at the pipeline's cut, one
+# all-reduce per tensor-parallel block and pass) does not depend on the size.

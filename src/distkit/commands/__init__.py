@@ -48,12 +48,12 @@ def tidy_help(parser: argparse.ArgumentParser) -> None:
     """One rule for every sub-command's help: an option with a default shows it as
     "(default: X)", once; on/off flags (``--amp``, ``--no-progress``) show none, since
     "default: True" on a flag that turns something off misleads; a default of None means
-    "decided at run time" and the option's own help says how."""
+    "decided at run time" and the option's own help says how; an empty one is not shown."""
     parser.formatter_class = argparse.HelpFormatter  # the rule below, not argparse's own
     parser.description = plain(parser.description)
     for action in parser._actions:
         action.help = plain(action.help)
-        if (action.help == argparse.SUPPRESS or action.nargs == 0 or action.default is None
+        if (action.help == argparse.SUPPRESS or action.nargs == 0 or action.default in (None, "")
                 or action.default == argparse.SUPPRESS or "default" in (action.help or "")):
             continue
         shown = str(action.default).replace("%", "%%")

@@ -31,8 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 
 from distkit.launch import free_port
 
@@ -106,25 +104,41 @@ def _read_kit(folder) -> dict:
             "final_val_accuracy": r["final"]["val_accuracy"], "world_size": r["world_size"]}
 
 
+# Started between this process and the command: a small Python that starts the command
+# and reports its wait4 rusage. Why not wait4 here: a child forked from this process (which
+# holds torch) inherits this process's resident-memory high-water mark until its exec, so
+# ru_maxrss would never read less than this process's own size.
+_WAIT4 = """import json, os, subprocess, sys, time
+start_unix, start = time.time(), time.perf_counter()
+child = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL, stderr=open(sys.argv[1], "wb"))
+_, status, usage = os.wait4(child.pid, 0)
+print(json.dumps({"start_unix_s": start_unix, "wall_s": time.perf_counter() - start,
+                  "returncode": os.waitstatus_to_exitcode(status), "maxrss_kib": usage.ru_maxrss}))
+"""
+
+
 def run_command(argv, env, timeout_s=COMMAND_TIMEOUT_S) -> dict:
     """Run one command to its end: wall time, start time, return code, peak RSS (MiB) of
-    its largest process, the tail of its stderr."""
-    with tempfile.TemporaryFile() as err:
-        start_unix, start = time.time(), time.perf_counter()
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err,
-                                start_new_session=True)
-        timer = threading.Timer(timeout_s, proc.kill)
-        timer.start()
+    its largest process (every process of the command that was waited for), the tail of
+    its stderr. The clock starts just before the command's own process starts."""
+    with tempfile.NamedTemporaryFile(suffix=".stderr") as err:
+        proc = subprocess.Popen([sys.executable, "-c", _WAIT4, err.name, *argv], env=env,
+                                stdout=subprocess.PIPE, start_new_session=True)
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            timer.cancel()
-        wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        tail = err.read()[-2000:].decode(errors="replace")
-    return {"wall_s": wall, "start_unix_s": start_unix, "returncode": proc.returncode,
-            "peak_rss_mib": usage.ru_maxrss / 1024, "stderr_tail": tail}
+            out, _ = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the whole command: launcher and workers
+            out, _ = proc.communicate()
+        with open(err.name, "rb") as f:
+            tail = f.read()[-2000:].decode(errors="replace")
+    try:
+        report = json.loads(out.decode().strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return {"wall_s": None, "start_unix_s": None, "returncode": -9, "peak_rss_mib": None,
+                "stderr_tail": tail or "killed after the timeout"}
+    return {"wall_s": report["wall_s"], "start_unix_s": report["start_unix_s"],
+            "returncode": report["returncode"], "peak_rss_mib": report["maxrss_kib"] / 1024,
+            "stderr_tail": tail}
 
 
 def _env():

@@ -6,10 +6,12 @@ import os
 
 import torch
 import torch.nn as nn
+from ignite.engine import Events
 
 from distkit.config import Config
 from distkit.models import get_model
-from distkit.training import attach_step_handlers, create_lr_scheduler, create_trainer
+from distkit.training import at_most_every, attach_step_handlers, create_lr_scheduler, create_trainer
+
 
 class KitRun:
     """The kit's trainer with the handlers that ``distkit.training.training`` attaches
@@ -35,8 +37,9 @@ class KitRun:
             from ignite.handlers import ProgressBar
 
             self._devnull = open(os.devnull, "w")
-            ProgressBar(persist=False, file=self._devnull).attach(
-                self.trainer, output_transform=lambda out: {"loss": out["loss"]})
+            ProgressBar(persist=False, file=self._devnull).attach(  # as training() attaches it
+                self.trainer, output_transform=lambda out: {"loss": out["loss"]},
+                event_name=Events.ITERATION_COMPLETED(event_filter=at_most_every(0.1)))
 
     def __call__(self, epochs: int = 1) -> int:
         self.trainer.run(self.loader, max_epochs=epochs)

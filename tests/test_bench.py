@@ -312,3 +312,24 @@ def test_bench_peers_tiny_runs_real_commands_and_pairs_the_ratios(tmp_path):
     own, torchrun = (tiny["contenders"][k]["samples_per_s"][0] for k in ("distkit", "distkit (torchrun)"))
     assert tiny["default_launch_vs_torchrun"] == pytest.approx(own / torchrun)
     assert tiny["per_process_batch"] == 8
+
+
+def test_progress_bar_filter_lets_through_at_most_one_redraw_per_interval_and_every_epoch_end():
+    """``at_most_every`` (the filter ``distkit train`` puts on its progress bar): few
+    redraws, and always the epoch's last step, so the bar ends at its total."""
+    import time
+
+    from ignite.engine import Engine, Events
+
+    from distkit.training import at_most_every
+
+    engine = Engine(lambda e, b: time.sleep(0.001))
+    seen = []
+    engine.add_event_handler(Events.ITERATION_COMPLETED(event_filter=at_most_every(0.05)),
+                             lambda e: seen.append(e.state.iteration))
+    start = time.perf_counter()
+    engine.run(range(100), max_epochs=2)
+    elapsed = time.perf_counter() - start
+    assert seen[0] == 1 and 100 in seen and seen[-1] == 200
+    assert len(seen) <= elapsed / 0.05 + 3  # one per interval, plus the two epoch ends
+    assert len(seen) < 200

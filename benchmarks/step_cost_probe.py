@@ -6,7 +6,6 @@ progress bar of ``distkit train``; difference of the medians over rounds.
     python benchmarks/step_cost_probe.py [steps per run] [rounds]
 """
 import logging, statistics, sys
-import torch
 logging.disable(logging.INFO)
 from distkit.bench.overhead import _overhead_sides
 from distkit.bench.method import interleaved, torch_threads

@@ -1,7 +1,8 @@
-"""``distkit bench``: what the kit costs, what scaling buys, where the limit is.
+"""``distkit bench``: what the kit costs, what scaling buys, where the limit is, and how
+the kit's whole command compares with torchrun, plain ignite, accelerate and Fabric.
 
 Prints a table of ratios and writes ``bench-<mode>.json`` and ``bench-<mode>.png`` under
-``--output`` (default ``benchmarks/results``). See ``distkit.bench`` for the method and
+``--output`` (default ``benchmarks/results``). See the package ``distkit.bench`` for the method and
 ``benchmarks/README.md`` for the recorded results.
 """
 from __future__ import annotations

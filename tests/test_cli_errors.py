@@ -146,7 +146,6 @@ def test_checkpoint_of_a_finished_run(run_cli, tmp_path):
     # the epoch length comes back too: each "epoch" would see half the data
     (["--batch-size", "32"], ["--batch-size = 64", "has 32", "resume with --batch-size 64"]),
     (["--nproc-per-node", "1"], ["world size", "= 2", "has 1", "2 processes in all"]),
-    (["--dataset", "synthetic"], ["'digits/cnn'", "'synthetic/cnn'", "the task 'digits/cnn'"]),
 ])
 def test_resume_with_a_changed_setting_is_refused_naming_the_flag(run_cli, tmp_path, args, words):
     ckpt = write_checkpoint(tmp_path / "mid.pt", "cnn", iteration=30)
@@ -156,6 +155,7 @@ def test_resume_with_a_changed_setting_is_refused_naming_the_flag(run_cli, tmp_p
 
 
 @pytest.mark.parametrize("changes, words", [
+    ({"dataset": "synthetic"}, ["'digits/cnn'", "'synthetic/cnn'", "the task 'digits/cnn'"]),
     ({"lr": 0.1}, ["--lr = 0.05", "has 0.1"]),
     ({"seed": 3}, ["--seed = 0", "has 3"]),
     ({"scale_lr": True}, ["--scale-lr = False", "resume with no --scale-lr"]),
@@ -173,19 +173,34 @@ def test_every_setting_the_checkpoint_restores_must_match(tmp_path, changes, wor
         assert word in str(info.value), str(info.value)
 
 
-@pytest.mark.parametrize("entries, words", [
+CRAFTED = [
     ({"trainer": {}}, ["'trainer' state lacks iteration, epoch_length, max_epochs"]),
     ({"model": torch.zeros(3)}, ["'model' entry is a Tensor, not a state dict"]),
     ({"model": {"conv1.weight": "text"}}, ["holds weights for another model"]),
     ({"optimizer": {"state": {}}}, ["'optimizer' state lacks param_groups"]),
     ({"trainer": {"iteration": -1, "epoch_length": 23, "max_epochs": 2}}, ["trainer state is not"]),
     ({"settings": None}, ["does not record the settings"]),
-])
+]
+
+
+@pytest.mark.parametrize("entries, words", CRAFTED[:2])  # the two, through the CLI
 def test_crafted_checkpoint_is_one_line(run_cli, tmp_path, entries, words):
     ckpt = write_checkpoint(tmp_path / "crafted.pt", "cnn", iteration=30, **entries)
     result = run_cli("train", "--output-dir", tmp_path / "runs", "--epochs", 2,
                      "--resume-from", ckpt, timeout=FAST)
     assert_one_line_error(result, f"--resume-from {str(ckpt)!r}", *words, tmp_path=tmp_path)
+
+
+@pytest.mark.parametrize("entries, words", CRAFTED)
+def test_crafted_checkpoint_is_refused_before_any_process_starts(tmp_path, entries, words):
+    from distkit.checkpoint import check_checkpoint_fits
+
+    ckpt = write_checkpoint(tmp_path / "crafted.pt", "cnn", iteration=30, **entries)
+    with pytest.raises(DistkitError) as info:
+        check_checkpoint_fits(str(ckpt), Config(epochs=2), world_size=2)
+    assert "\n" not in str(info.value)
+    for word in words:
+        assert word in str(info.value), str(info.value)
 
 
 def test_resume_from_latest_falls_back_past_a_corrupt_newest_checkpoint(run_cli, tmp_path):

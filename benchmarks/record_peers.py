@@ -27,6 +27,7 @@ def main():
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--warmup", type=int, default=0)
+    p.add_argument("--names", help="comma-separated contenders of the default batch (default: all)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     extra = {}
@@ -43,7 +44,9 @@ def main():
         extra = lambda batch: {}  # noqa: E731
     start, t0 = load_average(), time.perf_counter()
     log = lambda line: print(line, flush=True)  # noqa: E731
-    default = compare_commands(64, args.epochs, args.rounds, args.warmup, log=log, extra=extra(64))
+    names = tuple(args.names.split(",")) if args.names else None
+    default = compare_commands(64, args.epochs, args.rounds, args.warmup, log=log, extra=extra(64),
+                               names=names)
     with open(args.out + ".default-batch.tmp", "w") as f:  # kept if the tiny steps fail
         json.dump(default, f, indent=2, default=str)
     tiny = compare_commands(16, args.epochs, args.rounds, args.warmup, log=log, extra=extra(16),

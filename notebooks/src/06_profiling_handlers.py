@@ -132,7 +132,7 @@ assert running_s > 2 * average_s, "an all-reduce per iteration must cost more th
 # On rank 0 the `RunningAverage` cost the multiple of the `Average` printed above, per
 # iteration, to show a smoothed loss (every rank makes the same all-reduce); compare it
 # with the training step printed beside it. That is why `distkit.training` logs the
-# epoch mean with an `Average`.
+# epoch mean, all-reduced once per epoch, rather than a running average.
 #
 # ## 2. Profile a real run, on every rank
 #
@@ -159,9 +159,10 @@ print(profiling.format_summary(profile, top=10))
 # - Each handler row is the total time that handler took *per rank*; `ranks` says how
 #   many ranks ran it. A handler that runs a collective (a metric that all-reduces, the
 #   validation, which all-reduces its counts) also absorbs the time it waits there for
-#   the slowest rank: that is what a gap between min and max often means.
-#   `Metric.iteration_completed` is the trainer's only metric, the epoch `Average` of
-#   the loss: it only adds the batch loss locally; it all-reduces once, at the epoch's end.
+#   the slowest rank: that is what a gap between min and max often means. The trainer
+#   has no ignite metric: `create_trainer` sums the batch losses itself and
+#   all-reduces the sum once, in `mean_train_loss` at the epoch's end (what an
+#   `Average` computes, as section 1 measured, without its per-step bookkeeping).
 # - The last lines: the verdict (data- or compute-bound) and whether the `Timer`s agree
 #   with the profiler (notebook 07 looks at those).
 #
@@ -179,23 +180,32 @@ plots.profiler_bars(profile);
 # %% [markdown]
 # ## 3. What the progress bar costs
 #
-# `ProgressBar` runs on rank 0 only (every rank printing its own bar would be noise) and
-# redraws after every iteration. Its row in the profile above is its own cost:
+# `ProgressBar` runs on rank 0 only (every rank printing its own bar would be noise).
+# `distkit.training` attaches it with an event filter,
+# `Events.ITERATION_COMPLETED(event_filter=at_most_every(0.1))`, so it redraws at most
+# every 0.1 s and at each epoch's last step. ignite times a filtered handler as its
+# filter wrapper, `Engine._handler_wrapper.<locals>.wrapper` (the bar's own name is
+# lost), and `HandlersTimeProfiler` keeps only the calls of at least 0.1 ms
+# (`ignite/handlers/time_profilers.py`, line 517 in ignite 0.5.5), that is, the
+# redraws; the skipped calls cost well under that. It is the only filtered handler in
+# the kit's trainer, so its row is the bar's cost:
 
 # %%
-bar = profiling.row(profile, "ProgressBar (_OutputHandler)")
+bar = profiling.row(profile, profiling.FILTERED)
 compute = profiling.row(profile, "compute (training step)")
-print(f"progress bar: {bar['per_rank_s'][0] / profile['iterations'] * 1e3:.2f} ms per iteration on "
-      f"rank 0, {bar['per_rank_s'][0] / compute['per_rank_s'][0]:.1%} of rank 0's compute time")
+print(f"progress bar: {bar['calls'][0]} redraws of {profile['iterations']} iterations, "
+      f"{bar['per_rank_s'][0] / profile['iterations'] * 1e3:.2f} ms per iteration on rank 0, "
+      f"{bar['per_rank_s'][0] / compute['per_rank_s'][0]:.1%} of rank 0's compute time")
 assert bar["ranks"] == 1 and bar["per_rank_s"][1] is None   # rank 0 only
+assert bar["event"] == "ITERATION_COMPLETED"
 
 # %% [markdown]
 # That cost is paid on rank 0 only, so rank 0 arrives a little later at the next gradient
 # all-reduce and the other ranks wait for it. In a notebook the bar is a widget redrawn
 # through the kernel; in a terminal (`distkit train`) it is text on stderr. Compare the
-# number above with the step time: where it matters, `ProgressBar` can redraw less often
-# (`event_name=Events.ITERATION_COMPLETED(every=10)`), or be switched off
-# (`distkit train --no-progress`).
+# number above with the step time: where it matters, redraw less often (a larger
+# interval in the filter, or `Events.ITERATION_COMPLETED(every=10)`), or switch the
+# bar off (`distkit train --no-progress`).
 #
 # `distkit train --profile` prints the same table at the end of its summary and writes
 # `profile.csv` next to `results.json`; this is its summary for the run above:

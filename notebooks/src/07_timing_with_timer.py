@@ -74,9 +74,9 @@ print(f"per epoch: {c.total / 3:.3f} s compute + {d.total / 3:.3f} s data + "
 # %% [markdown]
 # Data wait is small next to compute: the digits sit in memory (notebook 06 shows a loop
 # where it is not). The rest of the epoch, beyond compute and data, is everything else
-# the loop runs: the handlers on every iteration (this trainer has one metric, the epoch
-# `Average` of the loss, plus the three timers' own resume, pause and step calls) and
-# ignite's event dispatch between them.
+# the loop runs: the handlers of every iteration and epoch (this trainer's own: the
+# epoch's loss sum reset and averaged; the three timers' resume, pause and step calls)
+# and ignite's event dispatch between them.
 #
 # One detail inside `attach_timers`: a `Timer` *runs* from its `start` event on. Started
 # on `STARTED` and first resumed on `ITERATION_STARTED`, it would also count everything

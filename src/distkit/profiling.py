@@ -45,9 +45,15 @@ DATA_BOUND_SHARE = 0.5
 
 # The other profiler's own bookkeeping, which HandlersTimeProfiler would list as a handler.
 _INTERNAL = ("BasicTimeProfiler.",)
-# Handler names that do not say what they are (ignite's ProgressBar is the only user of
-# a class named _OutputHandler).
-DISPLAY_NAMES = {"_OutputHandler": "ProgressBar (_OutputHandler)"}
+# Handler names that do not say what they are. ignite's ProgressBar is the only user of
+# a class named _OutputHandler; a handler attached to an event with an event filter is
+# timed as ignite's wrapper around it (its own name is lost), and HandlersTimeProfiler
+# keeps only its calls of at least 0.1 ms (EVENT_FILTER_THESHOLD_TIME), i.e. those the
+# filter let through. distkit's trainer has one: the progress bar, redrawn at most every
+# 0.1 s (training.at_most_every).
+FILTERED = "handler with an event filter (Engine._handler_wrapper)"
+DISPLAY_NAMES = {"_OutputHandler": "ProgressBar (_OutputHandler)",
+                 "Engine._handler_wrapper.<locals>.wrapper": FILTERED}
 
 
 @dataclass

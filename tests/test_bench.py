@@ -333,3 +333,14 @@ def test_progress_bar_filter_lets_through_at_most_one_redraw_per_interval_and_ev
     assert seen[0] == 1 and 100 in seen and seen[-1] == 200
     assert len(seen) <= elapsed / 0.05 + 3  # one per interval, plus the two epoch ends
     assert len(seen) < 200
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork is used on Linux only")
+def test_the_launcher_forks_gloo_workers_only_when_each_runs_one_thread():
+    """Forked workers start seconds sooner (benchmarks/results/start-method.txt); with
+    several OpenMP threads per worker a fork can hang, so those are spawned."""
+    from distkit.launch import _fork_is_safe
+
+    assert _fork_is_safe(Config(backend="gloo", nproc_per_node=2, threads_per_process=1))
+    assert not _fork_is_safe(Config(backend="gloo", nproc_per_node=2, threads_per_process=2))
+    assert not _fork_is_safe(Config(backend="nccl", nproc_per_node=2, threads_per_process=1))

@@ -343,3 +343,45 @@ assert all(r["replicas_identical"] for r in runs.values())
 # sampler's `set_epoch`, and a few `rank == 0` lines.
 #
 # Next: sharding checks (notebook 05) — did every process really see its own data?
+
+# %% [markdown]
+# ## Appendix: watching a run in TensorBoard
+#
+# `Config(logger="tensorboard")` (on the command line: `distkit train --logger
+# tensorboard`) attaches ignite's `TensorboardLogger` (from `ignite.handlers`) on rank 0.
+# Every epoch it writes the training loss (`training/loss`), the learning rate
+# (`training/lr/group_0`) and the validation metrics (`validation/accuracy`,
+# `validation/loss`) to `tensorboard/` in the run's folder. The cell below trains for 2
+# epochs with it, reads the scalars back with TensorBoard's own `EventAccumulator`, and
+# opens TensorBoard: in Colab inside the notebook (the magics `%load_ext tensorboard` and
+# `%tensorboard --logdir <folder>`), elsewhere by printing the command to type in a
+# terminal. Without the `tensorboard` package (`pip install tensorboard`) it says so and
+# skips.
+
+# %%
+import importlib.util
+import os
+import sys
+import tempfile
+
+if importlib.util.find_spec("tensorboard") is None:
+    print("tensorboard is not installed here: pip install tensorboard, then run this cell again")
+else:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from distkit.config import Config
+    from distkit.launch import run
+
+    tb_dir = tempfile.mkdtemp(prefix="distkit-tensorboard-")  # outside the notebook's folder
+    tb_run = run(Config(epochs=2, logger="tensorboard", progress_bar=False, output_dir=tb_dir))
+    events = EventAccumulator(os.path.join(tb_run["run_dir"], "tensorboard"))
+    events.Reload()
+    for tag in ["training/loss", "training/lr/group_0", "validation/accuracy", "validation/loss"]:
+        print(f"{tag:<20} epochs {[s.step for s in events.Scalars(tag)]}  "
+              f"values {[round(s.value, 4) for s in events.Scalars(tag)]}")
+        assert [s.step for s in events.Scalars(tag)] == [1, 2]
+    if "google.colab" in sys.modules:
+        get_ipython().run_line_magic("load_ext", "tensorboard")
+        get_ipython().run_line_magic("tensorboard", f"--logdir {tb_dir}")
+    else:
+        print(f"to look at it: tensorboard --logdir {tb_dir}   (then open http://localhost:6006)")

@@ -52,6 +52,7 @@ if importlib.util.find_spec("distkit") is None:
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as keep:
         keep.write("\\n".join(f"{{p}}=={{importlib.metadata.version(p)}}" for p in ("torch", "torchvision")
                               if importlib.util.find_spec(p)))
+    # pip install SPEC -c <the pins>: distkit and pytorch-ignite, torch left as it is
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", SPEC, "-c", keep.name], check=True)
     importlib.invalidate_caches()  # so this kernel finds the package it just installed'''
 

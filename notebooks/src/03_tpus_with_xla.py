@@ -86,6 +86,15 @@ if ON_TPU:
 if not ON_TPU:
     print("skipped: needs a TPU runtime (Runtime → Change runtime type → TPU)")
 else:
+    import ignite.distributed as idist
+    from distkit.lessons.multinode import show_env
+
+    # The ignite call itself: one replica per XLA device, each printing what idist tells it.
+    # No master_port: PJRT finds its peers itself (ignite's gloo/nccl launches need one).
+    with idist.Parallel(backend="xla-tpu", nproc_per_node=nproc) as parallel:
+        parallel.run(show_env, "tpu")
+    # The same launch by distkit.runner.run_per_rank, which also hands each replica's
+    # answers back here, so they can be checked:
     seen = run_per_rank(process_info, nproc, "xla-tpu")
     for info in seen:
         print({k: info[k] for k in ("rank", "local_rank", "world_size", "backend", "device")})

@@ -4,17 +4,8 @@
 A rank that dies mid-run must end the whole job quickly, with a message naming it, and a
 restarted job must lose at most the iterations since the last checkpoint:
 
-- ``distkit train --resume-from latest`` resumes from the newest checkpoint under
-  ``--output-dir`` (:func:`latest_checkpoint`), or starts from scratch when there is
-  none yet. That makes one command right for the first start *and* for every restart,
-  which is what ``torchrun --max-restarts`` needs: torchrun re-runs the same command,
-  and each start writes a fresh run folder, so the restart must look for the previous
-  start's checkpoint. Give each job its own ``--output-dir``: ``latest`` means the newest
-  checkpoint of any run under it. On several nodes the output dir must be on a file
-  system every node sees (rank 0 writes the checkpoints, every rank reads them).
-- Checkpoints are written atomically by ignite's ``DiskSaver(atomic=True)``: into a
-  temporary file ``tmp*`` in the same folder, then renamed. A process killed during the
-  save leaves that temporary file behind and every ``*.pt`` intact.
+- Resuming (``--resume-from latest``) and atomic checkpoint writes are explained in
+  :mod:`distkit.checkpoint`.
 - :func:`worker_pids` and :func:`kill_rank` find the process of a given rank under
   ``distkit train`` (``idist.Parallel``) or torchrun, so a test or a notebook can SIGKILL
   it from outside, as a crash would (Linux only: reads ``/proc``).

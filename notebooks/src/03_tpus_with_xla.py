@@ -211,11 +211,11 @@ else:
     from distkit.launch import run
     import tempfile
 
-    from distkit.commands.train import summary
+    from distkit.training import run_summary
 
     results = run(Config(backend="xla-tpu", nproc_per_node=nproc, epochs=5, progress_bar=False,
                          output_dir=tempfile.mkdtemp(prefix="distkit-03-")))  # never into the repository
-    print(summary(results))
+    print(run_summary(results))
     assert results["world_size"] == nproc and results["final"]["val_accuracy"] > 0.8
 
 # %% [markdown]

@@ -248,7 +248,7 @@ import statistics
 import subprocess
 import sys
 
-from distkit.commands.train import summary
+from distkit.training import run_summary
 from distkit.config import Config
 from distkit.launch import default_nproc, read_results, resolve_backend, run
 
@@ -257,7 +257,7 @@ nproc = default_nproc(backend)
 print(f"best backend here: {backend}, {nproc} process(es) per node")
 kit_config = Config(epochs=EPOCHS, seed=0, progress_bar=False, output_dir=os.path.join(workdir, "runs"))
 spawned = run(kit_config)
-print(summary(spawned))
+print(run_summary(spawned))
 
 # %% [markdown]
 # ## 4. The identical run under `torchrun`

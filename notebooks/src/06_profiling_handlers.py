@@ -211,9 +211,9 @@ assert bar["event"] == "ITERATION_COMPLETED"
 # `profile.csv` next to `results.json`; this is its summary for the run above:
 
 # %%
-from distkit.commands.train import summary
+from distkit.training import run_summary
 
-print(summary(results))
+print(run_summary(results))
 
 # %% [markdown]
 # ## 4. A data-bound run, detected and fixed

@@ -395,6 +395,28 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     return results
 
 
+def run_summary(results: dict) -> str:
+    """The few lines `distkit train` prints at the end of a run, from its results dict
+    (what :func:`training` returns on rank 0 and writes to results.json)."""
+    f = results["final"] or {}
+    metrics = "  ".join(f"{k[4:]} {v:.4f}" for k, v in f.items()
+                        if k.startswith("val_") and isinstance(v, float)) or "none"
+    task = results.get("task") or {}
+    lines = [
+        f"backend {results['backend']}  world size {results['world_size']}  "
+        f"nodes {results['nnodes']}  device {results['device']}"
+        + (f"  task {task['name']}" if task.get("name") else ""),
+        f"final validation {metrics}  after {results['epochs_completed']} epoch(s), "
+        f"{results['iterations']} iterations",
+        f"{results['seconds_per_epoch'] or float('nan'):.2f} s per epoch (training only)  "
+        f"{results['samples_per_second']:.0f} samples/s (end to end)",
+        f"results, checkpoints and plots in {results['run_dir']}",
+    ]
+    if results.get("profile"):
+        lines.insert(-1, profiling.format_summary(results["profile"], top=5))
+    return "\n".join(lines)
+
+
 def _report(rank, run_dir, config, task, history, trainer, checkpoints, profile, trained_samples,
             wall, digests, memory=None):
     """On rank 0: gather the run into a dict, write results.json and the learning curves."""

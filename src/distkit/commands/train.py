@@ -86,30 +86,9 @@ def config_from_args(args) -> Config:
     return Config(**{k: v for k, v in vars(args).items() if k in fields})
 
 
-def summary(results: dict) -> str:
-    f = results["final"] or {}
-    metrics = "  ".join(f"{k[4:]} {v:.4f}" for k, v in f.items()
-                        if k.startswith("val_") and isinstance(v, float)) or "none"
-    task = results.get("task") or {}
-    lines = [
-        f"backend {results['backend']}  world size {results['world_size']}  "
-        f"nodes {results['nnodes']}  device {results['device']}"
-        + (f"  task {task['name']}" if task.get("name") else ""),
-        f"final validation {metrics}  after {results['epochs_completed']} epoch(s), "
-        f"{results['iterations']} iterations",
-        f"{results['seconds_per_epoch'] or float('nan'):.2f} s per epoch (training only)  "
-        f"{results['samples_per_second']:.0f} samples/s (end to end)",
-        f"results, checkpoints and plots in {results['run_dir']}",
-    ]
-    if results.get("profile"):
-        from distkit.profiling import format_summary
-
-        lines.insert(-1, format_summary(results["profile"], top=5))
-    return "\n".join(lines)
-
-
 def main(args) -> int:
     from distkit.launch import run
+    from distkit.training import run_summary
 
     results = run(config_from_args(args))
     if results is not None:
@@ -117,5 +96,5 @@ def main(args) -> int:
             from distkit.profiling import write_csv
 
             write_csv(results["profile"], f"{results['run_dir']}/profile.csv")
-        print(summary(results))
+        print(run_summary(results))
     return 0

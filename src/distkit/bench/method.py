@@ -53,12 +53,12 @@ MODES = {
                      peer_warmup=0, peer_names=("distkit", "hand-written (torchrun)")),
     "quick": Settings("quick", repeats=15, warmup=1, batch_size=256, steps=8, mlp_hidden=1024,
                       scaling_steps=6, max_world_size=2, data_batch=128, data_batches=8,
-                      compute_steps=2, overhead_variants=False, overhead_probe_steps=100,
+                      compute_steps=2, overhead_variants=False, overhead_probe_steps=300,
                       study_repeats=5),
     "full": Settings("full", repeats=25, warmup=2, batch_size=256, steps=16, mlp_hidden=1024,
                      scaling_steps=16, max_world_size=8, data_batch=128, data_batches=24,
                      data_workers=(0, 1, 2, 4), compute_steps=4, gpu_steps=100,
-                     overhead_probe_steps=200, study_repeats=9),
+                     overhead_probe_steps=1000, study_repeats=9),
 }
 
 

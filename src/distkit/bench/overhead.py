@@ -53,8 +53,13 @@ def measure_overhead(settings: Settings, threads: int | None = None) -> dict:
         steps, sides = _overhead_sides(config, runs, settings.overhead_variants)
         cpu = {}
         rates = interleaved(sides, settings.repeats, settings.warmup, cpu)
+    # The kit's own cost is Python on one thread; a tiny step run on several OpenMP
+    # threads only adds their synchronisation's scatter (1.2-1.8 ms a step on 2 threads
+    # here vs ~0.5 ms on one), which hid a 50 us difference. Hence one thread, and runs
+    # long enough that engine.run()'s per-run set-up is spread thin.
+    with torch_threads(1):
         small = bench_config(settings, model="mlp", batch_size=8, runs=runs,
-                              steps=settings.overhead_probe_steps)
+                             steps=settings.overhead_probe_steps)
         _, small_sides = _overhead_sides(small, runs)
         small_cpu = {}
         interleaved(small_sides, settings.repeats, settings.warmup, small_cpu)
@@ -68,7 +73,7 @@ def measure_overhead(settings: Settings, threads: int | None = None) -> dict:
         "variants": {name: compare(r, hand, TARGETS["overhead"], cpu[name], hand_cpu)
                      for name, r in rates.items() if name != "hand-written"},
         "per_step_us": {
-            "model": "mlp, batch 8", "steps_per_run": settings.overhead_probe_steps,
+            "model": "mlp, batch 8", "steps_per_run": settings.overhead_probe_steps, "threads": 1,
             "cpu_us_per_step": us,
             "cpu_us_per_step_rounds": {name: [1e6 * small.batch_size / r for r in rates]
                                        for name, rates in small_cpu.items()},

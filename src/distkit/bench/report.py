@@ -42,7 +42,7 @@ def table(results: dict) -> str:
         per = o["per_step_us"]
         extra = per["kit_extra_cpu_us_per_step"]
         step_ms = per["hand_written_step_ms_of_the_real_model"]
-        lines.append(f"    the kit's own cost per step ({per['model']}): {extra['kit']:+.0f} us of CPU "
+        lines.append(f"    the kit's own cost per step ({per['model']}, 1 thread): {extra['kit']:+.0f} us of CPU "
                      f"(create_trainer only {extra['kit: create_trainer only']:+.0f}, with progress bar "
                      f"{extra['kit + progress bar']:+.0f}); against a {step_ms:.1f} ms step: "
                      f"{step_ms / (step_ms + extra['kit'] / 1000):.3f} expected")

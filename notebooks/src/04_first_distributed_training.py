@@ -78,29 +78,73 @@ assert again == shards[0] and reshuffled != shards[0]
 #
 # ## 2. `training(local_rank, config)`, written out
 #
-# This is the whole program every process runs. The distributed part is the three
-# `auto_*` calls, `set_epoch`, and `rank == 0` around what only one process should do.
-# `setup_logger(distributed_rank=rank)` gives rank 0 a handler and every other rank a
-# `NullHandler`, so one process logs. The evaluator's metrics all-reduce their counts,
-# so every rank gets the global accuracy; the best-model `Checkpoint` keeps the weights
-# of the epoch with the best validation accuracy (its `score_function`); `DiskSaver`
-# writes on rank 0 only. Spawned processes cannot *return* anything to the notebook
-# through `idist.Parallel`, so rank 0 writes its results into `config["results"]`, a
-# dict held by a `multiprocessing.Manager` process that the notebook reads afterwards.
+# This is the whole program every process runs, in the shape of ignite's own examples:
+# the data, the model and the validation each get a function, and `training` puts them
+# together. The distributed part is the three `auto_*` calls, `set_epoch`, and
+# `rank == 0` around what only one process should do.
+#
+# First the data and the model. `idist.auto_dataloader` gives each process a
+# `DistributedSampler` over its shard, `idist.auto_model` wraps the model in
+# `DistributedDataParallel` (with more than one process) and `idist.auto_optim` returns
+# the optimizer as it is on CPUs and GPUs (on a TPU it would wrap it).
+
+# %%
+def get_dataflow(config):
+    train_set, val_set = split(digits_dataset())  # a fixed split: identical in every process
+    train_loader = idist.auto_dataloader(train_set, batch_size=config["batch_size"], shuffle=True)
+    val_loader = idist.auto_dataloader(val_set, batch_size=2 * config["batch_size"], shuffle=False)
+    return train_loader, val_loader
+
+
+def initialize(config):
+    manual_seed(config["seed"])  # same initial weights in every process
+    model = idist.auto_model(get_model("cnn"))
+    optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9))
+    return model, optimizer, nn.CrossEntropyLoss()
+
+
+# %% [markdown]
+# Validation after every epoch. The evaluator's metrics all-reduce their counts, so
+# every rank gets the global accuracy; the best-model `Checkpoint` keeps the weights of
+# the epoch with the best validation accuracy (its `score_function`); `DiskSaver` writes
+# on rank 0 only. `setup_logger(distributed_rank=rank)` (in `training` below) gives rank
+# 0 a handler and every other rank a `NullHandler`, so one process logs.
+
+# %%
+def attach_validation(trainer, model, criterion, val_loader, config, logger):
+    metrics = {"accuracy": Accuracy(), "loss": Loss(criterion), "confusion": ConfusionMatrix(num_classes=10)}
+    evaluator = create_supervised_evaluator(model, metrics=metrics, device=idist.device())
+    history = []
+
+    @trainer.on(Events.EPOCH_COMPLETED)
+    def validate(engine):
+        m = evaluator.run(val_loader).metrics
+        history.append({"epoch": engine.state.epoch, "val_accuracy": m["accuracy"], "val_loss": m["loss"],
+                        "epoch_time_s": engine.state.times["EPOCH_COMPLETED"]})
+        logger.info(f"epoch {engine.state.epoch}: val accuracy {m['accuracy']:.4f}, val loss {m['loss']:.4f}")
+
+    best = Checkpoint({"model": model}, DiskSaver(config["output_dir"], require_empty=False),
+                      filename_prefix="best", n_saved=1, score_name="val_accuracy",
+                      score_function=Checkpoint.get_default_score_fn("accuracy"),
+                      global_step_transform=global_step_from_engine(trainer))
+    evaluator.add_event_handler(Events.COMPLETED, best)
+    return evaluator, history, best
+
+
+# %% [markdown]
+# And the program itself: the training step, the `Engine` that runs it, the reshuffle
+# at every epoch, and the run. Spawned processes cannot *return* anything to the
+# notebook through `idist.Parallel`, so rank 0 writes its results into
+# `config["results"]`, a dict held by a `multiprocessing.Manager` process that the
+# notebook reads afterwards.
 
 # %%
 def training(local_rank, config):
     rank = idist.get_rank()
     logger = setup_logger("training", distributed_rank=rank)
     torch.set_num_threads(config["threads"])
-    manual_seed(config["seed"])  # same initial weights in every process
-    train_set, val_set = split(digits_dataset())  # a fixed split: identical in every process
-
-    train_loader = idist.auto_dataloader(train_set, batch_size=config["batch_size"], shuffle=True)
-    val_loader = idist.auto_dataloader(val_set, batch_size=2 * config["batch_size"], shuffle=False)
-    model = idist.auto_model(get_model("cnn"))
-    optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"], momentum=0.9))
-    criterion = nn.CrossEntropyLoss()
+    train_loader, val_loader = get_dataflow(config)
+    model, optimizer, criterion = initialize(config)
     device = idist.device()
 
     def train_step(engine, batch):
@@ -118,23 +162,7 @@ def training(local_rank, config):
     def reshuffle(engine):
         train_loader.sampler.set_epoch(engine.state.epoch - 1)  # ignite's Engine never does this
 
-    metrics = {"accuracy": Accuracy(), "loss": Loss(criterion), "confusion": ConfusionMatrix(num_classes=10)}
-    evaluator = create_supervised_evaluator(model, metrics=metrics, device=device)
-    history = []
-
-    @trainer.on(Events.EPOCH_COMPLETED)
-    def validate(engine):
-        m = evaluator.run(val_loader).metrics
-        history.append({"epoch": engine.state.epoch, "val_accuracy": m["accuracy"], "val_loss": m["loss"],
-                        "epoch_time_s": engine.state.times["EPOCH_COMPLETED"]})
-        logger.info(f"epoch {engine.state.epoch}: val accuracy {m['accuracy']:.4f}, val loss {m['loss']:.4f}")
-
-    best = Checkpoint({"model": model}, DiskSaver(config["output_dir"], require_empty=False),
-                      filename_prefix="best", n_saved=1, score_name="val_accuracy",
-                      score_function=Checkpoint.get_default_score_fn("accuracy"),
-                      global_step_transform=global_step_from_engine(trainer))
-    evaluator.add_event_handler(Events.COMPLETED, best)
-
+    evaluator, history, best = attach_validation(trainer, model, criterion, val_loader, config, logger)
     trainer.run(train_loader, max_epochs=config["epochs"])
 
     if rank == 0:  # hand the results back to the notebook

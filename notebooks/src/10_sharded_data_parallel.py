@@ -67,6 +67,7 @@ def make_model():
 STEPS = 8
 
 
+# %%
 def train(local_rank, strategy):
     torch.manual_seed(0)  # the same initial weights on every rank and for both strategies
     model = make_model()
@@ -108,6 +109,11 @@ def train(local_rank, strategy):
             "sent": comm[-1].sent_per_rank(idist.get_world_size())}
 
 
+# %% [markdown]
+# Each rank count starts its processes once (`run_per_rank`, from `distkit.runner`) and
+# trains both strategies in them, one after the other, from the same seed.
+
+# %%
 def both(local_rank):  # one start of the processes, both strategies
     return {strategy: train(local_rank, strategy) for strategy in ("ddp", "fsdp")}
 
@@ -260,6 +266,9 @@ def sharded_model(seed):
 probe = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
 
 
+# %%
+
+
 def save_at_2(local_rank, folder):
     model = sharded_model(seed=0)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
@@ -278,6 +287,7 @@ def load_at_4(local_rank, folder):
     return before, model(probe).detach(), model[0].weight.to_local().shape
 
 
+# %%
 folder = tempfile.mkdtemp(prefix="distkit-10-dcp-")
 saved = run_per_rank(save_at_2, 2, "gloo", folder)
 loaded = run_per_rank(load_at_4, 4, "gloo", folder)

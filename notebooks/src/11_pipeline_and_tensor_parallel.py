@@ -111,6 +111,7 @@ def pipeline(local_rank):
     return out
 
 
+# %%
 pp = run_per_rank(pipeline, 2, "gloo")
 rows = []
 for r0, r1 in zip(*pp):

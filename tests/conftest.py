@@ -19,6 +19,13 @@ def subprocess_env(**extra) -> dict:
     return env
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto`` (pyproject's addopts): one worker per core, at most 4. Many tests start
+    2-4 processes of their own; more workers than that would only oversubscribe."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(4, cores or 1))
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need an NVIDIA GPU: without one they are skipped, and say why."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]

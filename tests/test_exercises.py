@@ -27,10 +27,7 @@ EXERCISES = REPO_ROOT / "exercises"
 SOLUTIONS = EXERCISES / "solutions"
 STUBS = sorted(EXERCISES.glob("[0-9][0-9]_*.py"))
 NUMBERS = [p.name[:2] for p in STUBS]
-# The exercises this file grades both ways; later ones (10, 11: sharded models) have
-# their own test file, tests/test_exercises_10_11.py.
-MINE = [f"{i:02d}" for i in range(1, 10)]
-ONLY_MINE = " or ".join(f"ex{n}" for n in MINE)
+ALL = " or ".join(f"ex{n}" for n in NUMBERS)  # the -m marker that selects every exercise
 
 
 def run_checks(tmp_path: Path, graded: str, *args: str, env=None) -> dict:
@@ -131,8 +128,8 @@ def test_solution_keeps_the_stubs_given_code_unchanged(stub):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_untouched_stubs_fail_every_check_with_not_implemented(tmp_path):
-    grouped = by_exercise(run_checks(tmp_path, "stubs", "-m", ONLY_MINE))
-    assert sorted(grouped) == MINE, f"exercises without a check: {set(MINE) - set(grouped)}"
+    grouped = by_exercise(run_checks(tmp_path, "stubs", "-m", ALL))
+    assert sorted(grouped) == NUMBERS, f"exercises without a check: {set(NUMBERS) - set(grouped)}"
     for n, tests in grouped.items():
         for test_id, outcome, message in tests:
             assert outcome == "failed", f"{test_id}: {outcome} with the stub\n{message[:2000]}"
@@ -144,8 +141,8 @@ def test_untouched_stubs_fail_every_check_with_not_implemented(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_solutions_pass_every_check(tmp_path):
-    results = run_checks(tmp_path, "solutions", "-m", ONLY_MINE)
-    assert sorted(by_exercise(results)) == MINE
+    results = run_checks(tmp_path, "solutions", "-m", ALL)
+    assert sorted(by_exercise(results)) == NUMBERS
     failed = {t: m[:2000] for t, (o, m) in results.items() if o != "passed"}
     assert not failed, failed
 
@@ -389,6 +386,49 @@ def pipeline_step(stage, inputs, targets, activation_shape):
      [("        for out in outputs:\n", "        for out in reversed(outputs):\n")],
      r"stage 0 \(rank 0\) has other gradients .*each gradient rank 1 sends back belongs to one "
      r"micro-batch: backpropagate them in the order they were sent"),
+    # 10 sharded memory
+    ("10", "FSDP predicted like DDP", [('shards = world_size if strategy == "fsdp" else 1', "shards = 1")],
+     r"under FSDP with 2 ranks you predicted \d+ bytes of params .*that is what DDP keeps; under "
+     r"FSDP each of the 2 ranks keeps 1/2"),
+    ("10", "DDP divided by the world size too",
+     [('shards = world_size if strategy == "fsdp" else 1', "shards = world_size")],
+     r"under DDP with 2 ranks .*under DDP every rank keeps the WHOLE model: do not divide"),
+    ("10", "one Adam moment", [('"optimizer": 2 * FP32_BYTES', '"optimizer": FP32_BYTES')],
+     r"bytes of optimizer per rank.*Adam keeps TWO moments per parameter"),
+    ("10", "values, not bytes", '''
+def predict_bytes_per_rank(num_params, world_size, strategy):
+    shards = world_size if strategy == "fsdp" else 1
+    return {"params": num_params // shards, "grads": num_params // shards,
+            "optimizer": 2 * num_params // shards}
+''', r"you counted values, not bytes: an fp32 value takes 4 bytes"),
+    ("10", "a fixed 2 for the world size",
+     [('shards = world_size if strategy == "fsdp" else 1', 'shards = 2 if strategy == "fsdp" else 1')],
+     r"with 4 ranks under FSDP you predicted .*divide by world_size, not by a fixed number"),
+    ("10", "only the root sharded",
+     [("            fully_shard(layer)  # one unit per layer: only one layer's full weight at a time\n",
+       "            pass\n")],
+     r"only 0 of the 3 nn.Linear layers are FSDP units of their own"),
+    ("10", "the root left out", [("    fully_shard(model)  # the root\n", "")],
+     r"the model itself is not sharded: .*fully_shard\(model\)"),
+    ("10", "the model not returned", [("    fully_shard(model)  # the root\n    return model",
+                                       "    fully_shard(model)  # the root")],
+     r"shard\(model\) returned NoneType, not the model"),
+    # 11 pipeline bubble
+    ("11", "(p-1)/m", [("return (stages - 1) / (microbatches + stages - 1)", "return (stages - 1) / microbatches")],
+     r"you predicted a bubble of 0\.5 for 2 stages and 2 micro-batches; measured: .*\(p-1\)/m leaves "
+     r"out the slots"),
+    ("11", "a formula for 2 stages only",
+     [("return (stages - 1) / (microbatches + stages - 1)", "return 1 / (microbatches + 1)")],
+     r"bubble_fraction\(4, 8\) returned 0\.111.*fits 2 stages but not 4"),
+    ("11", "n_microbatches ignored",
+     [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "ScheduleGPipe(stage, n_microbatches=num_stages,")],
+     r"with n_microbatches=4 and a batch of 16, rank 0 sent 2 activation tensor\(s\) of shape \(8, 8\)"),
+    ("11", "the sum of the losses",
+     [("return torch.stack(losses).mean().item()", "return torch.stack(losses).sum().item()")],
+     r"4x the batch's loss .*SUM of the 4 micro-batch losses; return their mean"),
+    ("11", "a tensor returned",
+     [("return torch.stack(losses).mean().item()", "return torch.stack(losses).mean()")],
+     r"the last stage returned 'tensor\(.*return the mean of the micro-batch losses as a Python float"),
 ]
 
 
@@ -409,7 +449,7 @@ def test_every_wrong_answer_still_applies_to_its_solution():
 
 
 def test_every_exercise_has_three_wrong_answers():
-    counts = {n: sum(1 for m, *_ in WRONG_ANSWERS if m == n) for n in MINE}
+    counts = {n: sum(1 for m, *_ in WRONG_ANSWERS if m == n) for n in NUMBERS}
     assert all(c >= 3 for c in counts.values()), counts
 
 

@@ -125,6 +125,9 @@ def test_a_broken_course_module_and_a_clashing_file_name_are_named(tmp_path, mon
     with pytest.raises(DistkitError) as e:
         resolve_task(f"{tmp_path / 'json.py'}:task")
     assert "already taken" in one_line(e) and "rename the file" in str(e.value)
+    # refused specs leave nothing on sys.path: json.py there would shadow the standard
+    # module in every process started later (spawned children import json early)
+    assert str(tmp_path) not in sys.path and str(tmp_path.resolve()) not in sys.path
 
 
 def test_a_score_that_names_no_metric_fails_before_any_process(course, tmp_path):

@@ -72,7 +72,7 @@ assert again == shards[0] and reshuffled != shards[0]
 # - The order is a permutation drawn from `seed + epoch`, and `epoch` changes only when
 #   *you* call `sampler.set_epoch(epoch)`. ignite's `Engine` never calls it: the only
 #   `set_epoch` in ignite 0.5.5 is in the optional helper
-#   `ignite.contrib.engines.common.setup_common_training_handlers(train_sampler=...)`
+#   `setup_common_training_handlers(train_sampler=...)` of ignite's contrib package
 #   (`ignite/contrib/engines/common.py`, line 280). Without it, every epoch repeats the
 #   same order on every rank.
 #

@@ -45,6 +45,7 @@ import dataclasses
 import importlib
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -266,20 +267,31 @@ def _import(spec: str, module_name: str):
             raise DistkitError(f"--task {spec!r}: no such file {str(path)!r}: pass the path of "
                                "the .py file that defines the task")
         folder, name = str(path.parent), path.stem
-        _prepend_path(folder)  # spawned processes inherit sys.path, so they import it too
-        module = _import_module(spec, name)
-        if Path(getattr(module, "__file__", "") or "").resolve() != path:
-            raise DistkitError(f"--task {spec!r}: the name {name!r} is already taken by "
-                               f"{getattr(module, '__file__', None) or 'a built-in module'}: "
-                               "rename the file")
+        with _on_path(folder):  # spawned processes inherit sys.path, so they import it too
+            module = _import_module(spec, name)
+            if Path(getattr(module, "__file__", "") or "").resolve() != path:
+                raise DistkitError(f"--task {spec!r}: the name {name!r} is already taken by "
+                                   f"{getattr(module, '__file__', None) or 'a built-in module'}: "
+                                   "rename the file")
         return module
-    _prepend_path(os.getcwd())  # `distkit` as a console script does not search the cwd
-    return _import_module(spec, module_name)
+    with _on_path(os.getcwd()):  # `distkit` as a console script does not search the cwd
+        return _import_module(spec, module_name)
 
 
-def _prepend_path(folder: str) -> None:
-    if folder not in sys.path and not (folder == os.getcwd() and "" in sys.path):
+@contextmanager
+def _on_path(folder: str):
+    """``folder`` first on ``sys.path``; it stays there only if the block succeeds. A
+    refused spec must not leave its folder behind: a file named like a standard module
+    (``json.py``) would shadow that module in every process started afterwards."""
+    added = folder not in sys.path and not (folder == os.getcwd() and "" in sys.path)
+    if added:
         sys.path.insert(0, folder)
+    try:
+        yield
+    except BaseException:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
+        raise
 
 
 def _import_module(spec: str, name: str):

@@ -137,3 +137,44 @@ def test_jupyter_interrupt_kernel_stops_every_worker(tmp_path):
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+LONG_WORKER = """
+import os, sys, time
+from distkit.launch import launch_function
+
+def worker(local_rank, folder):
+    with open(os.path.join(folder, f"rank{local_rank}"), "w") as f:
+        f.write(f"{os.getpid()} {os.getsid(0)}")
+    time.sleep(600)
+
+if __name__ == "__main__":
+    launch_function(worker, sys.argv[1], backend="gloo", nproc_per_node=2)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_workers_run_in_sessions_of_their_own_and_end_with_a_killed_launcher(tmp_path):
+    """As torchrun starts them: each worker leads its own session (autogroup scheduling
+    then gives it a share of its own; tiny steps ran ~10% faster so). Outside the
+    launcher's session no terminal hang-up reaches them, so a SIGKILLed launcher must
+    still take them down (PR_SET_PDEATHSIG) rather than leave orphans training."""
+    script = tmp_path / "long_worker.py"
+    script.write_text(LONG_WORKER)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=subprocess_env(),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while len(list(tmp_path.glob("rank*"))) < 2 or any(not p.read_text() for p in tmp_path.glob("rank*")):
+            assert proc.poll() is None and time.monotonic() < deadline, "the workers never started"
+            time.sleep(0.2)
+        workers = [tuple(map(int, p.read_text().split())) for p in sorted(tmp_path.glob("rank*"))]
+        assert all(pid == sid for pid, sid in workers), workers  # each one a session leader
+        assert all(sid != os.getsid(proc.pid) for _, sid in workers)
+        proc.kill()  # SIGKILL: the launcher cleans nothing up itself
+        proc.wait(10)
+        assert gone_within([pid for pid, _ in workers], STOP_DEADLINE_S), "orphaned workers kept running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

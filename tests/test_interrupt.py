@@ -50,6 +50,13 @@ def failure_alive(pid: int) -> bool:
         return False
 
 
+def default_sigint() -> None:
+    """The launcher starts with SIGINT's default action, as under a terminal or Jupyter.
+    A shell's background job (``cmd &``) starts with SIGINT *ignored*, and Python keeps an
+    ignored SIGINT ignored: run from such a job, the launcher would never see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def check_resumable(path: str, runs) -> None:
     ckpt = load_checkpoint(path)  # weights_only=True; raises on a half-written file
     assert ckpt["trainer"]["iteration"] == checkpoint_iteration(path) > 0
@@ -67,7 +74,7 @@ def test_sigint_to_the_launcher_only_stops_every_worker(tmp_path, whole_group):
         [sys.executable, "-m", "distkit", "train", "--nproc-per-node", "2", "--epochs", "200",
          "--no-progress", "--output-dir", str(runs)],
         cwd=tmp_path, env=subprocess_env(), text=True, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, start_new_session=whole_group)
+        stderr=subprocess.PIPE, start_new_session=whole_group, preexec_fn=default_sigint)
     try:
         failure.wait_for_checkpoint(runs, 1, timeout=120)
         workers = children(proc.pid)

@@ -1,5 +1,13 @@
 """benchmarks/tiny_steps_plain.py: the tiny steady loop with no ignite and no kit: torch.multiprocessing workers (fork)
-set up the process group themselves, or the same worker joined under torchrun."""
+set up the process group themselves, or the same worker joined under torchrun.
+
+    python benchmarks/tiny_steps_plain.py 8 out.json fork          # rank 0 hosts the store
+    V_PARENT_STORE=1 python benchmarks/tiny_steps_plain.py 8 out.json fork  # the parent does
+    V_SETSID=1 python benchmarks/tiny_steps_plain.py 8 out.json fork        # own sessions
+    python -m torch.distributed.run --nproc-per-node 2 benchmarks/tiny_steps_plain.py 8 out.json
+
+The loop is benchmarks/tiny_steps_launchers.py's, written without ignite or the kit on
+purpose. Results: benchmarks/results/tiny-steps-sessions-quiet.txt."""
 import os, sys, time, json
 import torch, torch.distributed as dist
 

@@ -35,6 +35,9 @@ REQUIRED_CALLS = {
     "09": ["idist.Parallel", "DiskSaver", "_setup_ddp_vars_from_slurm_env"],
     # 03's launch runs only on a TPU runtime, but it is typed in its cell all the same
     "03": ["idist.Parallel", "parallel.run"],
+    # the transformer track (issue 23)
+    "12": ["init_device_mesh", "parallelize_module", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
+           "PrepareModuleInput", "CommDebugMode"],
 }
 # Notebooks whose cells leave files behind (runs, checkpoints, CSVs, in temporary folders
 # of their own): each must run twice in the same folder with the same outcome. (01 writes

@@ -38,6 +38,7 @@ REQUIRED_CALLS = {
     # the transformer track (issue 23)
     "12": ["init_device_mesh", "parallelize_module", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
            "PrepareModuleInput", "CommDebugMode"],
+    "13": ["dist.batch_isend_irecv", "dist.P2POp", "F.scaled_dot_product_attention", "FlopCounterMode"],
 }
 # Notebooks whose cells leave files behind (runs, checkpoints, CSVs, in temporary folders
 # of their own): each must run twice in the same folder with the same outcome. (01 writes

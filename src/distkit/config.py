@@ -9,6 +9,7 @@ The CLI maps its flags one-to-one onto :class:`Config`; notebooks and courses bu
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import numbers
 from dataclasses import dataclass
@@ -20,6 +21,10 @@ BACKENDS = ("auto", "gloo", "nccl", "xla-tpu", "none")
 DATASETS = ("digits", "synthetic", "mnist", "cifar10")
 MODELS = ("cnn", "mlp", "resnet18")
 LOGGERS = ("none", "tensorboard", "mlflow")
+# logger -> the package that must be importable (and the distkit extra that installs it)
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+STRATEGIES = ("ddp", "fsdp")
+SHARDING_BACKENDS = ("gloo", "nccl")  # fully_shard needs a torch.distributed process group
 
 
 @dataclass
@@ -97,12 +102,7 @@ class Config:
         _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
         _choice("logger", self.logger, LOGGERS)
-        if self.logger != "none":
-            from distkit.tracking import check_installed
-
-            check_installed(self.logger)
-        from distkit.strategies import STRATEGIES, check_strategy
-
+        check_logger_installed(self.logger)
         _choice("strategy", self.strategy, STRATEGIES)
         check_strategy(self.strategy, self.backend)
         for name, low, high in _WHOLE_NUMBERS:
@@ -150,6 +150,23 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def check_logger_installed(logger: str) -> None:
+    """One line, before any process starts, if the tracker's package is missing."""
+    package = LOGGER_PACKAGES.get(logger)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise DistkitError(f"--logger {logger} needs the {package} package, which is not installed: "
+                           f"pip install {package} (the distkit[{logger}] extra), or use --logger none")
+
+
+def check_strategy(strategy: str, backend: str) -> None:
+    """Refuse, in one line, a strategy the backend cannot run (before any process starts;
+    ``backend`` may be ``auto``, which is checked again once resolved)."""
+    if strategy == "fsdp" and backend not in SHARDING_BACKENDS + ("auto",):
+        raise DistkitError(
+            f"--strategy fsdp needs a torch.distributed process group (gloo or nccl), and "
+            f"--backend {backend} has none: use --backend gloo or nccl, or --strategy ddp")
 
 
 # Whole-number fields: (name, lowest, highest or None). None values of the Optional

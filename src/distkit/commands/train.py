@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from distkit.config import BACKENDS, DATASETS, LOGGERS, MODELS, Config
+from distkit.config import BACKENDS, DATASETS, LOGGERS, MODELS, STRATEGIES, Config
 
 DEFAULTS = Config()
 
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dataset-size", type=int, default=DEFAULTS.dataset_size,
                    help="training samples of the synthetic dataset")
     g.add_argument("--model", choices=MODELS, default=DEFAULTS.model)
-    g.add_argument("--strategy", choices=("ddp", "fsdp"), default=DEFAULTS.strategy,
+    g.add_argument("--strategy", choices=STRATEGIES, default=DEFAULTS.strategy,
                    help="ddp: a whole model per process; fsdp: each process holds 1/N of the "
                         "parameters, gradients and optimizer state (gloo or nccl)")
     g.add_argument("--epochs", type=int, default=DEFAULTS.epochs)

@@ -18,7 +18,7 @@ import distkit
 from conftest import subprocess_env
 from distkit.errors import DistkitError
 from distkit.failures import cause, for_function_callers, raise_site
-from distkit.launch import free_port
+from distkit.machine import free_port
 
 # A course whose model raises a three-line ValueError on rank 1's third step.
 COURSE = '''

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 from datetime import timedelta
 
 import ignite.distributed as idist
@@ -22,29 +21,12 @@ import torch
 
 from distkit.errors import DistkitError
 from distkit.failures import Reporter
+from distkit.machine import (available_memory, check_address_resolves, check_port_free, free_port,
+                             in_ipython, inside_launch, launched_externally, local_world_size,
+                             ranks_on_this_host, set_ignite_verbosity, threads_per_process,
+                             tpu_available)
 
 CPU_DEFAULT_NPROC = 2
-
-
-def launched_externally() -> bool:
-    """True inside a torchrun / torch.distributed launch or a SLURM job step."""
-    return "WORLD_SIZE" in os.environ or "SLURM_JOB_ID" in os.environ
-
-
-def inside_launch() -> bool:
-    """True in a process that torchrun (WORLD_SIZE) or a several-task ``srun`` started:
-    spawning more processes there would start a second, conflicting job per process."""
-    return "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
-
-
-def tpu_available() -> bool:
-    try:
-        import torch_xla.runtime as xr  # noqa: F401
-
-        return os.environ.get("PJRT_DEVICE", "").upper() == "TPU" or bool(os.environ.get("TPU_NAME")) \
-            or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
-    except Exception:
-        return False
 
 
 def resolve_backend(backend: str) -> str:
@@ -86,89 +68,9 @@ def default_nproc(backend: str) -> int:
     return CPU_DEFAULT_NPROC
 
 
-def threads_per_process(local_world_size: int) -> int:
-    """Cores this process may use, divided by the processes on this node (at least 1)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_world_size))
-
-
-def ranks_on_this_host() -> int:
-    """The ranks of this run that share this machine's cores, counted by hostname (one
-    ``all_gather`` at start-up; call on every rank). Not torchrun's LOCAL_WORLD_SIZE: two
-    launches on one machine (two "nodes" on 127.0.0.1) each count only their own ranks,
-    and with that count share the cores twice over."""
-    if idist.get_world_size() == 1:
-        return 1
-    if idist.backend() == "xla-tpu":  # TPU hosts: one launch per host; skip a string collective on XLA
-        return idist.get_nproc_per_node()
-    me = socket.gethostname()
-    names = idist.all_gather(me)
-    return sum(name == me for name in (names if isinstance(names, list) else [names]))
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            raise DistkitError(f"--master-port {port} is already in use on this machine: pick "
-                               "another port, or omit --master-port to use a free one") from None
-
-
-def check_address_resolves(addr: str, timeout_s: float = 10.0) -> None:
-    """Resolve ``--master-addr`` now: a name that does not resolve would otherwise make
-    every rank wait on the rendezvous until the timeout. getaddrinfo has no timeout of
-    its own, so it runs in a daemon thread that we stop waiting for."""
-    import threading
-
-    outcome = {}
-
-    def resolve():
-        try:
-            socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
-            outcome["ok"] = True
-        except OSError as e:
-            outcome["error"] = e
-
-    thread = threading.Thread(target=resolve, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if "ok" in outcome:
-        return
-    why = outcome["error"].strerror or outcome["error"] if "error" in outcome else \
-        f"no answer from the resolver in {timeout_s:g} s"
-    raise DistkitError(f"--master-addr {addr!r} does not resolve ({why}): pass the IP address or "
-                       "host name of the node with --node-rank 0, as the other nodes can reach it")
-
-
 # Peak memory per sample while the synthetic set is built (templates[labels], the noise,
 # their sum, labels, permutation; measured: 787 bytes per 1x8x8 sample with torch 2.15).
 SYNTHETIC_BYTES_PER_SAMPLE = 800
-
-
-def _local_world_size() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None  # not Linux: cannot tell, do not refuse
 
 
 def check_synthetic_fits_in_memory(config, processes: int | None) -> None:
@@ -180,7 +82,7 @@ def check_synthetic_fits_in_memory(config, processes: int | None) -> None:
 
     processes = max(1, processes or 1)
     need = (config.dataset_size + VAL_SIZE) * SYNTHETIC_BYTES_PER_SAMPLE * processes
-    have = _available_memory()
+    have = available_memory()
     if have is not None and need > have:
         fits = max(1, have // (SYNTHETIC_BYTES_PER_SAMPLE * processes) - VAL_SIZE)
         raise DistkitError(
@@ -219,7 +121,7 @@ def preflight(config, spawning: bool, task=None):
                            "--backend gloo to start several")
     if config.master_addr is not None:
         check_address_resolves(config.master_addr)
-    check_synthetic_fits_in_memory(config, nproc if spawning else _local_world_size())
+    check_synthetic_fits_in_memory(config, nproc if spawning else local_world_size())
     if not spawning and "WORLD_SIZE" in os.environ:
         config.check_batch_fits(int(os.environ["WORLD_SIZE"]))
     if spawning:
@@ -364,9 +266,7 @@ def _pinned(local_rank, fn, threads, *args):
 def check_picklable(what: str, obj) -> None:
     """Spawned processes receive their function and arguments pickled; fail in one line
     here rather than in every child. (Forked processes, as in notebooks, need no pickle.)"""
-    from distkit.runner import _in_ipython
-
-    if _in_ipython():
+    if in_ipython():
         return
     import pickle
 
@@ -394,8 +294,6 @@ def _spawn(config, reporter, fn, *args) -> None:
         # workers were ready 3.5 s after the command started instead of 13.7 s with
         # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
         spawn_kwargs["start_method"] = "fork"
-    from distkit.tracking import set_ignite_verbosity
-
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
     import multiprocessing
 

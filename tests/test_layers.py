@@ -17,7 +17,7 @@ SRC = REPO_ROOT / "src"
 LAYERS = (
     ("errors", "machine"),
     ("config",),
-    ("compat", "data", "models", "strategies", "profiling", "plots"),
+    ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput"),
     ("tasks", "checkpoint"),
     ("preflight", "training", "reporting", "tracking", "failures"),
     ("launch", "runner", "sharding"),

@@ -18,8 +18,24 @@ from typing import Optional
 from distkit.errors import DistkitError
 
 BACKENDS = ("auto", "gloo", "nccl", "xla-tpu", "none")
-DATASETS = ("digits", "synthetic", "mnist", "cifar10")
-MODELS = ("cnn", "mlp", "resnet18")
+DATASETS = ("digits", "synthetic", "mnist", "cifar10", "text")
+MODELS = ("cnn", "mlp", "resnet18", "gpt")
+TEXT_DATASETS, TEXT_MODELS = ("text",), ("gpt",)  # sequences of tokens; the rest are images
+DATASET_DEFAULTS = {
+    # The GPT on 2 CPU cores: ~100 steps of 32 blocks (4096 characters) a step, one pass
+    # over the text, at AdamW's usual lr for a model this small (distkit.text.adamw).
+    "text": {"epochs": 1, "batch_size": 32, "lr": 3e-3},
+}
+"""Settings ``distkit train`` uses for a dataset when its flag is not given."""
+
+
+def builtin_pairs() -> list:
+    """The (dataset, model) pairs that make a built-in task: image datasets x image
+    models, and ``text`` x ``gpt``."""
+    image_data = [d for d in DATASETS if d not in TEXT_DATASETS]
+    image_models = [m for m in MODELS if m not in TEXT_MODELS]
+    return ([(d, m) for d in image_data for m in image_models]
+            + [(d, m) for d in TEXT_DATASETS for m in TEXT_MODELS])
 LOGGERS = ("none", "tensorboard", "mlflow")
 # logger -> the package that must be importable (and the distkit extra that installs it)
 LOGGER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
@@ -93,6 +109,9 @@ class Config:
     resume_from: Optional[str] = None
     max_iters: Optional[int] = None
     """Stop (and checkpoint) after this many iterations in total; for testing resume."""
+    peak_flops: Optional[float] = None
+    """The machine's peak FLOP/s (all processes together) that MFU is measured against.
+    None: measured at the start of the run, a large matmul on every process at once."""
 
     def validate(self) -> "Config":
         """Check every field that can be checked without touching the hardware: choices,
@@ -101,6 +120,11 @@ class Config:
         _choice("backend", self.backend, BACKENDS)
         _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
+        if self.task is None and (self.dataset, self.model) not in builtin_pairs():
+            fix = ("--dataset text --model gpt" if self.dataset in TEXT_DATASETS
+                   or self.model in TEXT_MODELS else "--model cnn")
+            raise DistkitError(f"--model {self.model} cannot train on --dataset {self.dataset} "
+                               f"(text needs gpt, images need cnn, mlp or resnet18): use {fix}")
         _choice("logger", self.logger, LOGGERS)
         check_logger_installed(self.logger)
         _choice("strategy", self.strategy, STRATEGIES)
@@ -109,6 +133,8 @@ class Config:
             _whole(name, getattr(self, name), low, high)
         for name, low, low_open, high, high_open in _REAL_NUMBERS:
             _real(name, getattr(self, name), low, low_open, high, high_open)
+        if self.peak_flops is not None:
+            _real("peak_flops", self.peak_flops, 0.0, True, None, False)
         if self.warmup_epochs > self.epochs:
             raise DistkitError(f"--warmup-epochs {self.warmup_epochs} is longer than --epochs "
                                f"{self.epochs}: use --warmup-epochs {self.epochs} or less")

@@ -44,7 +44,7 @@ from distkit.runner import run_per_rank
 cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 print(f"torch {torch.__version__}, {cores} CPU cores")
 
-BATCH, HEADS, SEQ, HEAD_DIM = 2, 4, 1024, 32
+BATCH, HEADS, SEQ, HEAD_DIM = 2, 4, 512, 32
 N = 4  # ranks the sequence is split over
 
 

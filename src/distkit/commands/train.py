@@ -106,7 +106,7 @@ def config_from_args(args) -> Config:
 
 def main(args) -> int:
     from distkit.launch import run
-    from distkit.training import run_summary
+    from distkit.reporting import run_summary
 
     results = run(config_from_args(args))
     if results is not None:

@@ -293,6 +293,9 @@ print("CPU seconds per rank (median of 3; this machine's load included): "
 # What the notebook did not do: the **backward** of ring attention passes the key/value
 # blocks around the ring again, with their gradients travelling with them (each rank
 # adds its queries' contribution to the block's dK, dV before passing it on). PyTorch
-# ships ring attention for `scaled_dot_product_attention` as
-# `torch.distributed.tensor.experimental.context_parallel`, with a round-robin
-# (zig-zag) load balancer; on GPUs it exchanges the blocks with NCCL beside the compute.
+# ships context parallelism for `scaled_dot_product_attention` as
+# `torch.distributed.tensor.experimental.context_parallel`; in torch 2.15 its default
+# for causal attention is this split (`_HeadTailLoadBalancer`, "head and tail", in
+# `torch/distributed/tensor/experimental/_context_parallel/_load_balancer.py`), and it
+# rotates the key/value blocks with an all-gather by default (or all-to-all,
+# `set_rotate_method`), where this notebook passes them point to point.

@@ -453,10 +453,13 @@ def test_every_exercise_has_three_wrong_answers():
     assert all(c >= 3 for c in counts.values()), counts
 
 
-# exercises 12-13 (the transformer track): their wrong answers live in a file of their own
+# exercises 12-14 (the transformer track): their wrong answers live in files of their own
 from wrong_answers_parallel import WRONG_ANSWERS_12_13  # noqa: E402
 
 WRONG_ANSWERS += WRONG_ANSWERS_12_13
+from wrong_answers_flops import WRONG_ANSWERS_14  # noqa: E402
+
+WRONG_ANSWERS += WRONG_ANSWERS_14
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from distkit.errors import DistkitError
 from distkit.failures import Reporter
 from distkit.machine import (available_memory, check_address_resolves, check_port_free, free_port,
                              in_ipython, inside_launch, launched_externally, local_world_size,
-                             ranks_on_this_host, set_ignite_verbosity, threads_per_process,
-                             tpu_available)
+                             ranks_on_this_host, set_ignite_verbosity, socket_interface,
+                             threads_per_process, tpu_available)
 
 CPU_DEFAULT_NPROC = 2
 
@@ -300,6 +300,7 @@ def _spawn(config, reporter, fn, *args) -> None:
         spawn_kwargs["start_method"] = "fork"
     elif not in_ipython():  # ignite forks under IPython; elsewhere spawned workers import fn
         check_spawned_can_import("the training function", (fn, args))
+    interface = None
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
     import multiprocessing
 
@@ -307,6 +308,8 @@ def _spawn(config, reporter, fn, *args) -> None:
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
     try:
+        if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
+            interface = bind_to_interface_of_master(config, config.master_addr)  # inherited
         with idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
                             nnodes=config.nnodes, node_rank=config.node_rank,
                             master_addr=config.master_addr, master_port=config.master_port,
@@ -335,6 +338,7 @@ def _spawn(config, reporter, fn, *args) -> None:
     finally:
         watchdog.finish()
         logs.restore()  # a notebook's own ignite calls log as before
+        restore_environment(interface)
         _discard_if_empty(config.run_dir)
 
 
@@ -577,6 +581,32 @@ def check_spawned_can_import(what: str, objects) -> None:
                 "`if __name__ == \"__main__\":` guard) and import it from there")
 
 
+def bind_to_interface_of_master(config, master_addr) -> dict | None:
+    """Set ``GLOO_SOCKET_IFNAME`` (``NCCL_SOCKET_IFNAME``) in this process to the
+    interface that routes to the master, unless the user set it
+    (:func:`distkit.machine.socket_interface`); before any process group is made.
+    Returns the previous values, to put back with :func:`restore_environment`."""
+    pick = socket_interface(config.backend, master_addr)
+    if pick is None or pick["set_by"] == "you":
+        return None
+    previous = {pick["variable"]: os.environ.get(pick["variable"])}
+    os.environ[pick["variable"]] = pick["interface"]
+    if config.verbose:
+        import sys
+
+        sys.stderr.write(f"distkit: {pick['variable']}={pick['interface']} ({pick['address']}, "
+                         f"the interface that routes to the master {master_addr})\n")
+    return previous
+
+
+def restore_environment(previous: dict | None) -> None:
+    for name, value in (previous or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def _join(config, reporter, fn, *args):
     """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
     that raises prints one line (the first of its node) and records it for torchrun's
@@ -586,6 +616,13 @@ def _join(config, reporter, fn, *args):
     kwargs = {}
     if config.backend in ("gloo", "nccl"):
         kwargs["timeout"] = timedelta(seconds=config.timeout_s)
+    several_nodes = int(os.environ.get("WORLD_SIZE", "1")) > int(
+        os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
+    if several_nodes:
+        try:
+            bind_to_interface_of_master(config, os.environ.get("MASTER_ADDR"))
+        except DistkitError as e:  # the same on every rank of this node: one line per node
+            raise report_from_worker(e) from None
     idist.initialize(config.backend, **kwargs)
     try:
         return run_reporting(reporter, fn, idist.get_local_rank(), *args)

@@ -11,142 +11,31 @@ line within seconds, with nothing half-written.
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import multiprocessing
 import os
 import re
+import signal
+import sys
+import threading
+import time
 from datetime import timedelta
 
 import ignite.distributed as idist
 import torch
 
+from distkit.checkpoint import (check_output_dir, latest_checkpoint_in, make_run_dir,
+                                remove_run_dir_if_empty)
+from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.failures import Reporter
-from distkit.machine import (available_memory, check_address_resolves, check_port_free, free_port,
-                             in_ipython, inside_launch, launched_externally, local_world_size,
-                             ranks_on_this_host, set_ignite_verbosity, socket_interface,
-                             threads_per_process, tpu_available)
-
-CPU_DEFAULT_NPROC = 2
-
-
-def resolve_backend(backend: str) -> str:
-    """Turn ``auto`` into nccl (CUDA), xla-tpu (TPU) or gloo, and check that the chosen
-    backend can run here."""
-    if backend == "auto":
-        if torch.cuda.is_available():
-            return "nccl"
-        if tpu_available():
-            return "xla-tpu"
-        return "gloo"
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise DistkitError("--backend nccl needs CUDA GPUs and none is visible here: "
-                           "use --backend gloo (CPU) or --backend auto")
-    if backend == "xla-tpu":
-        try:
-            import torch_xla  # noqa: F401
-        except Exception:
-            raise DistkitError("--backend xla-tpu needs torch_xla, which is not importable: "
-                               "pip install -r requirements-xla.txt in its own environment "
-                               "(see README), or use --backend auto") from None
-    if backend not in ("none",) and backend not in idist.available_backends():
-        raise DistkitError(f"backend {backend!r} is not available in this torch build "
-                           f"(available: {', '.join(idist.available_backends())}): use --backend auto")
-    return backend
-
-
-def default_nproc(backend: str) -> int:
-    if backend == "nccl":
-        return torch.cuda.device_count()
-    if backend == "xla-tpu":
-        # PJRT replicates over every device of the host (TPU v2/v3: 2 per chip, v4+: 1;
-        # XLA:CPU: CPU_NUM_DEVICES, default 1); xmp.spawn takes 1 or all of them.
-        from distkit.compat import xla_local_device_count
-
-        return xla_local_device_count()
-    if backend == "none":
-        return 1  # one plain process, no process group
-    return CPU_DEFAULT_NPROC
-
-
-# Peak memory per sample while the synthetic set is built (templates[labels], the noise,
-# their sum, labels, permutation; measured: 787 bytes per 1x8x8 sample with torch 2.15).
-SYNTHETIC_BYTES_PER_SAMPLE = 800
-
-
-def check_synthetic_fits_in_memory(config, processes: int | None) -> None:
-    """Every process builds the whole synthetic set in memory: refuse a size that cannot
-    fit, instead of swapping the machine to a halt."""
-    if config.dataset != "synthetic":
-        return
-    from distkit.data import VAL_SIZE
-
-    processes = max(1, processes or 1)
-    need = (config.dataset_size + VAL_SIZE) * SYNTHETIC_BYTES_PER_SAMPLE * processes
-    have = available_memory()
-    if have is not None and need > have:
-        fits = max(1, have // (SYNTHETIC_BYTES_PER_SAMPLE * processes) - VAL_SIZE)
-        raise DistkitError(
-            f"--dataset-size {config.dataset_size} needs about {need / 2**30:.1f} GiB of memory "
-            f"({processes} process(es) each build the synthetic set) and {have / 2**30:.1f} GiB "
-            f"are available: use --dataset-size {fits} or less")
-
-
-def preflight(config, spawning: bool, task=None):
-    """Resolve the backend and the process count and check everything that can be checked
-    before a process starts (a checkpoint to resume from against ``task``'s model).
-    Returns a new, complete config."""
-    config = config.replace().validate()
-    if config.nproc_per_node is not None and inside_launch():
-        raise DistkitError(
-            f"--nproc-per-node {config.nproc_per_node} inside a torchrun/SLURM launch, which "
-            "starts the processes itself: drop --nproc-per-node (torchrun's --nproc_per_node "
-            "sets the count), or run distkit train without torchrun")
-    backend = resolve_backend(config.backend)
-    from distkit.strategies import check_strategy
-
-    check_strategy(getattr(config, "strategy", "ddp"), backend)  # --backend auto on a TPU, too
-    nproc = config.nproc_per_node
-    if spawning and nproc is None:
-        nproc = default_nproc(backend)
-    if backend == "nccl" and nproc is not None and nproc > torch.cuda.device_count():
-        raise DistkitError(f"--nproc-per-node {nproc} with nccl needs {nproc} GPUs but this node "
-                           f"has {torch.cuda.device_count()}: use --nproc-per-node "
-                           f"{torch.cuda.device_count()} or fewer")
-    if backend == "xla-tpu" and nproc not in (None, 1):
-        from distkit.compat import pjrt_nprocs, xla_local_device_count
-
-        pjrt_nprocs(nproc, xla_local_device_count())  # 1 or every device, else one line
-    if backend == "none" and nproc not in (None, 1):
-        raise DistkitError(f"--backend none runs one plain process, not {nproc}: use "
-                           "--backend gloo to start several")
-    if config.master_addr is not None:
-        check_address_resolves(config.master_addr)
-    check_synthetic_fits_in_memory(config, nproc if spawning else local_world_size())
-    if not spawning and "WORLD_SIZE" in os.environ:
-        config.check_batch_fits(int(os.environ["WORLD_SIZE"]))
-    if spawning:
-        config.check_batch_fits(nproc * config.nnodes)
-        if config.nnodes == 1 and config.master_port is None:
-            config.master_port = free_port()
-        elif config.node_rank in (None, 0) and config.master_port is not None:
-            check_port_free(config.master_port)
-    if config.resume_from == "latest":  # the newest checkpoint under --output-dir, if any
-        from distkit.checkpoint import resolve_resume_from
-
-        config = resolve_resume_from(config)
-    if config.resume_from:
-        from distkit.checkpoint import check_checkpoint_fits
-
-        world_size = nproc * config.nnodes if spawning else \
-            int(os.environ.get("WORLD_SIZE", "1"))
-        check_checkpoint_fits(config.resume_from, config, task, world_size)
-    if spawning and config.dataset in ("mnist", "cifar10"):
-        # Download once here, before any process starts, so an offline machine fails fast.
-        from distkit.data import fetch_torchvision
-
-        fetch_torchvision(config.dataset, config.data_dir)
-    return config.replace(backend=backend, nproc_per_node=nproc)
-
+from distkit.failures import (RankFailed, Reporter, default_folder, for_function_callers,
+                              report_from_worker, run_reporting)
+from distkit.machine import (in_ipython, launched_externally, ranks_on_this_host,
+                             set_ignite_verbosity, socket_interface, threads_per_process)
+from distkit.preflight import check_picklable, default_nproc, preflight, resolve_backend
+from distkit.tasks import resolve_task
+from distkit.training import training
 
 def run(config, task=None) -> dict | None:
     """Run :func:`distkit.training.training` on ``task`` (default: ``config.task``, else
@@ -163,10 +52,6 @@ def run(config, task=None) -> dict | None:
             results = run(Config(nproc_per_node=2, epochs=1, progress_bar=False))
             print(f"val accuracy {results['final']['val_accuracy']:.3f}")
     """
-    from distkit.checkpoint import check_output_dir, make_run_dir
-    from distkit.tasks import resolve_task
-    from distkit.training import training
-
     try:
         task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
         spawning = config.nproc_per_node is not None or not launched_externally()
@@ -224,17 +109,12 @@ def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None
         return _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, master_addr,
                                 master_port, timeout_s, threads_per_process, verbose)
     except DistkitError as e:  # its callers pass parameters, not distkit train's flags
-        from distkit.failures import for_function_callers
-
         e.args = (for_function_callers(str(e)),)
         raise
 
 
 def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, master_addr,
                      master_port, timeout_s, threads_per_process, verbose):
-    from distkit.config import Config
-    from distkit.failures import Reporter, default_folder
-
     spawning = nproc_per_node is not None or not launched_externally()
     nproc = nproc_per_node
     if spawning and nproc is None:
@@ -267,23 +147,6 @@ def _pinned(local_rank, fn, threads, *args):
     return fn(local_rank, *args)
 
 
-def check_picklable(what: str, obj) -> None:
-    """Spawned processes receive their function and arguments pickled; fail in one line
-    here rather than in every child. (Forked processes, as in notebooks, need no pickle.)"""
-    if in_ipython():
-        return
-    import pickle
-
-    try:
-        pickle.dumps(obj)
-    except Exception as e:
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise DistkitError(
-            f"{what} cannot be sent to spawned processes ({why}): define its functions at the "
-            "top level of an importable module, or of a script run under an "
-            "`if __name__ == \"__main__\":` guard, not as lambdas or nested functions") from None
-
-
 def _spawn(config, reporter, fn, *args) -> None:
     """``fn(local_rank, *args)`` in ``config.nproc_per_node`` spawned processes of this
     node; a failed rank becomes one line naming it (``reporter``: where a rank that
@@ -302,8 +165,6 @@ def _spawn(config, reporter, fn, *args) -> None:
         check_spawned_can_import("the training function", (fn, args))
     interface = None
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
-    import multiprocessing
-
     before = set(multiprocessing.active_children())  # a notebook's other children stay
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
@@ -362,19 +223,12 @@ def _own_session(local_rank, reporter, fn, *args):
         except OSError:  # already a session leader
             pass
     _end_with_parent()
-    from distkit.failures import run_reporting
-
     return run_reporting(reporter, fn, local_rank, *args)
 
 
 def _end_with_parent() -> None:
-    import sys
-
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-    import signal
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
@@ -397,8 +251,6 @@ class StoppedRankWatchdog:
     whose reaping belongs to torch's own join."""
 
     def __init__(self, before: set, nproc: int, poll_s: float = 0.2):
-        import threading
-
         self.before, self.nproc, self.poll_s = before, nproc, poll_s
         self.stopped: list[int] = []
         self._done = threading.Event()
@@ -414,8 +266,6 @@ class StoppedRankWatchdog:
             self._thread.join(5)
 
     def _watch(self) -> None:
-        import multiprocessing
-
         workers = []
         while not self._done.wait(self.poll_s):
             if len(workers) < self.nproc:  # spawned in local-rank order
@@ -444,10 +294,6 @@ def stop_workers(children, grace_s: float = 3.0) -> int:
     """Stop these child processes (SIGTERM, then SIGKILL after ``grace_s``) and reap
     them; a repeated Ctrl-C meanwhile is ignored, so the cleanup cannot be cut short.
     Returns how many were running."""
-    import signal
-    import threading
-    import time
-
     children = [c for c in children if c.is_alive()]
     if not children:
         return 0
@@ -471,8 +317,6 @@ def stop_workers(children, grace_s: float = 3.0) -> int:
 
 def interrupted_message(config, stopped: int) -> str:
     """What an interrupt left behind, and how to go on from it."""
-    from distkit.checkpoint import latest_checkpoint_in
-
     newest = latest_checkpoint_in(config.run_dir) if config.run_dir else None
     kept = (f"resume from the last complete checkpoint with --resume-from {newest}"
             if newest else "no checkpoint had been written yet, so nothing is left behind")
@@ -482,8 +326,6 @@ def interrupted_message(config, stopped: int) -> str:
 def _discard_if_empty(run_dir) -> None:
     """A run that ended before writing anything of value leaves no folder behind."""
     if run_dir:
-        from distkit.checkpoint import remove_run_dir_if_empty
-
         remove_run_dir_if_empty(run_dir)
 
 
@@ -496,8 +338,6 @@ def _fork_is_safe(config) -> bool:
     this process, at any number of threads per worker (so the same code behaves the same
     on a 2-core VM and a 16-core laptop: a function defined in ``python -c`` or a cell
     works on both). What makes several threads safe is :func:`fork_threads`."""
-    import sys
-
     return (sys.platform == "linux" and config.backend == "gloo"
             and not torch.cuda.is_initialized())
 
@@ -592,8 +432,6 @@ def bind_to_interface_of_master(config, master_addr) -> dict | None:
     previous = {pick["variable"]: os.environ.get(pick["variable"])}
     os.environ[pick["variable"]] = pick["interface"]
     if config.verbose:
-        import sys
-
         sys.stderr.write(f"distkit: {pick['variable']}={pick['interface']} ({pick['address']}, "
                          f"the interface that routes to the master {master_addr})\n")
     return previous
@@ -611,8 +449,6 @@ def _join(config, reporter, fn, *args):
     """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
     that raises prints one line (the first of its node) and records it for torchrun's
     summary (:func:`distkit.failures.report_from_worker`)."""
-    from distkit.failures import RankFailed, report_from_worker, run_reporting
-
     kwargs = {}
     if config.backend in ("gloo", "nccl"):
         kwargs["timeout"] = timedelta(seconds=config.timeout_s)

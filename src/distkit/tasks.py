@@ -95,6 +95,9 @@ class Task:
     - ``optimizer(params, config) -> torch.optim.Optimizer``: default SGD from the config.
     - ``name``: how results, checkpoints and messages call the task (default:
       ``module:attr``, where its module holds it).
+    - ``summary(model, config) -> dict``: optional; called on every rank after training
+      (a collective under fsdp), its values go to results.json's ``"task_summary"`` and
+      the end-of-run summary (the text task: a sampled line).
 
     Example::
 
@@ -115,8 +118,12 @@ class Task:
     score: tuple = ("loss", "min")
     optimizer: Callable = sgd
     name: str = ""
+    summary: Optional[Callable] = None
 
     def __post_init__(self):
+        if self.summary is not None and not callable(self.summary):
+            raise DistkitError(f"Task(summary=...) must be a function, got "
+                               f"{type(self.summary).__name__}: pass the function itself")
         for field in ("datasets", "model", "loss", "metrics", "optimizer"):
             if not callable(getattr(self, field)):
                 raise DistkitError(
@@ -181,16 +188,23 @@ def _builtin_model(dataset: str, model: str, config):
 
 def builtin_task(dataset: str, model: str) -> Task:
     """The task for ``--dataset dataset --model model``: classification, cross-entropy,
-    accuracy, early stopping on the validation loss (as ``distkit train`` always did)."""
-    return Task(datasets=partial(_builtin_datasets, dataset),
-                model=partial(_builtin_model, dataset, model),
-                name=f"{dataset}/{model}")
+    accuracy, early stopping on the validation loss (as ``distkit train`` always did).
+    ``text`` x ``gpt``: next-character prediction (cross entropy and accuracy over every
+    position, AdamW, a sampled line at the end; :mod:`distkit.text`)."""
+    datasets, net = partial(_builtin_datasets, dataset), partial(_builtin_model, dataset, model)
+    if dataset == "text":
+        from distkit import text
+
+        return Task(datasets=datasets, model=net, loss=text.TokenCrossEntropy,
+                    metrics=text.token_metrics, optimizer=text.adamw, name=f"{dataset}/{model}",
+                    summary=text.text_summary)
+    return Task(datasets=datasets, model=net, name=f"{dataset}/{model}")
 
 
 def _registry() -> dict:
-    from distkit.config import DATASETS, MODELS
+    from distkit.config import builtin_pairs
 
-    return {(d, m): builtin_task(d, m) for d in DATASETS for m in MODELS}
+    return {(d, m): builtin_task(d, m) for d, m in builtin_pairs()}
 
 
 BUILTIN_TASKS: dict = _registry()

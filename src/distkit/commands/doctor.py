@@ -75,7 +75,7 @@ def report() -> dict:
 
     import distkit
     from distkit.compat import APPLIED
-    from distkit.launch import default_nproc, resolve_backend
+    from distkit.preflight import default_nproc, resolve_backend
     from distkit.machine import threads_per_process, tpu_available
 
     gpus = [{"name": torch.cuda.get_device_name(i),

@@ -105,9 +105,14 @@ def config_from_args(args) -> Config:
 
 
 def main(args) -> int:
+    import torch
+
     from distkit.launch import run
     from distkit.reporting import run_summary
 
+    # This process only launches (or, joined to torchrun, trains and sets its own count):
+    # on one thread it never starts an OpenMP pool, so its workers fork safely at any count.
+    torch.set_num_threads(1)
     results = run(config_from_args(args))
     if results is not None:
         if results.get("profile"):

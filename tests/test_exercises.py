@@ -487,7 +487,7 @@ def wrong_answer_results(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # the first test also grades every wrong answer (the fixture): 8 rounds of checks
 @pytest.mark.parametrize("number,name,expected", [(n, w, e) for n, w, _, e in WRONG_ANSWERS],
                          ids=[f"{n}-{w}" for n, w, _, _ in WRONG_ANSWERS])
 def test_wrong_answer_is_rejected_with_the_learners_message(wrong_answer_results, number, name,

@@ -421,3 +421,54 @@ def test_resuming_an_sgd_checkpoint_with_an_adam_task_is_refused_in_one_line(tmp
         check_checkpoint_fits(res["last_checkpoint"], fast(tmp_path), same_name)
     assert ("was written with the task's optimizer = 'SGD' and this run has 'Adam' (its state is "
             "restored from the checkpoint): resume with a task whose optimizer is SGD") in one_line(e)
+
+
+# --- 7. launch_function: one launcher, return values, joins torchrun -------------------------
+
+WHOAMI = '''
+import ignite.distributed as idist
+
+
+def whoami(local_rank, tag):
+    return {"rank": idist.get_rank(), "world": idist.get_world_size(), "tag": tag,
+            "sum": idist.all_reduce(idist.get_rank() + 1)}
+'''
+
+LAUNCH_TWICE = '''
+import json
+from distkit import launch_function
+from whoami import whoami
+
+if __name__ == "__main__":
+    one = launch_function(whoami, "t", backend="gloo", nproc_per_node=2)
+    every = launch_function(whoami, "t", backend="gloo", nproc_per_node=2, all_ranks=True)
+    print("RESULT", json.dumps({"one": one, "every": every}), flush=True)
+'''
+
+
+def torchrun(args, cwd, timeout=240):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc_per_node=2", *map(str, args)], cwd=cwd, env=clean_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def result_lines(stdout: str) -> list:
+    return [json.loads(line.split(" ", 1)[1]) for line in stdout.splitlines()
+            if line.startswith("RESULT ")]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_launch_function_hands_back_rank_0s_or_every_ranks_value_spawned_or_under_torchrun(tmp_path):
+    (tmp_path / "whoami.py").write_text(WHOAMI)
+    (tmp_path / "launch_twice.py").write_text(LAUNCH_TWICE)
+    rank = [{"rank": r, "world": 2, "tag": "t", "sum": 3} for r in (0, 1)]
+    expected = {"one": rank[0], "every": rank}
+    spawned = subprocess.run([sys.executable, "launch_twice.py"], cwd=tmp_path, env=clean_env(),
+                             capture_output=True, text=True, timeout=200)
+    assert spawned.returncode == 0, log_tail(spawned.stderr, 30)
+    assert result_lines(spawned.stdout) == [expected], "the launcher prints once, with rank 0's value"
+    # under torchrun the same script, nproc_per_node=2 and all, joins: every rank gets the values
+    joined = torchrun(["launch_twice.py"], tmp_path)
+    assert joined.returncode == 0, log_tail(joined.stderr, 30)
+    assert result_lines(joined.stdout) == [expected, expected]

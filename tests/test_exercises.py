@@ -453,6 +453,12 @@ def test_every_exercise_has_three_wrong_answers():
     assert all(c >= 3 for c in counts.values()), counts
 
 
+# exercises 12-13 (the transformer track): their wrong answers live in a file of their own
+from wrong_answers_parallel import WRONG_ANSWERS_12_13  # noqa: E402
+
+WRONG_ANSWERS += WRONG_ANSWERS_12_13
+
+
 @pytest.fixture(scope="module")
 def wrong_answer_results(tmp_path_factory):
     """Grade the wrong answers in rounds (one file per exercise and round), one pytest

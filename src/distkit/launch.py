@@ -11,239 +11,31 @@ line within seconds, with nothing half-written.
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import multiprocessing
 import os
 import re
-import socket
+import signal
+import sys
+import threading
+import time
 from datetime import timedelta
 
 import ignite.distributed as idist
 import torch
 
+from distkit.checkpoint import (check_output_dir, latest_checkpoint_in, make_run_dir,
+                                remove_run_dir_if_empty)
+from distkit.config import Config
 from distkit.errors import DistkitError
-
-CPU_DEFAULT_NPROC = 2
-
-
-def launched_externally() -> bool:
-    """True inside a torchrun / torch.distributed launch or a SLURM job step."""
-    return "WORLD_SIZE" in os.environ or "SLURM_JOB_ID" in os.environ
-
-
-def inside_launch() -> bool:
-    """True in a process that torchrun (WORLD_SIZE) or a several-task ``srun`` started:
-    spawning more processes there would start a second, conflicting job per process."""
-    return "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
-
-
-def tpu_available() -> bool:
-    try:
-        import torch_xla.runtime as xr  # noqa: F401
-
-        return os.environ.get("PJRT_DEVICE", "").upper() == "TPU" or bool(os.environ.get("TPU_NAME")) \
-            or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
-    except Exception:
-        return False
-
-
-def resolve_backend(backend: str) -> str:
-    """Turn ``auto`` into nccl (CUDA), xla-tpu (TPU) or gloo, and check that the chosen
-    backend can run here."""
-    if backend == "auto":
-        if torch.cuda.is_available():
-            return "nccl"
-        if tpu_available():
-            return "xla-tpu"
-        return "gloo"
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise DistkitError("--backend nccl needs CUDA GPUs and none is visible here: "
-                           "use --backend gloo (CPU) or --backend auto")
-    if backend == "xla-tpu":
-        try:
-            import torch_xla  # noqa: F401
-        except Exception:
-            raise DistkitError("--backend xla-tpu needs torch_xla, which is not importable: "
-                               "pip install -r requirements-xla.txt in its own environment "
-                               "(see README), or use --backend auto") from None
-    if backend not in ("none",) and backend not in idist.available_backends():
-        raise DistkitError(f"backend {backend!r} is not available in this torch build "
-                           f"(available: {', '.join(idist.available_backends())}): use --backend auto")
-    return backend
-
-
-def default_nproc(backend: str) -> int:
-    if backend == "nccl":
-        return torch.cuda.device_count()
-    if backend == "xla-tpu":
-        # PJRT replicates over every device of the host (TPU v2/v3: 2 per chip, v4+: 1;
-        # XLA:CPU: CPU_NUM_DEVICES, default 1); xmp.spawn takes 1 or all of them.
-        from distkit.compat import xla_local_device_count
-
-        return xla_local_device_count()
-    if backend == "none":
-        return 1  # one plain process, no process group
-    return CPU_DEFAULT_NPROC
-
-
-def threads_per_process(local_world_size: int) -> int:
-    """Cores this process may use, divided by the processes on this node (at least 1)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_world_size))
-
-
-def ranks_on_this_host() -> int:
-    """The ranks of this run that share this machine's cores, counted by hostname (one
-    ``all_gather`` at start-up; call on every rank). Not torchrun's LOCAL_WORLD_SIZE: two
-    launches on one machine (two "nodes" on 127.0.0.1) each count only their own ranks,
-    and with that count share the cores twice over."""
-    if idist.get_world_size() == 1:
-        return 1
-    if idist.backend() == "xla-tpu":  # TPU hosts: one launch per host; skip a string collective on XLA
-        return idist.get_nproc_per_node()
-    me = socket.gethostname()
-    names = idist.all_gather(me)
-    return sum(name == me for name in (names if isinstance(names, list) else [names]))
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            raise DistkitError(f"--master-port {port} is already in use on this machine: pick "
-                               "another port, or omit --master-port to use a free one") from None
-
-
-def check_address_resolves(addr: str, timeout_s: float = 10.0) -> None:
-    """Resolve ``--master-addr`` now: a name that does not resolve would otherwise make
-    every rank wait on the rendezvous until the timeout. getaddrinfo has no timeout of
-    its own, so it runs in a daemon thread that we stop waiting for."""
-    import threading
-
-    outcome = {}
-
-    def resolve():
-        try:
-            socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
-            outcome["ok"] = True
-        except OSError as e:
-            outcome["error"] = e
-
-    thread = threading.Thread(target=resolve, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if "ok" in outcome:
-        return
-    why = outcome["error"].strerror or outcome["error"] if "error" in outcome else \
-        f"no answer from the resolver in {timeout_s:g} s"
-    raise DistkitError(f"--master-addr {addr!r} does not resolve ({why}): pass the IP address or "
-                       "host name of the node with --node-rank 0, as the other nodes can reach it")
-
-
-# Peak memory per sample while the synthetic set is built (templates[labels], the noise,
-# their sum, labels, permutation; measured: 787 bytes per 1x8x8 sample with torch 2.15).
-SYNTHETIC_BYTES_PER_SAMPLE = 800
-
-
-def _local_world_size() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None  # not Linux: cannot tell, do not refuse
-
-
-def check_synthetic_fits_in_memory(config, processes: int | None) -> None:
-    """Every process builds the whole synthetic set in memory: refuse a size that cannot
-    fit, instead of swapping the machine to a halt."""
-    if config.dataset != "synthetic":
-        return
-    from distkit.data import VAL_SIZE
-
-    processes = max(1, processes or 1)
-    need = (config.dataset_size + VAL_SIZE) * SYNTHETIC_BYTES_PER_SAMPLE * processes
-    have = _available_memory()
-    if have is not None and need > have:
-        fits = max(1, have // (SYNTHETIC_BYTES_PER_SAMPLE * processes) - VAL_SIZE)
-        raise DistkitError(
-            f"--dataset-size {config.dataset_size} needs about {need / 2**30:.1f} GiB of memory "
-            f"({processes} process(es) each build the synthetic set) and {have / 2**30:.1f} GiB "
-            f"are available: use --dataset-size {fits} or less")
-
-
-def preflight(config, spawning: bool, task=None):
-    """Resolve the backend and the process count and check everything that can be checked
-    before a process starts (a checkpoint to resume from against ``task``'s model).
-    Returns a new, complete config."""
-    config = config.replace().validate()
-    if config.nproc_per_node is not None and inside_launch():
-        raise DistkitError(
-            f"--nproc-per-node {config.nproc_per_node} inside a torchrun/SLURM launch, which "
-            "starts the processes itself: drop --nproc-per-node (torchrun's --nproc_per_node "
-            "sets the count), or run distkit train without torchrun")
-    backend = resolve_backend(config.backend)
-    from distkit.strategies import check_strategy
-
-    check_strategy(getattr(config, "strategy", "ddp"), backend)  # --backend auto on a TPU, too
-    nproc = config.nproc_per_node
-    if spawning and nproc is None:
-        nproc = default_nproc(backend)
-    if backend == "nccl" and nproc is not None and nproc > torch.cuda.device_count():
-        raise DistkitError(f"--nproc-per-node {nproc} with nccl needs {nproc} GPUs but this node "
-                           f"has {torch.cuda.device_count()}: use --nproc-per-node "
-                           f"{torch.cuda.device_count()} or fewer")
-    if backend == "xla-tpu" and nproc not in (None, 1):
-        from distkit.compat import pjrt_nprocs, xla_local_device_count
-
-        pjrt_nprocs(nproc, xla_local_device_count())  # 1 or every device, else one line
-    if backend == "none" and nproc not in (None, 1):
-        raise DistkitError(f"--backend none runs one plain process, not {nproc}: use "
-                           "--backend gloo to start several")
-    if config.master_addr is not None:
-        check_address_resolves(config.master_addr)
-    check_synthetic_fits_in_memory(config, nproc if spawning else _local_world_size())
-    if not spawning and "WORLD_SIZE" in os.environ:
-        config.check_batch_fits(int(os.environ["WORLD_SIZE"]))
-    if spawning:
-        config.check_batch_fits(nproc * config.nnodes)
-        if config.nnodes == 1 and config.master_port is None:
-            config.master_port = free_port()
-        elif config.node_rank in (None, 0) and config.master_port is not None:
-            check_port_free(config.master_port)
-    if config.resume_from == "latest":  # the newest checkpoint under --output-dir, if any
-        from distkit.checkpoint import resolve_resume_from
-
-        config = resolve_resume_from(config)
-    if config.resume_from:
-        from distkit.checkpoint import check_checkpoint_fits
-
-        world_size = nproc * config.nnodes if spawning else \
-            int(os.environ.get("WORLD_SIZE", "1"))
-        check_checkpoint_fits(config.resume_from, config, task, world_size)
-    if spawning and config.dataset in ("mnist", "cifar10"):
-        # Download once here, before any process starts, so an offline machine fails fast.
-        from distkit.data import fetch_torchvision
-
-        fetch_torchvision(config.dataset, config.data_dir)
-    return config.replace(backend=backend, nproc_per_node=nproc)
-
+from distkit.failures import (RankFailed, Reporter, default_folder, for_function_callers,
+                              report_from_worker, run_reporting)
+from distkit.machine import (inside_launch, launched_externally, ranks_on_this_host,
+                             set_ignite_verbosity, threads_per_process)
+from distkit.preflight import check_picklable, default_nproc, preflight, resolve_backend
+from distkit.tasks import resolve_task
+from distkit.training import training
 
 def run(config, task=None) -> dict | None:
     """Run :func:`distkit.training.training` on ``task`` (default: ``config.task``, else
@@ -260,10 +52,6 @@ def run(config, task=None) -> dict | None:
             results = run(Config(nproc_per_node=2, epochs=1, progress_bar=False))
             print(f"val accuracy {results['final']['val_accuracy']:.3f}")
     """
-    from distkit.checkpoint import check_output_dir, make_run_dir
-    from distkit.tasks import resolve_task
-    from distkit.training import training
-
     try:
         task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
         config = task.configure(config)  # its own settings (--set), complete and typed
@@ -274,7 +62,8 @@ def run(config, task=None) -> dict | None:
         e.every_rank = True  # under torchrun every rank fails here alike: one of them says so
         raise
     if not spawning:
-        return _join(config, _training_everywhere, config, task)
+        return _join(config, Reporter(config, verbose=config.verbose), _training_everywhere,
+                     config, task)
     if config.backend == "none":
         config.run_dir = make_run_dir(config.output_dir, "none", 1)
         return training(0, config, task)
@@ -283,20 +72,23 @@ def run(config, task=None) -> dict | None:
     world_size = config.nproc_per_node * config.nnodes
     if config.nnodes == 1 or config.node_rank == 0:
         config.run_dir = make_run_dir(config.output_dir, config.backend, world_size)
-    _spawn(config, training, config, task)
+    _spawn(config, Reporter(config, verbose=config.verbose), training, config, task)
     return read_results(config.run_dir) if config.run_dir else None
 
 
 def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None = None,
                     nnodes: int = 1, node_rank: int | None = None, master_addr: str | None = None,
                     master_port: int | None = None, timeout_s: float = 120.0,
-                    threads_per_process: int | None = None, all_ranks: bool = False):
+                    threads_per_process: int | None = None, verbose: bool = False,
+                    all_ranks: bool = False):
     """Run any training function ``fn(local_rank, *args)`` (ignite's examples write
     ``training(local_rank, config)``) on every rank, the way :func:`run` runs the kit's:
     the same checks before any process starts, a free port, threads pinned to each
     process's share of the cores, collectives bounded by ``timeout_s``, and a rank that
-    dies or raises reported in one line (``DistkitError``) naming it. Inside a torchrun /
-    SLURM launch it joins the launch instead of spawning (``nproc_per_node`` is then the
+    dies or raises reported in one line (``DistkitError``) naming it, with the exception's
+    type, first line and ``file:line``; the rank's full traceback goes to a file whose
+    path the line gives (``verbose=True`` prints it too). Inside a torchrun / SLURM
+    launch it joins the launch instead of spawning (``nproc_per_node`` is then the
     launcher's to set, and ignored here).
 
     Returns what ``fn`` returned on rank 0, everywhere: to the caller after spawning, and
@@ -316,8 +108,16 @@ def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None
         if __name__ == "__main__":
             print(launch_function(training, {"lr": 0.1}, backend="gloo", nproc_per_node=2))
     """
-    from distkit.config import Config
+    try:
+        return _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, master_addr,
+                                master_port, timeout_s, threads_per_process, verbose, all_ranks)
+    except DistkitError as e:  # its callers pass parameters, not distkit train's flags
+        e.args = (for_function_callers(str(e)),)
+        raise
 
+
+def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, master_addr,
+                     master_port, timeout_s, threads_per_process, verbose, all_ranks):
     spawning = not inside_launch() and (nproc_per_node is not None or not launched_externally())
     if not spawning:
         nproc_per_node = None  # torchrun / srun started the processes: join them
@@ -329,10 +129,12 @@ def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None
     config = preflight(Config(backend=backend, nproc_per_node=nproc_per_node, nnodes=nnodes,
                               node_rank=node_rank, master_addr=master_addr,
                               master_port=master_port, timeout_s=timeout_s,
-                              threads_per_process=threads_per_process, batch_size=max(1, world)),
+                              threads_per_process=threads_per_process, verbose=verbose,
+                              batch_size=max(1, world)),
                        spawning)
     if not spawning:
-        return _join(config, _shared_result, fn, config.threads_per_process, all_ranks, *args)
+        return _join(config, Reporter(verbose=verbose), _shared_result, fn,
+                     config.threads_per_process, all_ranks, *args)
     if config.backend == "none":
         value = _pinned(0, fn, config.threads_per_process, *args)
         return [value] if all_ranks else value
@@ -340,15 +142,15 @@ def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="distkit-results-") as folder:
-        _spawn(config, _recorded, fn, config.threads_per_process, folder, all_ranks, *args)
+        # no run folder here: the ranks' tracebacks go to one temporary folder of this launch
+        _spawn(config, Reporter(folder=default_folder(), verbose=verbose), _recorded, fn,
+               config.threads_per_process, folder, all_ranks, *args)
         return _read_recorded(folder, config, all_ranks)
 
 
 def _training_everywhere(local_rank, config, task):
     """``training`` in a joined rank; rank 0's results handed to every rank (a script
     written for spawn, ``results["final"]...``, then runs unchanged under torchrun)."""
-    from distkit.training import training
-
     results = training(local_rank, config, task)
     if idist.get_world_size() == 1:
         return results
@@ -409,28 +211,10 @@ def _pinned(local_rank, fn, threads, *args):
     return fn(local_rank, *args)
 
 
-def check_picklable(what: str, obj) -> None:
-    """Spawned processes receive their function and arguments pickled; fail in one line
-    here rather than in every child. (Forked processes, as in notebooks, need no pickle.)"""
-    from distkit.runner import _in_ipython
-
-    if _in_ipython():
-        return
-    import pickle
-
-    try:
-        pickle.dumps(obj)
-    except Exception as e:
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise DistkitError(
-            f"{what} cannot be sent to spawned processes ({why}): define its functions at the "
-            "top level of an importable module, or of a script run under an "
-            "`if __name__ == \"__main__\":` guard, not as lambdas or nested functions") from None
-
-
-def _spawn(config, fn, *args) -> None:
+def _spawn(config, reporter, fn, *args) -> None:
     """``fn(local_rank, *args)`` in ``config.nproc_per_node`` spawned processes of this
-    node; a failed rank becomes one line naming it."""
+    node; a failed rank becomes one line naming it (``reporter``: where a rank that
+    raises writes its traceback, see :mod:`distkit.failures`)."""
     # Spawned processes inherit this: one thread pool per process, never oversubscribed.
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads(config)))
     spawn_kwargs = {}
@@ -441,11 +225,7 @@ def _spawn(config, fn, *args) -> None:
         # workers were ready 3.5 s after the command started instead of 13.7 s with
         # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
         spawn_kwargs["start_method"] = "fork"
-    from distkit.tracking import set_ignite_verbosity
-
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
-    import multiprocessing
-
     before = set(multiprocessing.active_children())  # a notebook's other children stay
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
@@ -454,7 +234,7 @@ def _spawn(config, fn, *args) -> None:
                             nnodes=config.nnodes, node_rank=config.node_rank,
                             master_addr=config.master_addr, master_port=config.master_port,
                             **spawn_kwargs) as parallel:
-            parallel.run(_own_session, fn, *args)
+            parallel.run(_own_session, reporter, fn, *args)
     except KeyboardInterrupt:
         # SIGINT to this process only (Jupyter's "interrupt kernel", kill -INT): the
         # workers are non-daemonic, so without this they train on to the last epoch while
@@ -481,8 +261,9 @@ def _spawn(config, fn, *args) -> None:
         _discard_if_empty(config.run_dir)
 
 
-def _own_session(local_rank, fn, *args):
-    """``fn(local_rank, *args)`` in a session of its own that ends with the launcher.
+def _own_session(local_rank, reporter, fn, *args):
+    """``fn(local_rank, *args)`` in a session of its own that ends with the launcher; an
+    exception it raises becomes one line (``distkit.failures.run_reporting``).
 
     Why a session: torchrun starts its workers so (``start_new_session``), and with the
     kernel's autogroup scheduling (on by default) the processes of one session share
@@ -500,17 +281,12 @@ def _own_session(local_rank, fn, *args):
         except OSError:  # already a session leader
             pass
     _end_with_parent()
-    return fn(local_rank, *args)
+    return run_reporting(reporter, fn, local_rank, *args)
 
 
 def _end_with_parent() -> None:
-    import sys
-
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-    import signal
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
@@ -533,8 +309,6 @@ class StoppedRankWatchdog:
     whose reaping belongs to torch's own join."""
 
     def __init__(self, before: set, nproc: int, poll_s: float = 0.2):
-        import threading
-
         self.before, self.nproc, self.poll_s = before, nproc, poll_s
         self.stopped: list[int] = []
         self._done = threading.Event()
@@ -550,8 +324,6 @@ class StoppedRankWatchdog:
             self._thread.join(5)
 
     def _watch(self) -> None:
-        import multiprocessing
-
         workers = []
         while not self._done.wait(self.poll_s):
             if len(workers) < self.nproc:  # spawned in local-rank order
@@ -580,10 +352,6 @@ def stop_workers(children, grace_s: float = 3.0) -> int:
     """Stop these child processes (SIGTERM, then SIGKILL after ``grace_s``) and reap
     them; a repeated Ctrl-C meanwhile is ignored, so the cleanup cannot be cut short.
     Returns how many were running."""
-    import signal
-    import threading
-    import time
-
     children = [c for c in children if c.is_alive()]
     if not children:
         return 0
@@ -607,8 +375,6 @@ def stop_workers(children, grace_s: float = 3.0) -> int:
 
 def interrupted_message(config, stopped: int) -> str:
     """What an interrupt left behind, and how to go on from it."""
-    from distkit.checkpoint import latest_checkpoint_in
-
     newest = latest_checkpoint_in(config.run_dir) if config.run_dir else None
     kept = (f"resume from the last complete checkpoint with --resume-from {newest}"
             if newest else "no checkpoint had been written yet, so nothing is left behind")
@@ -618,8 +384,6 @@ def interrupted_message(config, stopped: int) -> str:
 def _discard_if_empty(run_dir) -> None:
     """A run that ended before writing anything of value leaves no folder behind."""
     if run_dir:
-        from distkit.checkpoint import remove_run_dir_if_empty
-
         remove_run_dir_if_empty(run_dir)
 
 
@@ -633,20 +397,22 @@ def _fork_is_safe(config) -> bool:
     thread pool does not survive a fork, and a forked child that runs OpenMP regions
     with several threads after the parent used the pool can hang; one thread runs them
     inline."""
-    import sys
-
     return (sys.platform == "linux" and config.backend == "gloo" and _threads(config) == 1
             and not torch.cuda.is_initialized())
 
 
-def _join(config, fn, *args):
-    """Join a torchrun / SLURM launch: this process is one rank; spawn nothing."""
+def _join(config, reporter, fn, *args):
+    """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
+    that raises prints one line (the first of its node) and records it for torchrun's
+    summary (:func:`distkit.failures.report_from_worker`)."""
     kwargs = {}
     if config.backend in ("gloo", "nccl"):
         kwargs["timeout"] = timedelta(seconds=config.timeout_s)
     idist.initialize(config.backend, **kwargs)
     try:
-        return fn(idist.get_local_rank(), *args)
+        return run_reporting(reporter, fn, idist.get_local_rank(), *args)
+    except RankFailed as e:
+        raise report_from_worker(e) from None
     except BaseException:
         if idist.get_rank() == 0:  # training set config.run_dir; the folder is rank 0's
             _discard_if_empty(config.run_dir)
@@ -681,6 +447,9 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int) -> Di
     # ProcessRaisedException: the child's traceback as text; keep its last line.
     text = str(error).strip().splitlines()
     last = text[-1] if text else repr(error)
+    m = re.match(r"^distkit\.failures\.RankFailed: (.*)$", last)
+    if m:  # the rank's own line: type, first line, file:line, traceback file
+        return DistkitError(m.group(1))
     m = re.match(r"^distkit\.errors\.DistkitError: (.*)$", last)
     if m:
         return DistkitError(f"rank {rank}: {m.group(1)}")

@@ -140,6 +140,9 @@ class Task:
       command line as ``--set name=value`` (converted to its default's type) or in
       ``Config(task_settings={...})``, and reaches every function of the task as
       ``config.task_settings[name]``.
+    - ``summary(model, config) -> dict``: optional; called on every rank after training
+      (a collective under fsdp), its values go to results.json's ``"task_summary"`` and
+      the end-of-run summary (the text task: a sampled line).
 
     Example::
 
@@ -168,6 +171,7 @@ class Task:
     lr_scheduler: Any = None
     handlers: Optional[Callable] = None
     settings: dict = dataclasses.field(default_factory=dict)
+    summary: Optional[Callable] = None
 
     def __post_init__(self):
         if self.metrics is None:
@@ -177,7 +181,7 @@ class Task:
                 raise DistkitError(
                     f"Task({field}=...) must be a function, got {type(getattr(self, field)).__name__}: "
                     f"pass the function itself, e.g. Task({field}=make_{field})")
-        for field in ("collate_fn", "prepare_batch", "train_step", "handlers"):
+        for field in ("collate_fn", "prepare_batch", "train_step", "handlers", "summary"):
             value = getattr(self, field)
             if value is not None and not callable(value):
                 raise DistkitError(
@@ -373,16 +377,23 @@ def _builtin_model(dataset: str, model: str, config):
 
 def builtin_task(dataset: str, model: str) -> Task:
     """The task for ``--dataset dataset --model model``: classification, cross-entropy,
-    accuracy, early stopping on the validation loss (as ``distkit train`` always did)."""
-    return Task(datasets=partial(_builtin_datasets, dataset),
-                model=partial(_builtin_model, dataset, model),
-                name=f"{dataset}/{model}")
+    accuracy, early stopping on the validation loss (as ``distkit train`` always did).
+    ``text`` x ``gpt``: next-character prediction (cross entropy and accuracy over every
+    position, AdamW, a sampled line at the end; :mod:`distkit.text`)."""
+    datasets, net = partial(_builtin_datasets, dataset), partial(_builtin_model, dataset, model)
+    if dataset == "text":
+        from distkit import text
+
+        return Task(datasets=datasets, model=net, loss=text.TokenCrossEntropy,
+                    metrics=text.token_metrics, optimizer=text.adamw, name=f"{dataset}/{model}",
+                    summary=text.text_summary, lr_scheduler="kit")
+    return Task(datasets=datasets, model=net, name=f"{dataset}/{model}")
 
 
 def _registry() -> dict:
-    from distkit.config import DATASETS, MODELS
+    from distkit.config import builtin_pairs
 
-    return {(d, m): builtin_task(d, m) for d in DATASETS for m in MODELS}
+    return {(d, m): builtin_task(d, m) for d, m in builtin_pairs()}
 
 
 BUILTIN_TASKS: dict = _registry()

@@ -21,12 +21,12 @@ from ignite.engine.deterministic import DeterministicEngine
 from ignite.handlers import Checkpoint, EarlyStopping, PiecewiseLinear, ProgressBar
 from ignite.utils import manual_seed
 
-from distkit import profiling, tracking
+from distkit import profiling, throughput, tracking
 from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_saver, load_checkpoint,
                                 make_run_dir, resume_settings, to_save,
                                 write_results)
 from distkit.data import get_dataflow
-from distkit.launch import ranks_on_this_host, threads_per_process
+from distkit.machine import ranks_on_this_host, threads_per_process
 from distkit.strategies import (checkpoint_objects, full_state_dict_everywhere,
                                  peak_memory_per_rank, prepare_model)
 from distkit.errors import DistkitError
@@ -465,6 +465,7 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
                          None if lr_event == Events.EPOCH_COMPLETED else lr_event)
     if rank == 0:
         note_unused_lr(task, config, optimizer)
+    clock = throughput.attach(trainer, model, config)  # tokens/s and MFU, if the model counts FLOPs
 
     history = []
 
@@ -559,8 +560,11 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     tracker.close(profile)
     digests = {"initial": initial_digests, "final": replica_digests(model)}
     memory = peak_memory_per_rank()
+    # every rank: a task's summary may run the model (a collective under fsdp)
+    extras = {**throughput.report(clock),
+              "task_summary": task.summary(model, config) if task.summary else None}
     results = _report(rank, run_dir, config, task, history, trainer, (checkpoint, best), profile,
-                      trainer.state.samples * world_size, wall, digests, memory)
+                      trainer.state.samples * world_size, wall, digests, memory, extras)
     return results
 
 
@@ -581,13 +585,17 @@ def run_summary(results: dict) -> str:
         f"{results['samples_per_second']:.0f} samples/s (end to end)",
         f"results, checkpoints and plots in {results['run_dir']}",
     ]
+    if throughput.format_report(results):
+        lines.insert(-1, throughput.format_report(results))
+    for key, value in (results.get("task_summary") or {}).items():
+        lines.insert(-1, f"{key}: {value!r}" if isinstance(value, str) else f"{key}: {value}")
     if results.get("profile"):
         lines.insert(-1, profiling.format_summary(results["profile"], top=5))
     return "\n".join(lines)
 
 
 def _report(rank, run_dir, config, task, history, trainer, checkpoints, profile, trained_samples,
-            wall, digests, memory=None):
+            wall, digests, memory=None, extras=None):
     """On rank 0: gather the run into a dict, write results.json and the learning curves."""
     if rank != 0:
         return None
@@ -628,6 +636,7 @@ def _report(rank, run_dir, config, task, history, trainer, checkpoints, profile,
         "strategy": getattr(config, "strategy", "ddp"),
         "peak_memory_per_rank": memory,  # {"bytes": [rank 0, rank 1, ...], "measure": ...}
         "versions": versions(),
+        **(extras or {}),  # tokens_per_second, mfu, throughput; task_summary
     }
     write_results(run_dir, results)
     if history:

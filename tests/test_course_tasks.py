@@ -434,15 +434,16 @@ def whoami(local_rank, tag):
             "sum": idist.all_reduce(idist.get_rank() + 1)}
 '''
 
-LAUNCH_TWICE = '''
+LAUNCH = '''
 import json
+import sys
 from distkit import launch_function
 from whoami import whoami
 
 if __name__ == "__main__":
-    one = launch_function(whoami, "t", backend="gloo", nproc_per_node=2)
-    every = launch_function(whoami, "t", backend="gloo", nproc_per_node=2, all_ranks=True)
-    print("RESULT", json.dumps({"one": one, "every": every}), flush=True)
+    every = sys.argv[1:] == ["every"]
+    value = launch_function(whoami, "t", backend="gloo", nproc_per_node=2, all_ranks=every)
+    print("RESULT", json.dumps(value), flush=True)
 '''
 
 
@@ -458,17 +459,128 @@ def result_lines(stdout: str) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(500)
 def test_launch_function_hands_back_rank_0s_or_every_ranks_value_spawned_or_under_torchrun(tmp_path):
     (tmp_path / "whoami.py").write_text(WHOAMI)
-    (tmp_path / "launch_twice.py").write_text(LAUNCH_TWICE)
+    (tmp_path / "launch.py").write_text(LAUNCH)
     rank = [{"rank": r, "world": 2, "tag": "t", "sum": 3} for r in (0, 1)]
-    expected = {"one": rank[0], "every": rank}
-    spawned = subprocess.run([sys.executable, "launch_twice.py"], cwd=tmp_path, env=clean_env(),
-                             capture_output=True, text=True, timeout=200)
-    assert spawned.returncode == 0, log_tail(spawned.stderr, 30)
-    assert result_lines(spawned.stdout) == [expected], "the launcher prints once, with rank 0's value"
-    # under torchrun the same script, nproc_per_node=2 and all, joins: every rank gets the values
-    joined = torchrun(["launch_twice.py"], tmp_path)
-    assert joined.returncode == 0, log_tail(joined.stderr, 30)
-    assert result_lines(joined.stdout) == [expected, expected]
+    for mode, expected in [("one", rank[0]), ("every", rank)]:
+        spawned = subprocess.run([sys.executable, "launch.py", mode], cwd=tmp_path,
+                                 env=clean_env(), capture_output=True, text=True, timeout=200)
+        assert spawned.returncode == 0, log_tail(spawned.stderr, 30)
+        assert result_lines(spawned.stdout) == [expected], "the launcher prints once"
+        # under torchrun the same script, nproc_per_node=2 and all, joins: every rank gets it
+        joined = torchrun(["launch.py", mode], tmp_path)
+        assert joined.returncode == 0, log_tail(joined.stderr, 30)
+        assert result_lines(joined.stdout) == [expected, expected]
+
+
+# --- Must show: docs/course.md's four tasks, as written there, under spawn and torchrun ------
+
+def course_md_files(folder: Path) -> dict:
+    """Every ``# file: NAME.py`` block of docs/course.md, written to ``folder``."""
+    from test_api_examples import script_files
+
+    files = script_files(REPO / "docs" / "course.md")
+    for name, code in files.items():
+        (folder / name).write_text(code)
+    return files
+
+
+def train_cli(module, args, launcher, folder):
+    train = ["-m", "distkit", "train", "--task", f"{module}:task", "--no-progress",
+             "--output-dir", str(folder / "runs"), *args]
+    if launcher == "spawn":
+        cmd = [sys.executable, *train, "--nproc-per-node", "2"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               *train]
+    out = subprocess.run(cmd, cwd=folder, env=clean_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, log_tail(out.stderr, 40)
+    (path,) = (folder / "runs").glob("*/results.json")
+    return json.loads(path.read_text()), out.stdout
+
+
+def learned(res, metric):
+    history = [h[metric] for h in res["history"]]
+    return history[-1] < history[0]
+
+
+def check_course(res, stdout):
+    assert res["task"]["name"] == "course:task" and res["lr_schedule"] == "kit"
+    assert res["task"]["metrics"] == ["val_mse", "val_loss"], "MSELoss: mse by default"
+    assert res["final"]["val_mse"] == pytest.approx(res["final"]["val_loss"], rel=1e-5)
+    assert learned(res, "val_mse")
+
+
+def check_text(res, stdout):
+    assert res["task"]["metrics"] == ["val_accuracy", "val_loss"]
+    assert res["samples_trained"] == 3 * 1024, "reviews counted once per epoch"
+    assert res["final"]["val_accuracy"] > 0.8, res["history"]
+
+
+def check_clipped(res, stdout):
+    assert res["config"]["task_settings"] == {"hidden": 32, "max_norm": 0.5, "accumulate": 2}
+    assert res["iterations"] == 2 * 28 and res["samples_trained"] == 2 * 1792
+    weights = torch.load(res["last_checkpoint"], weights_only=True)
+    assert weights["model"]["0.weight"].shape == (32, 16), "--set hidden=32 built the model"
+    assert weights["settings"]["task_settings"]["max_norm"] == 0.5
+    assert learned(res, "val_mse")
+
+
+def check_adam(res, stdout):
+    assert res["lr_schedule"] == "task" and res["peak_lr"] is None
+    epochs = [h["epoch"] for h in res["history"]]
+    assert [h["lr"] for h in res["history"]] == pytest.approx([0.01 / 2 ** (e - 1) for e in epochs])
+    lines = re.findall(r"^adam_course: epoch (\d+) ", stdout, flags=re.M)
+    assert lines == [str(e) for e in epochs], "its handler logs once per epoch, on rank 0"
+    ckpt = torch.load(res["last_checkpoint"], weights_only=True)
+    assert ckpt["settings"]["optimizer"] == "Adam" and ckpt["lr_scheduler"]["last_epoch"] == epochs[-1]
+
+
+COURSE_TASKS = {
+    "course": (["--epochs", "2", "--batch-size", "64"], check_course),
+    "text_course": (["--epochs", "3", "--batch-size", "64", "--lr", "0.5"], check_text),
+    "clipped_course": (["--epochs", "2", "--batch-size", "64", "--set", "hidden=32",
+                        "--set", "max_norm=0.5"], check_clipped),
+    "adam_course": (["--epochs", "3", "--batch-size", "64"], check_adam),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("launcher", ["spawn", "torchrun"])
+@pytest.mark.parametrize("module", sorted(COURSE_TASKS))
+def test_course_md_task_trains_under_spawn_and_torchrun(tmp_path, module, launcher):
+    course_md_files(tmp_path)
+    args, check = COURSE_TASKS[module]
+    res, stdout = train_cli(module, args, launcher, tmp_path)
+    assert res["world_size"] == 2 and res["replicas_identical"]
+    assert res["task"]["name"] == f"{module}:task"
+    check(res, stdout)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_course_md_scripts_run_on_every_rank_under_torchrun(tmp_path):
+    """train_course.py (distkit.run) and cifar_style.py (an ignite examples/cifar10-style
+    function, torchvision ResNet-18 on FakeData, under distkit.launch_function with
+    nproc_per_node=2) under torchrun: every rank gets rank 0's results."""
+    course_md_files(tmp_path)
+    for script, pattern in [("train_course.py", r"^val mse \d"),
+                            ("cifar_style.py", r"^2 ranks, 2 epochs, test loss \d")]:
+        out = torchrun([script], tmp_path, timeout=400)
+        assert out.returncode == 0, f"{script}:\n{log_tail(out.stderr, 40)}"
+        lines = [line for line in out.stdout.splitlines() if re.match(pattern, line)]
+        assert len(lines) == 2 and lines[0] == lines[1], out.stdout[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_cifar_style_training_function_under_launch_function_spawned(tmp_path):
+    course_md_files(tmp_path)
+    out = subprocess.run([sys.executable, "cifar_style.py"], cwd=tmp_path, env=clean_env(),
+                         capture_output=True, text=True, timeout=380)
+    assert out.returncode == 0, log_tail(out.stderr, 40)
+    assert re.search(r"^2 ranks, 2 epochs, test loss \d+\.\d+$", out.stdout, flags=re.M), out.stdout

@@ -211,7 +211,7 @@ else:
     from distkit.launch import run
     import tempfile
 
-    from distkit.training import run_summary
+    from distkit.reporting import run_summary
 
     results = run(Config(backend="xla-tpu", nproc_per_node=nproc, epochs=5, progress_bar=False,
                          output_dir=tempfile.mkdtemp(prefix="distkit-03-")))  # never into the repository

@@ -275,7 +275,7 @@ import statistics
 import subprocess
 import sys
 
-from distkit.training import run_summary
+from distkit.reporting import run_summary
 from distkit.config import Config
 from distkit.launch import read_results, run
 from distkit.preflight import default_nproc, resolve_backend

@@ -38,7 +38,7 @@ _EXPORTS = {
 }
 _MODULES = ("tasks", "training", "launch", "checkpoint", "sharding", "profiling", "plots",
             "data", "models", "config", "runner", "compat", "errors", "machine",
-            "preflight")
+            "preflight", "reporting")
 
 __all__ = ["__version__", *_EXPORTS, *_MODULES]
 

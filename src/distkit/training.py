@@ -13,7 +13,6 @@ import gc
 import os
 import time
 
-import ignite
 import ignite.distributed as idist
 import torch
 from ignite.engine import Events, create_supervised_evaluator
@@ -23,10 +22,10 @@ from ignite.utils import manual_seed
 
 from distkit import profiling, throughput, tracking
 from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_saver, load_checkpoint,
-                                make_run_dir, resume_settings, to_save,
-                                write_results)
+                                make_run_dir, resume_settings, to_save)
 from distkit.data import get_dataflow
 from distkit.machine import ranks_on_this_host, threads_per_process
+from distkit.reporting import RunRecord, report, saved_path
 from distkit.strategies import (checkpoint_objects, full_state_dict_everywhere,
                                  peak_memory_per_rank, prepare_model)
 from distkit.errors import DistkitError
@@ -400,20 +399,6 @@ def replica_digests(model) -> list:
     return list(idist.all_gather(param_digest(model)))
 
 
-def versions() -> dict:
-    import platform
-
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "ignite": ignite.__version__}
-    try:
-        import torchvision
-
-        out["torchvision"] = torchvision.__version__
-    except Exception:
-        pass
-    return out
-
-
 def training(local_rank: int, config, task: Task | None = None) -> dict | None:
     """Train ``task`` (default: ``config.task``, else the built-in task of
     ``config.dataset`` x ``config.model``) in this process, as one of
@@ -562,99 +547,15 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     memory = peak_memory_per_rank()
     # every rank: a task's summary may run the model (a collective under fsdp)
     extras = {**throughput.report(clock),
-              "task_summary": task.summary(model, config) if task.summary else None}
-    results = _report(rank, run_dir, config, task, history, trainer, (checkpoint, best), profile,
-                      trainer.state.samples * world_size, wall, digests, memory, extras)
-    return results
-
-
-def run_summary(results: dict) -> str:
-    """The few lines `distkit train` prints at the end of a run, from its results dict
-    (what :func:`training` returns on rank 0 and writes to results.json)."""
-    f = results["final"] or {}
-    metrics = "  ".join(f"{k[4:]} {v:.4f}" for k, v in f.items()
-                        if k.startswith("val_") and isinstance(v, float)) or "none"
-    task = results.get("task") or {}
-    lines = [
-        f"backend {results['backend']}  world size {results['world_size']}  "
-        f"nodes {results['nnodes']}  device {results['device']}"
-        + (f"  task {task['name']}" if task.get("name") else ""),
-        f"final validation {metrics}  after {results['epochs_completed']} epoch(s), "
-        f"{results['iterations']} iterations",
-        f"{results['seconds_per_epoch'] or float('nan'):.2f} s per epoch (training only)  "
-        f"{results['samples_per_second']:.0f} samples/s (end to end)",
-        f"results, checkpoints and plots in {results['run_dir']}",
-    ]
-    if throughput.format_report(results):
-        lines.insert(-1, throughput.format_report(results))
-    for key, value in (results.get("task_summary") or {}).items():
-        lines.insert(-1, f"{key}: {value!r}" if isinstance(value, str) else f"{key}: {value}")
-    if results.get("profile"):
-        lines.insert(-1, profiling.format_summary(results["profile"], top=5))
-    return "\n".join(lines)
-
-
-def _report(rank, run_dir, config, task, history, trainer, checkpoints, profile, trained_samples,
-            wall, digests, memory=None, extras=None):
-    """On rank 0: gather the run into a dict, write results.json and the learning curves."""
-    if rank != 0:
-        return None
-    world_size = idist.get_world_size()
-    checkpoint, best = checkpoints
-
-    train_time = sum(h["epoch_time_s"] for h in history)
-    results = {
-        "backend": idist.backend() or "none",
-        "world_size": world_size,
-        "nnodes": idist.get_nnodes(),
-        "device": str(idist.device()),
-        "threads_per_process": torch.get_num_threads(),
-        "run_dir": run_dir,
-        "config": config.to_dict(),
-        "task": {"name": task.name, "score": list(task.score), "loss": type(task.loss()).__name__,
-                 "metrics": [f"val_{name}" for name in task.metric_names()]},
-        "peak_lr": peak_lr(config, world_size) if schedule_kind(task) == "kit" else None,
-        "lr_schedule": schedule_kind(task),  # kit: --lr and its schedule; none: the optimizer's lr
-        "history": history,
-        "iterations": trainer.state.iteration,
-        "epochs_completed": history[-1]["epoch"] if history else 0,  # resumed runs included
-        "epochs_this_run": len(history),
-        "final": history[-1] if history else None,
-        "wall_time_s": wall,
-        "first_step_unix_s": getattr(trainer.state, "first_step_unix_s", None),
-        "train_time_s": train_time,
-        "seconds_per_epoch": train_time / len(history) if history else None,
-        "samples_trained": trained_samples,
-        # end to end: validation and checkpoints included
-        "samples_per_second": trained_samples / wall if wall > 0 else None,
-        "last_checkpoint": _last_checkpoint_path(run_dir, checkpoint),
-        "best_model": _best_path(run_dir, best),
-        "profile": profile,
-        # One SHA-256 of the parameters per rank: all equal = replicas in sync.
-        "replica_param_sha256": digests,
-        "replicas_identical": all(len(set(d)) == 1 for d in digests.values()),
-        "strategy": getattr(config, "strategy", "ddp"),
-        "peak_memory_per_rank": memory,  # {"bytes": [rank 0, rank 1, ...], "measure": ...}
-        "versions": versions(),
-        **(extras or {}),  # tokens_per_second, mfu, throughput; task_summary
-    }
-    write_results(run_dir, results)
-    if history:
-        from distkit.plots import learning_curves
-
-        import matplotlib.pyplot as plt
-
-        fig = learning_curves([results])
-        fig.savefig(os.path.join(run_dir, "learning_curves.png"), dpi=100)
-        plt.close(fig)
-    return results
-
-
-def _last_checkpoint_path(run_dir, checkpoint, folder="checkpoints"):
-    if checkpoint.last_checkpoint is None:
-        return None
-    return os.path.join(run_dir, folder, os.path.basename(str(checkpoint.last_checkpoint)))
-
-
-def _best_path(run_dir, best):
-    return _last_checkpoint_path(run_dir, best, folder="best")
+              "task_summary": task.summary(model, config) if task.summary else None,
+              # kit: --lr and its schedule; none: the optimizer's own lr; task: its scheduler
+              "lr_schedule": schedule_kind(task)}
+    record = RunRecord(
+        run_dir=run_dir, config=config, task=task, history=history,
+        iterations=trainer.state.iteration, samples_trained=trainer.state.samples * world_size,
+        wall_time_s=wall, first_step_unix_s=getattr(trainer.state, "first_step_unix_s", None),
+        peak_lr=peak_lr(config, world_size) if schedule_kind(task) == "kit" else None,
+        last_checkpoint=saved_path(run_dir, "checkpoints", checkpoint),
+        best_model=saved_path(run_dir, "best", best), profile=profile, replica_digests=digests,
+        peak_memory_per_rank=memory, extras=extras)
+    return report(record) if rank == 0 else None  # rank 0 writes results.json and the plot

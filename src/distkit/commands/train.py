@@ -125,9 +125,14 @@ def parse_settings(pairs) -> dict:
 
 
 def main(args) -> int:
-    from distkit.launch import run
-    from distkit.training import run_summary
+    import torch
 
+    from distkit.launch import run
+    from distkit.reporting import run_summary
+
+    # This process only launches (or, joined to torchrun, trains and sets its own count):
+    # on one thread it never starts an OpenMP pool, so its workers fork safely at any count.
+    torch.set_num_threads(1)
     results = run(config_from_args(args))
     if results is not None:
         if results.get("profile"):

@@ -35,6 +35,10 @@ REQUIRED_CALLS = {
     "09": ["idist.Parallel", "DiskSaver", "_setup_ddp_vars_from_slurm_env"],
     # 03's launch runs only on a TPU runtime, but it is typed in its cell all the same
     "03": ["idist.Parallel", "parallel.run"],
+    # the transformer track (issue 23)
+    "12": ["init_device_mesh", "parallelize_module", "ColwiseParallel", "RowwiseParallel", "SequenceParallel",
+           "PrepareModuleInput", "CommDebugMode"],
+    "13": ["dist.batch_isend_irecv", "dist.P2POp", "F.scaled_dot_product_attention", "FlopCounterMode"],
 }
 # Notebooks whose cells leave files behind (runs, checkpoints, CSVs, in temporary folders
 # of their own): each must run twice in the same folder with the same outcome. (01 writes

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, checkout_copy, subprocess_env
-from distkit.launch import free_port, threads_per_process
+from distkit.machine import free_port, threads_per_process
 from distkit.lessons.multinode import clean_env, slurm_env
 
 SCRIPTS = REPO_ROOT / "scripts"

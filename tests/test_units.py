@@ -12,10 +12,9 @@ import torch
 
 from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.launch import (check_port_free, default_nproc, describe_process_failure,
-                            free_port, preflight, resolve_backend)
+from distkit.launch import default_nproc, describe_process_failure, preflight, resolve_backend
 from distkit.checkpoint import make_run_dir
-from distkit.launch import threads_per_process
+from distkit.machine import check_port_free, free_port, threads_per_process
 from distkit.training import create_lr_scheduler, peak_lr
 
 

@@ -29,9 +29,8 @@ from ignite.utils import manual_seed, setup_logger
 import distkit
 from distkit import plots
 from distkit.data import digits_dataset, split
-from distkit.launch import free_port, threads_per_process
+from distkit.machine import free_port, quiet_ignite_logs, threads_per_process
 from distkit.models import get_model
-from distkit.sharding import quiet_ignite_logs
 
 quiet_ignite_logs()  # ignite's INFO lines about spawning and loader arguments
 workdir = tempfile.mkdtemp(prefix="distkit-04-")  # every run of this notebook writes here, never into the repository

@@ -31,7 +31,8 @@ import torch
 
 from distkit.lessons import failure, multinode
 from distkit.config import Config
-from distkit.launch import free_port, run
+from distkit.launch import run
+from distkit.machine import free_port
 from distkit.checkpoint import checkpoint_iteration, latest_checkpoint, load_checkpoint
 
 logging.disable(logging.INFO)  # ignite's launcher INFO lines; the logs below keep the rest

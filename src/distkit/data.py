@@ -162,7 +162,71 @@ def get_dataflow(config, datasets=None):
     train_loader = idist.auto_dataloader(
         train_set, batch_size=config.batch_size, num_workers=config.num_workers,
         shuffle=True, drop_last=False, pin_memory=pin)
-    val_loader = idist.auto_dataloader(
-        val_set, batch_size=2 * config.batch_size, num_workers=config.num_workers,
-        shuffle=False, pin_memory=pin)
+    val_loader = validation_loader(val_set, 2 * config.batch_size, config.num_workers,
+                                   pin_memory=pin)
     return train_loader, val_loader
+
+
+def validation_loader(dataset, batch_size: int, num_workers: int = 0, **kwargs):
+    """The validation loader of this process: every sample exactly once over all ranks.
+
+    ``idist.auto_dataloader``'s ``DistributedSampler`` pads a set whose size does not
+    divide by the world size with repeated samples (101 samples on 2 or 3 ranks: 102
+    counted), so the metrics would change with the world size. Here each rank takes
+    every world-size-th sample (:class:`EvenValidationBatches`), unpadded, cut into the
+    same number of batches on every rank, so a wrapped model that talks to the other
+    ranks in its forward (DDP's buffer broadcast, FSDP's all-gathers) runs as many
+    forwards on each. ignite's metrics all-reduce their sums at ``compute()``, so uneven
+    shards give the exact global values. ``batch_size`` is GLOBAL, as for
+    ``auto_dataloader``."""
+    import warnings
+
+    world_size = idist.get_world_size()
+    if world_size == 1:
+        return idist.auto_dataloader(dataset, batch_size=batch_size, num_workers=num_workers,
+                                     shuffle=False, **kwargs)
+    per_rank = max(1, batch_size // world_size)
+    batches = EvenValidationBatches(len(dataset), world_size, idist.get_rank(), per_rank)
+    with warnings.catch_warnings():  # "make sure that [batch_sampler] is compatible": it is
+        warnings.filterwarnings("ignore", message="Found batch_sampler")
+        return idist.auto_dataloader(dataset, batch_sampler=batches, num_workers=num_workers,
+                                     **kwargs)
+
+
+class EvenValidationBatches(torch.utils.data.Sampler):
+    """Batches of indices for rank ``rank`` of ``world_size``: samples ``rank``,
+    ``rank + world_size``, ... (no padding: together the ranks see each index once), in
+    as many batches on every rank (the first rank's count at ``batch_size``), sizes
+    differing by at most one. A set smaller than the world size leaves some ranks
+    without a batch: validate on at least as many samples as processes::
+
+        >>> [list(EvenValidationBatches(101, 2, r, 32)) == [] for r in (0, 1)]
+        [False, False]
+        >>> [len(b) for b in EvenValidationBatches(101, 2, 0, 32)]
+        [26, 25]
+        >>> [len(b) for b in EvenValidationBatches(101, 2, 1, 32)]
+        [25, 25]
+        >>> sorted(i for r in (0, 1, 2) for b in EvenValidationBatches(101, 3, r, 16) for i in b) == list(range(101))
+        True
+    """
+
+    def __init__(self, size: int, world_size: int, rank: int, batch_size: int):
+        self.indices = list(range(rank, size, world_size))
+        most = len(range(0, size, world_size))  # rank 0's share, the largest
+        least = size // world_size  # the last rank's share, the smallest
+        # as many batches as rank 0 needs, but no more than the smallest share can fill
+        # (then a batch may hold one sample more than batch_size); a set smaller than
+        # the world size leaves some ranks without a batch
+        self.count = max(1, min(-(-most // batch_size), least))
+        self.count_here = min(self.count, len(self.indices))
+
+    def __iter__(self):
+        n, k = len(self.indices), self.count_here
+        start = 0
+        for b in range(k):
+            stop = start + n // k + (1 if b < n % k else 0)
+            yield self.indices[start:stop]
+            start = stop
+
+    def __len__(self):
+        return self.count_here

@@ -14,36 +14,19 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 from datetime import timedelta
 
 import ignite.distributed as idist
 import torch
 
 from distkit.errors import DistkitError
+from distkit.failures import Reporter
+from distkit.machine import (available_memory, check_address_resolves, check_port_free, free_port,
+                             in_ipython, inside_launch, launched_externally, local_world_size,
+                             ranks_on_this_host, set_ignite_verbosity, threads_per_process,
+                             tpu_available)
 
 CPU_DEFAULT_NPROC = 2
-
-
-def launched_externally() -> bool:
-    """True inside a torchrun / torch.distributed launch or a SLURM job step."""
-    return "WORLD_SIZE" in os.environ or "SLURM_JOB_ID" in os.environ
-
-
-def inside_launch() -> bool:
-    """True in a process that torchrun (WORLD_SIZE) or a several-task ``srun`` started:
-    spawning more processes there would start a second, conflicting job per process."""
-    return "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
-
-
-def tpu_available() -> bool:
-    try:
-        import torch_xla.runtime as xr  # noqa: F401
-
-        return os.environ.get("PJRT_DEVICE", "").upper() == "TPU" or bool(os.environ.get("TPU_NAME")) \
-            or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
-    except Exception:
-        return False
 
 
 def resolve_backend(backend: str) -> str:
@@ -85,89 +68,9 @@ def default_nproc(backend: str) -> int:
     return CPU_DEFAULT_NPROC
 
 
-def threads_per_process(local_world_size: int) -> int:
-    """Cores this process may use, divided by the processes on this node (at least 1)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_world_size))
-
-
-def ranks_on_this_host() -> int:
-    """The ranks of this run that share this machine's cores, counted by hostname (one
-    ``all_gather`` at start-up; call on every rank). Not torchrun's LOCAL_WORLD_SIZE: two
-    launches on one machine (two "nodes" on 127.0.0.1) each count only their own ranks,
-    and with that count share the cores twice over."""
-    if idist.get_world_size() == 1:
-        return 1
-    if idist.backend() == "xla-tpu":  # TPU hosts: one launch per host; skip a string collective on XLA
-        return idist.get_nproc_per_node()
-    me = socket.gethostname()
-    names = idist.all_gather(me)
-    return sum(name == me for name in (names if isinstance(names, list) else [names]))
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            raise DistkitError(f"--master-port {port} is already in use on this machine: pick "
-                               "another port, or omit --master-port to use a free one") from None
-
-
-def check_address_resolves(addr: str, timeout_s: float = 10.0) -> None:
-    """Resolve ``--master-addr`` now: a name that does not resolve would otherwise make
-    every rank wait on the rendezvous until the timeout. getaddrinfo has no timeout of
-    its own, so it runs in a daemon thread that we stop waiting for."""
-    import threading
-
-    outcome = {}
-
-    def resolve():
-        try:
-            socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
-            outcome["ok"] = True
-        except OSError as e:
-            outcome["error"] = e
-
-    thread = threading.Thread(target=resolve, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if "ok" in outcome:
-        return
-    why = outcome["error"].strerror or outcome["error"] if "error" in outcome else \
-        f"no answer from the resolver in {timeout_s:g} s"
-    raise DistkitError(f"--master-addr {addr!r} does not resolve ({why}): pass the IP address or "
-                       "host name of the node with --node-rank 0, as the other nodes can reach it")
-
-
 # Peak memory per sample while the synthetic set is built (templates[labels], the noise,
 # their sum, labels, permutation; measured: 787 bytes per 1x8x8 sample with torch 2.15).
 SYNTHETIC_BYTES_PER_SAMPLE = 800
-
-
-def _local_world_size() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None  # not Linux: cannot tell, do not refuse
 
 
 def check_synthetic_fits_in_memory(config, processes: int | None) -> None:
@@ -179,7 +82,7 @@ def check_synthetic_fits_in_memory(config, processes: int | None) -> None:
 
     processes = max(1, processes or 1)
     need = (config.dataset_size + VAL_SIZE) * SYNTHETIC_BYTES_PER_SAMPLE * processes
-    have = _available_memory()
+    have = available_memory()
     if have is not None and need > have:
         fits = max(1, have // (SYNTHETIC_BYTES_PER_SAMPLE * processes) - VAL_SIZE)
         raise DistkitError(
@@ -218,7 +121,7 @@ def preflight(config, spawning: bool, task=None):
                            "--backend gloo to start several")
     if config.master_addr is not None:
         check_address_resolves(config.master_addr)
-    check_synthetic_fits_in_memory(config, nproc if spawning else _local_world_size())
+    check_synthetic_fits_in_memory(config, nproc if spawning else local_world_size())
     if not spawning and "WORLD_SIZE" in os.environ:
         config.check_batch_fits(int(os.environ["WORLD_SIZE"]))
     if spawning:
@@ -273,7 +176,7 @@ def run(config, task=None) -> dict | None:
         e.every_rank = True  # under torchrun every rank fails here alike: one of them says so
         raise
     if not spawning:
-        return _join(config, training, config, task)
+        return _join(config, Reporter(config, verbose=config.verbose), training, config, task)
     if config.backend == "none":
         config.run_dir = make_run_dir(config.output_dir, "none", 1)
         return training(0, config, task)
@@ -282,20 +185,22 @@ def run(config, task=None) -> dict | None:
     world_size = config.nproc_per_node * config.nnodes
     if config.nnodes == 1 or config.node_rank == 0:
         config.run_dir = make_run_dir(config.output_dir, config.backend, world_size)
-    _spawn(config, training, config, task)
+    _spawn(config, Reporter(config, verbose=config.verbose), training, config, task)
     return read_results(config.run_dir) if config.run_dir else None
 
 
 def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None = None,
                     nnodes: int = 1, node_rank: int | None = None, master_addr: str | None = None,
                     master_port: int | None = None, timeout_s: float = 120.0,
-                    threads_per_process: int | None = None):
+                    threads_per_process: int | None = None, verbose: bool = False):
     """Run any training function ``fn(local_rank, *args)`` (ignite's examples write
     ``training(local_rank, config)``) on every rank, the way :func:`run` runs the kit's:
     the same checks before any process starts, a free port, threads pinned to each
     process's share of the cores, collectives bounded by ``timeout_s``, and a rank that
-    dies or raises reported in one line (``DistkitError``) naming it. Inside a torchrun /
-    SLURM launch (and no ``nproc_per_node``) it joins the launch instead of spawning.
+    dies or raises reported in one line (``DistkitError``) naming it, with the exception's
+    type, first line and ``file:line``; the rank's full traceback goes to a file whose
+    path the line gives (``verbose=True`` prints it too). Inside a torchrun / SLURM
+    launch (and no ``nproc_per_node``) it joins the launch instead of spawning.
 
     Returns ``fn``'s return value in a joined or single (``backend="none"``) process;
     None after spawning (write results to files on rank 0, as ignite's examples do).
@@ -313,7 +218,20 @@ def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None
         if __name__ == "__main__":
             launch_function(training, {"lr": 0.1}, backend="gloo", nproc_per_node=2)
     """
+    try:
+        return _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, master_addr,
+                                master_port, timeout_s, threads_per_process, verbose)
+    except DistkitError as e:  # its callers pass parameters, not distkit train's flags
+        from distkit.failures import for_function_callers
+
+        e.args = (for_function_callers(str(e)),)
+        raise
+
+
+def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, master_addr,
+                     master_port, timeout_s, threads_per_process, verbose):
     from distkit.config import Config
+    from distkit.failures import Reporter, default_folder
 
     spawning = nproc_per_node is not None or not launched_externally()
     nproc = nproc_per_node
@@ -324,14 +242,18 @@ def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None
     config = preflight(Config(backend=backend, nproc_per_node=nproc_per_node, nnodes=nnodes,
                               node_rank=node_rank, master_addr=master_addr,
                               master_port=master_port, timeout_s=timeout_s,
-                              threads_per_process=threads_per_process, batch_size=max(1, world)),
+                              threads_per_process=threads_per_process, verbose=verbose,
+                              batch_size=max(1, world)),
                        spawning)
     if not spawning:
-        return _join(config, _pinned, fn, config.threads_per_process, *args)
+        return _join(config, Reporter(verbose=verbose), _pinned, fn, config.threads_per_process,
+                     *args)
     if config.backend == "none":
         return _pinned(0, fn, config.threads_per_process, *args)
     check_picklable("the training function and its arguments", (fn, args))
-    _spawn(config, _pinned, fn, config.threads_per_process, *args)
+    # no run folder here: the ranks' tracebacks go to one temporary folder of this launch
+    _spawn(config, Reporter(folder=default_folder(), verbose=verbose), _pinned, fn,
+           config.threads_per_process, *args)
     return None
 
 
@@ -344,9 +266,7 @@ def _pinned(local_rank, fn, threads, *args):
 def check_picklable(what: str, obj) -> None:
     """Spawned processes receive their function and arguments pickled; fail in one line
     here rather than in every child. (Forked processes, as in notebooks, need no pickle.)"""
-    from distkit.runner import _in_ipython
-
-    if _in_ipython():
+    if in_ipython():
         return
     import pickle
 
@@ -360,9 +280,10 @@ def check_picklable(what: str, obj) -> None:
             "`if __name__ == \"__main__\":` guard, not as lambdas or nested functions") from None
 
 
-def _spawn(config, fn, *args) -> None:
+def _spawn(config, reporter, fn, *args) -> None:
     """``fn(local_rank, *args)`` in ``config.nproc_per_node`` spawned processes of this
-    node; a failed rank becomes one line naming it."""
+    node; a failed rank becomes one line naming it (``reporter``: where a rank that
+    raises writes its traceback, see :mod:`distkit.failures`)."""
     # Spawned processes inherit this: one thread pool per process, never oversubscribed.
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads(config)))
     spawn_kwargs = {}
@@ -373,8 +294,6 @@ def _spawn(config, fn, *args) -> None:
         # workers were ready 3.5 s after the command started instead of 13.7 s with
         # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
         spawn_kwargs["start_method"] = "fork"
-    from distkit.tracking import set_ignite_verbosity
-
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
     import multiprocessing
 
@@ -386,7 +305,7 @@ def _spawn(config, fn, *args) -> None:
                             nnodes=config.nnodes, node_rank=config.node_rank,
                             master_addr=config.master_addr, master_port=config.master_port,
                             **spawn_kwargs) as parallel:
-            parallel.run(_own_session, fn, *args)
+            parallel.run(_own_session, reporter, fn, *args)
     except KeyboardInterrupt:
         # SIGINT to this process only (Jupyter's "interrupt kernel", kill -INT): the
         # workers are non-daemonic, so without this they train on to the last epoch while
@@ -413,8 +332,9 @@ def _spawn(config, fn, *args) -> None:
         _discard_if_empty(config.run_dir)
 
 
-def _own_session(local_rank, fn, *args):
-    """``fn(local_rank, *args)`` in a session of its own that ends with the launcher.
+def _own_session(local_rank, reporter, fn, *args):
+    """``fn(local_rank, *args)`` in a session of its own that ends with the launcher; an
+    exception it raises becomes one line (``distkit.failures.run_reporting``).
 
     Why a session: torchrun starts its workers so (``start_new_session``), and with the
     kernel's autogroup scheduling (on by default) the processes of one session share
@@ -432,7 +352,9 @@ def _own_session(local_rank, fn, *args):
         except OSError:  # already a session leader
             pass
     _end_with_parent()
-    return fn(local_rank, *args)
+    from distkit.failures import run_reporting
+
+    return run_reporting(reporter, fn, local_rank, *args)
 
 
 def _end_with_parent() -> None:
@@ -571,14 +493,20 @@ def _fork_is_safe(config) -> bool:
             and not torch.cuda.is_initialized())
 
 
-def _join(config, fn, *args):
-    """Join a torchrun / SLURM launch: this process is one rank; spawn nothing."""
+def _join(config, reporter, fn, *args):
+    """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
+    that raises prints one line (the first of its node) and records it for torchrun's
+    summary (:func:`distkit.failures.report_from_worker`)."""
+    from distkit.failures import RankFailed, report_from_worker, run_reporting
+
     kwargs = {}
     if config.backend in ("gloo", "nccl"):
         kwargs["timeout"] = timedelta(seconds=config.timeout_s)
     idist.initialize(config.backend, **kwargs)
     try:
-        return fn(idist.get_local_rank(), *args)
+        return run_reporting(reporter, fn, idist.get_local_rank(), *args)
+    except RankFailed as e:
+        raise report_from_worker(e) from None
     except BaseException:
         if idist.get_rank() == 0:  # training set config.run_dir; the folder is rank 0's
             _discard_if_empty(config.run_dir)
@@ -613,6 +541,9 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int) -> Di
     # ProcessRaisedException: the child's traceback as text; keep its last line.
     text = str(error).strip().splitlines()
     last = text[-1] if text else repr(error)
+    m = re.match(r"^distkit\.failures\.RankFailed: (.*)$", last)
+    if m:  # the rank's own line: type, first line, file:line, traceback file
+        return DistkitError(m.group(1))
     m = re.match(r"^distkit\.errors\.DistkitError: (.*)$", last)
     if m:
         return DistkitError(f"rank {rank}: {m.group(1)}")

@@ -20,7 +20,6 @@ refuses its old ``mlruns`` folder store unless told otherwise); ``mlflow ui
 from __future__ import annotations
 
 import importlib.util
-import logging
 import numbers
 import os
 import re
@@ -28,6 +27,7 @@ import sys
 from pathlib import Path
 
 from distkit.errors import DistkitError
+from distkit.machine import set_ignite_verbosity
 
 # logger -> the package that must be importable (and the distkit extra that installs it)
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
@@ -59,15 +59,6 @@ def _isatty(stream) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
-
-
-def set_ignite_verbosity(verbose: bool):
-    """ignite's launcher and ``auto_*`` INFO lines through (``verbose``) or not; warnings
-    always. Call in every process that may log them (the launcher, and each rank).
-    Returns the switch: ``.restore()`` puts the previous levels back."""
-    from distkit.runner import quiet_ignite_logs  # the kit's one switch for those loggers
-
-    return quiet_ignite_logs(logging.INFO if verbose else logging.WARNING)
 
 
 def console(config) -> bool:

@@ -26,7 +26,7 @@ from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_saver
                                 make_run_dir, resume_settings, to_save,
                                 write_results)
 from distkit.data import get_dataflow
-from distkit.launch import ranks_on_this_host, threads_per_process
+from distkit.machine import ranks_on_this_host, threads_per_process
 from distkit.strategies import (checkpoint_objects, full_state_dict_everywhere,
                                  peak_memory_per_rank, prepare_model)
 from distkit.tasks import Task, resolve_task

@@ -53,8 +53,8 @@ def report() -> dict:
 
     import distkit
     from distkit.compat import APPLIED
-    from distkit.launch import default_nproc, resolve_backend, tpu_available
-    from distkit.launch import threads_per_process
+    from distkit.launch import default_nproc, resolve_backend
+    from distkit.machine import threads_per_process, tpu_available
 
     gpus = [{"name": torch.cuda.get_device_name(i),
              "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}

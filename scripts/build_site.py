@@ -131,7 +131,8 @@ def build(out: Path, executed: Path | None = None, only=None, log=print) -> dict
         ready = executed / path.name if executed else None
         dest = work / path.name
         if ready and ready.exists():
-            shutil.copy(ready, dest)
+            if ready.resolve() != dest.resolve():
+                shutil.copy(ready, dest)
             nb = nbformat.read(dest, as_version=4)
             log(f"{path.name}: executed already ({ready})")
         else:

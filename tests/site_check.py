@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -72,7 +73,7 @@ INSPECT = """() => ({
             complete: i.complete, width: i.naturalWidth, height: i.naturalHeight})),
   links: Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href')),
   ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id),
-  text: document.body.innerText.length,
+  text: document.body.innerText,
 })"""
 
 
@@ -130,3 +131,11 @@ def broken_links(site: Path, seen: dict) -> list[str]:
             elif target.fragment and target.fragment not in seen.get(page, {}).get("ids", ()):
                 broken.append(f"{name}: {href} (no #{target.fragment} in {page})")
     return broken
+
+
+def shown_text(text: str) -> str:
+    """Text as a page shows it and as it is compared: no ANSI colour codes, a line
+    rewritten with carriage returns as its last state, runs of whitespace as one space."""
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+    text = "\n".join(line.split("\r")[-1] for line in text.split("\n"))
+    return " ".join(text.split())

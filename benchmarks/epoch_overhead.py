@@ -87,6 +87,53 @@ def one_run(variant: str, out: str) -> dict:
             "val_accuracy": results["final"]["val_accuracy"]}
 
 
+def cpu_parts(repeats: int = 20) -> dict:
+    """CPU milliseconds (this process's ``time.process_time``, which moves far less than wall
+    time when other jobs share the cores) of each piece on its own, in one process: the
+    resumable checkpoint of one epoch and the best-model save (``torch.save`` through the
+    kit's atomic saver), one parameter digest, the learning-curve figure (drawn and saved;
+    importing pyplot timed apart, in a fresh interpreter), and one steady epoch of training
+    at 8 samples per process for scale."""
+    import torch
+
+    from distkit.checkpoint import checkpoint_saver
+    from distkit.config import Config
+    from distkit.plots import learning_curves
+    from distkit.training import param_digest, training
+
+    def cpu_ms(fn, n=repeats):
+        start = time.process_time()
+        for _ in range(n):
+            fn()
+        return 1000 * (time.process_time() - start) / n
+
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Config(dataset="digits", model="cnn", batch_size=8, epochs=2, backend="none",
+                        progress_bar=False, output_dir=tmp, threads_per_process=1)
+        start = time.process_time()
+        results = training(0, config)
+        run_ms = 1000 * (time.process_time() - start)
+        from distkit.training import initialize
+
+        model, optimizer, _ = initialize(config)
+        saver = checkpoint_saver(os.path.join(tmp, "c"))
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        i = iter(range(10**6))
+        checkpoint = cpu_ms(lambda: saver(state, f"checkpoint_{next(i)}.pt"))
+        best = cpu_ms(lambda: saver({"model": model.state_dict()}, f"best_{next(i)}.pt"))
+        digest = cpu_ms(lambda: param_digest(model))
+        figure = cpu_ms(lambda: learning_curves([results]).savefig(os.path.join(tmp, "c.png"), dpi=100), 5)
+    pyplot = subprocess.run([sys.executable, "-c", "import time; t = time.process_time(); "
+                             "import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot; "
+                             "print(1000 * (time.process_time() - t))"], capture_output=True, text=True)
+    epoch = results["history"][-1]
+    return {"checkpoint_ms": checkpoint, "best_model_ms": best, "digest_ms": digest,
+            "figure_ms": figure, "import_pyplot_ms": float(pyplot.stdout.strip() or "nan"),
+            "one_process_run_ms": run_ms, "epoch_wall_s_one_process": epoch["epoch_time_s"],
+            "iterations_per_epoch": results["iterations"] / results["epochs_completed"]}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=5)
@@ -94,7 +141,11 @@ def main(argv=None) -> int:
     p.add_argument("--note", default="")
     p.add_argument("--out", default=os.path.join(HERE, "results", "epoch-overhead"))
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: a single run
+    p.add_argument("--parts", action="store_true", help="only the CPU cost of each piece")
     args = p.parse_args(argv)
+    if args.parts:
+        print(json.dumps(cpu_parts(), indent=1))
+        return 0
     if args.one:
         with tempfile.TemporaryDirectory() as tmp:
             print("RESULT " + json.dumps(one_run(args.one, tmp)), flush=True)

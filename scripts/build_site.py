@@ -49,16 +49,23 @@ def notebook_paths(only=None) -> list[Path]:
 
 def execute(path: Path, dest: Path):
     """Run ``path`` top to bottom in a fresh kernel, in a temporary folder (what the
-    notebook writes stays there); save the executed notebook as ``dest``."""
+    notebook writes stays there); save the executed notebook as ``dest``. Returns the
+    notebook and, if a cell failed, the error (the notebook then ends with that cell and
+    its traceback: its page shows where it stopped)."""
     import nbformat
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     nb = nbformat.read(path, as_version=4)
+    error = None
     with tempfile.TemporaryDirectory(prefix="distkit-site-") as folder:
-        NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
-                       resources={"metadata": {"path": folder}}).execute()
+        try:
+            NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3",
+                           resources={"metadata": {"path": folder}}).execute()
+        except (CellExecutionError, CellTimeoutError, DeadKernelError) as e:
+            error = re.sub(r"\x1b\[[0-9;]*m", "", str(e).strip().splitlines()[-1])
     nbformat.write(nb, dest)
-    return nb
+    return nb, error
 
 
 def _link(target: str, pages: dict, blob: str, base: str) -> str:
@@ -117,13 +124,14 @@ def export(nb, title: str, dest: Path) -> None:
 
 
 def build(out: Path, executed: Path | None = None, only=None, log=print) -> dict:
-    """Build the site in ``out``; returns {notebook name: page name}."""
+    """Build the site in ``out``; returns {notebook name: the error of its failed cell},
+    empty when every notebook ran to its end."""
     import nbformat
 
     blob = repository_blob()
     paths = notebook_paths(only)
     pages = {p.name: p.stem + ".html" for p in paths}
-    titles = {}
+    titles, failed = {}, {}
     out.mkdir(parents=True, exist_ok=True)
     work = out / "executed"
     work.mkdir(exist_ok=True)
@@ -137,8 +145,11 @@ def build(out: Path, executed: Path | None = None, only=None, log=print) -> dict
             log(f"{path.name}: executed already ({ready})")
         else:
             start = time.perf_counter()
-            nb = execute(path, dest)
-            log(f"{path.name}: executed in {time.perf_counter() - start:.0f} s")
+            nb, error = execute(path, dest)
+            log(f"{path.name}: executed in {time.perf_counter() - start:.0f} s"
+                + (f"; a cell FAILED: {error}" if error else ""))
+            if error:
+                failed[path.name] = error
         titles[path.name] = next(m.group(1).strip() for c in nb.cells if c.cell_type == "markdown"
                                  for m in [re.search(r"^# (.+)$", c.source, re.M)] if m)
         for cell in nb.cells:
@@ -147,7 +158,7 @@ def build(out: Path, executed: Path | None = None, only=None, log=print) -> dict
         export(nb, f"{titles[path.name]} · distkit", out / pages[path.name])
     export(readme_index(pages, titles, blob), "distkit: the course, executed", out / "index.html")
     log(f"site: {out / 'index.html'} ({len(pages)} notebook pages)")
-    return pages
+    return failed
 
 
 def main(argv=None) -> int:
@@ -158,8 +169,11 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, help="comma-separated notebook numbers, e.g. 01,05")
     args = p.parse_args(argv)
     only = set(args.only.split(",")) if args.only else None
-    build(Path(args.out), Path(args.executed) if args.executed else None, only)
-    return 0
+    failed = build(Path(args.out), Path(args.executed) if args.executed else None, only)
+    for name, error in failed.items():
+        print(f"build_site: error: {name} stopped at a failing cell ({error}); its page ends there",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -40,13 +40,13 @@ def install_report(tmp_path_factory):
     out = subprocess.run(
         [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
          "--report", str(report), "-e", str(REPO_ROOT)],
-        capture_output=True, text=True, timeout=240, env=subprocess_env())
+        capture_output=True, text=True, timeout=850, env=subprocess_env())  # pip 23: 2-5+ min
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(report.read_text())
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_plain_install_resolves_no_jupyter_and_keeps_the_runtime(install_report):
     names = {_norm(i["metadata"]["name"]) for i in install_report["install"]}
     assert {"distkit", "torch", "torchvision", "pytorch-ignite", "matplotlib", "scikit-learn", "tqdm"} <= names
@@ -60,7 +60,7 @@ def built_metadata(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("wheel")
     out = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", str(tmp / "dist"),
-         str(checkout_copy(tmp / "src-copy"))], capture_output=True, text=True, timeout=240,
+         str(checkout_copy(tmp / "src-copy"))], capture_output=True, text=True, timeout=800,
         env=subprocess_env())
     assert out.returncode == 0, out.stderr[-3000:]
     (wheel,) = (tmp / "dist").glob("distkit-*.whl")
@@ -70,7 +70,7 @@ def built_metadata(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_built_metadata_names_license_urls_and_extras(built_metadata):
     meta = built_metadata
     assert meta["License-Expression"] == "BSD-3-Clause"
@@ -158,7 +158,7 @@ def _shell(script, cwd, timeout):
 @pytest.mark.slow
 @pytest.mark.side_env("a fresh venv in a temporary folder (the README's commands: about 6 GB, "
                       "removed after the test)")
-@pytest.mark.timeout(4800)  # about 5 min on a quiet 2-core machine; 20+ min seen under heavy load
+@pytest.mark.timeout(4800)  # 47 min measured on the 2-core VM under heavy load (load average 13-22)
 def test_readme_commands_pass_as_written_in_a_fresh_venv_with_its_own_pip(tmp_path):
     """A copy of this tree; the README's ``python3 -m venv .venv && . .venv/bin/activate``;
     then command 1 whole (``pip install -e . && distkit train``) and command 2's install

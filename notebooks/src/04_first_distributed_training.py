@@ -275,9 +275,10 @@ import statistics
 import subprocess
 import sys
 
-from distkit.training import run_summary
+from distkit.reporting import run_summary
 from distkit.config import Config
-from distkit.launch import default_nproc, read_results, resolve_backend, run
+from distkit.launch import read_results, run
+from distkit.preflight import default_nproc, resolve_backend
 
 backend = resolve_backend("auto")
 nproc = default_nproc(backend)

@@ -212,7 +212,7 @@ assert bar["event"] == "ITERATION_COMPLETED"
 # `profile.csv` next to `results.json`; this is its summary for the run above:
 
 # %%
-from distkit.training import run_summary
+from distkit.reporting import run_summary
 
 print(run_summary(results))
 

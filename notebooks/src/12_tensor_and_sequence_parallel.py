@@ -6,7 +6,7 @@
 # Shoeybi et al. 2019) splits both parts over N ranks:
 #
 # - in the attention, each rank computes **its own heads**: `q`, `k` and `v` are split
-#   by output features (*column-wise*), the output projection `o` by input features
+#   by output features (*column-wise*), the output projection `proj` by input features
 #   (*row-wise*), and one all-reduce adds the partial outputs;
 # - in the MLP, the first `Linear` is split column-wise, the second row-wise, with one
 #   all-reduce at the end, as in notebook 11.
@@ -35,7 +35,8 @@ import torch.distributed as dist
 
 from distkit.lessons.pipeline import ActivationMeter
 from distkit.lessons.sharded import CommCounter, format_table
-from distkit.lessons.transformer import Block, largest_grad_difference, local_bytes
+from distkit.lessons.transformer import largest_grad_difference, local_bytes
+from distkit.models import Block
 from distkit.runner import run_per_rank
 
 cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -50,14 +51,15 @@ print(Block(DIM, HEADS))
 # %% [markdown]
 # ## 1. The block, and where it is cut
 #
-# `Block` (from `distkit.lessons.transformer`) is a GPT-2-style pre-norm block:
+# `Block` is the kit's own GPT block (`distkit.models.Block`, the one `distkit train
+# --model gpt` stacks), a GPT-2-style pre-norm block:
 # `x + attn(ln1(x))`, then `x + mlp(ln2(x))`. Its attention has separate `q`, `k`, `v`
 # projections and reshapes with `view(B, T, -1, head_dim)`: after the split a rank
 # holds `HEADS / TP` heads, and the module must not assume how many.
 #
 # The **plan** is a dict from a sub-module's name to how it is split. Two plans:
 #
-# - **TP**: `q`, `k`, `v` and `mlp.up` `ColwiseParallel()`; `o` and `mlp.down`
+# - **TP**: `q`, `k`, `v` and `mlp.fc` `ColwiseParallel()`; `attn.proj` and `mlp.proj`
 #   `RowwiseParallel()`. `PrepareModuleInput` on `attn` and `mlp` turns their (whole)
 #   input into a replicated `DTensor` before the three projections read it: then the
 #   backward adds the three projections' input gradients first and all-reduces **once**
@@ -78,15 +80,15 @@ from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInp
 
 def plan(sequence_parallel):
     split = {"attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-             "mlp.up": ColwiseParallel()}
+             "mlp.fc": ColwiseParallel()}
     if not sequence_parallel:
         whole = PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Replicate(),),
                                    use_local_output=False)
-        return split | {"attn": whole, "mlp": whole, "attn.o": RowwiseParallel(), "mlp.down": RowwiseParallel()}
+        return split | {"attn": whole, "mlp": whole, "attn.proj": RowwiseParallel(), "mlp.proj": RowwiseParallel()}
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     return split | {"ln1": SequenceParallel(), "ln2": SequenceParallel(), "attn": gather, "mlp": gather,
-                    "attn.o": RowwiseParallel(output_layouts=Shard(1)),
-                    "mlp.down": RowwiseParallel(output_layouts=Shard(1))}
+                    "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+                    "mlp.proj": RowwiseParallel(output_layouts=Shard(1))}
 
 
 def inputs():
@@ -138,7 +140,7 @@ def split_block(local_rank):
                            for module, counts in debug.comm_module_counts.items()},
             "moved": moved.log, "kept": kept.peak, "param_bytes": local_bytes(block),
             "shard shapes": {p: tuple(w.to_local().shape) for p, w in block.named_parameters()
-                             if p in ("attn.q.weight", "attn.o.weight", "mlp.up.weight", "mlp.down.weight")}}
+                             if p in ("attn.q.weight", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")}}
     return out
 
 
@@ -151,8 +153,8 @@ for rank, r in enumerate(ranks):
               + ", ".join(f"{k} {v:.1e}" for k, v in diffs.items()))
         assert all(v <= TOL for v in diffs.values()), (rank, name, diffs)
 print("shards on rank 0:", ranks[0]["TP"]["shard shapes"])
-assert ranks[0]["TP"]["shard shapes"] == {"attn.q.weight": (DIM // TP, DIM), "attn.o.weight": (DIM, DIM // TP),
-                                          "mlp.up.weight": (4 * DIM // TP, DIM), "mlp.down.weight": (DIM, 4 * DIM // TP)}
+assert ranks[0]["TP"]["shard shapes"] == {"attn.q.weight": (DIM // TP, DIM), "attn.proj.weight": (DIM, DIM // TP),
+                                          "mlp.fc.weight": (4 * DIM // TP, DIM), "mlp.proj.weight": (DIM, 4 * DIM // TP)}
 
 # %% [markdown]
 # Both splits give the one-process block's output, input gradient and every weight's
@@ -164,7 +166,7 @@ assert ranks[0]["TP"]["shard shapes"] == {"attn.q.weight": (DIM // TP, DIM), "at
 # `Partial()` until reduced).
 #
 # Rank 0 holds the first half of `q`'s output features (heads 0 and 1 of 4) and the
-# matching half of `o`'s input features; likewise `mlp.up` and `mlp.down`.
+# matching half of `attn.proj`'s input features; likewise `mlp.fc` and `mlp.proj`.
 #
 # ## 3. Collectives per layer, against the formulas
 #
@@ -173,8 +175,8 @@ assert ranks[0]["TP"]["shard shapes"] == {"attn.q.weight": (DIM // TP, DIM), "at
 #
 # | | forward | backward |
 # | --- | --- | --- |
-# | TP | 2 all-reduces of S: after `attn.o`, after `mlp.down` | 2 all-reduces of S: the input gradients of `attn` and `mlp` |
-# | TP + SP | 2 reduce-scatters of S (after `attn.o`, `mlp.down`), 2 all-gathers to S (inputs of `attn`, `mlp`) | the same, swapped: each all-gather's backward is a reduce-scatter and the reverse |
+# | TP | 2 all-reduces of S: after `attn.proj`, after `mlp.proj` | 2 all-reduces of S: the input gradients of `attn` and `mlp` |
+# | TP + SP | 2 reduce-scatters of S (after `attn.proj`, `mlp.proj`), 2 all-gathers to S (inputs of `attn`, `mlp`) | the same, swapped: each all-gather's backward is a reduce-scatter and the reverse |
 #
 # With ring algorithms on N ranks, an all-reduce of S puts 2(N−1)/N · S on each rank's
 # wire; a reduce-scatter or an all-gather (N−1)/N · S. So SP moves **the same bytes**
@@ -253,9 +255,9 @@ assert sp_wire == 4 * 2 * (TP - 1) / TP * S  # the same bytes, as the formulas s
 # %%
 D = DIM
 whole_params = sum(p.numel() for p in Block(DIM, HEADS).parameters())
-split_weights = 4 * D * D + 2 * 4 * D * D          # q, k, v, o; up, down
-split_biases = 3 * D + 4 * D                        # q, k, v; up (column-split)
-whole_parts = 2 * D + 2 * 2 * D                     # o, down biases; 2 norms' weight and bias
+split_weights = 4 * D * D + 2 * 4 * D * D          # q, k, v, proj; fc, proj
+split_biases = 3 * D + 4 * D                        # q, k, v; fc (column-split)
+whole_parts = 2 * D + 2 * 2 * D                     # the two proj biases; 2 norms' weight and bias
 assert split_weights + split_biases + whole_parts == whole_params
 predicted_params = 4 * ((split_weights + split_biases) // TP + whole_parts)
 norm_saves = 2 * (BATCH * SEQ * DIM + 2 * BATCH * SEQ) * 4
@@ -286,7 +288,7 @@ for r in ranks:
 # - **Activations**: TP keeps at most 70% of the unsharded block's (asserted; the table
 #   gives the measured share): the inside of attention and MLP is split. SP then saves exactly the norms'
 #   share, 2 × (B·T·D + 2·B·T) × 4 × (N−1)/N bytes (asserted to the byte). What is still
-#   whole under TP + SP is the all-gathered input that `q`, `k`, `v` and `mlp.up` keep
+#   whole under TP + SP is the all-gathered input that `q`, `k`, `v` and `mlp.fc` keep
 #   for their weight gradients (Megatron-LM re-gathers it in the backward instead, one
 #   more all-gather to save that memory).
 #

@@ -210,3 +210,79 @@ def set_ignite_verbosity(verbose: bool) -> quiet_ignite_logs:
     always. Call in every process that may log them (the launcher, and each rank).
     Returns the switch: ``.restore()`` puts the previous levels back."""
     return quiet_ignite_logs(logging.INFO if verbose else logging.WARNING)
+
+
+# --------------------------------------------------------------------------------------
+# The network interface that routes to the master
+# --------------------------------------------------------------------------------------
+
+# The variable each backend reads to choose the interface it binds to.
+SOCKET_IFNAME_VARIABLES = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+
+
+def interface_addresses() -> dict:
+    """``{interface name: IPv4 address}`` of this host's interfaces that have one (Linux:
+    ``SIOCGIFADDR``; elsewhere empty)."""
+    import fcntl
+    import struct
+
+    found = {}
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return found
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
+                                     struct.pack("256s", name.encode()[:15]))
+                found[name] = socket.inet_ntoa(packed[20:24])
+            except OSError:
+                continue
+    return found
+
+
+def interface_to(address: str) -> tuple[str, str] | None:
+    """``(interface, its address)`` this host would use to reach ``address`` (the kernel's
+    route, asked with a UDP ``connect``, which sends nothing); None when no route leads
+    there or the address does not resolve."""
+    try:
+        target = socket.getaddrinfo(address, 9, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(target)
+            source = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, ip in interface_addresses().items():
+        if ip == source:
+            return name, ip
+    return None
+
+
+def socket_interface(backend: str, master_addr: str | None, environ=os.environ) -> dict | None:
+    """What the process group of ``backend`` should bind to, to reach ``master_addr``:
+    ``{"variable", "interface", "address", "set_by"}`` (``set_by``: ``"you"`` when the
+    variable is already set, else ``"distkit"``), or None when nothing needs choosing
+    (no master address, or a backend that reads no such variable).
+
+    Why: gloo (and nccl's socket transport) find their own address by resolving this
+    host's name; on many clusters and cloud VMs the name resolves to nothing or to
+    127.0.0.1, gloo then binds to the loopback, and the other nodes cannot connect. The
+    interface whose address the kernel would use to reach the master is the one the
+    other nodes can reach us on. Raises a one-line ``DistkitError`` when no interface
+    routes there."""
+    variable = SOCKET_IFNAME_VARIABLES.get(backend)
+    if variable is None or not master_addr:
+        return None
+    if environ.get(variable):
+        return {"variable": variable, "interface": environ[variable], "address": None,
+                "set_by": "you"}
+    picked = interface_to(master_addr)
+    if picked is None:
+        have = ", ".join(f"{n} ({ip})" for n, ip in interface_addresses().items()) or "none"
+        raise DistkitError(
+            f"no network interface of this host routes to the master address {master_addr!r} "
+            f"(interfaces: {have}): check the address, or set {variable} to the interface "
+            "the other nodes reach this one on")
+    return {"variable": variable, "interface": picked[0], "address": picked[1],
+            "set_by": "distkit"}

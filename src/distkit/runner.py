@@ -43,7 +43,7 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
     are spawned and ``fn`` must be importable (defined in a module), unless
     ``start_method="fork"``."""
     from distkit.config import Config
-    from distkit.launch import preflight
+    from distkit.preflight import preflight
 
     if backend in ("nccl", "xla-tpu"):  # one line, before any process starts
         preflight(Config(backend=backend, nproc_per_node=nproc_per_node,

@@ -1,0 +1,94 @@
+"""Two real hosts: network namespaces on a veth pair (198.18.0.0/15, nothing routed
+outside them), each with its own hostname that resolves to nothing. The unchanged
+``torchrun --nnodes=2 ... -m distkit train`` on each trains with no hand-set interface
+variable: every process binds gloo to the interface that routes to the master. Needs
+root (``ip netns``); skipped with that reason elsewhere."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import subprocess_env
+from distkit.lessons.hosts import NamespaceHosts, unavailable
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
+PORT = 29400
+
+
+@pytest.fixture
+def hosts():
+    with NamespaceHosts() as made:
+        yield made
+
+
+def on_host(hosts, host, code):
+    """``python -c code`` on a namespace host; its stdout."""
+    out = subprocess.run(hosts.command(host, [sys.executable, "-c", code]), env=subprocess_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def torchrun_on(hosts, host, *args, output_dir, timeout_s=30):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={host}",
+           "--nproc_per_node=1", f"--master_addr={hosts.addresses[0]}", f"--master_port={PORT}",
+           "--monitor-interval=0.5", "-m", "distkit", "train", "--no-progress",
+           "--timeout", timeout_s, "--output-dir", output_dir, *args]
+    env = subprocess_env()
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # no hand-set interface
+        env.pop(name, None)
+    return subprocess.Popen(hosts.command(host, cmd), env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def test_each_host_picks_the_interface_that_routes_to_the_master(hosts):
+    code = (
+        "import os\n"
+        "from distkit.errors import DistkitError\n"
+        "from distkit.machine import socket_interface\n"
+        "from distkit.commands.doctor import network_interface\n"
+        "import socket\n"
+        f"print(socket.gethostname())\n"
+        f"print(socket_interface('gloo', {hosts.addresses[0]!r})['interface'])\n"
+        f"print(socket_interface('nccl', {hosts.addresses[0]!r})['variable'])\n"
+        f"print(socket_interface('gloo', 'x', {{'GLOO_SOCKET_IFNAME': 'eth7'}})['set_by'])\n"
+        "try:\n"
+        "    socket_interface('gloo', '10.1.2.3')\n"
+        "except DistkitError as e:\n"
+        "    print(e)\n"
+        f"print(network_interface({{'MASTER_ADDR': {hosts.addresses[0]!r}}}))\n")
+    lines = on_host(hosts, 1, code).splitlines()
+    assert lines[0] == "host-1"
+    assert lines[1:4] == [hosts.links[1], "NCCL_SOCKET_IFNAME", "you"]
+    assert lines[4] == (
+        f"no network interface of this host routes to the master address '10.1.2.3' "
+        f"(interfaces: lo (127.0.0.1), {hosts.links[1]} ({hosts.addresses[1]})): check the "
+        "address, or set GLOO_SOCKET_IFNAME to the interface the other nodes reach this one on")
+    # distkit doctor's line
+    assert lines[5] == (f"GLOO_SOCKET_IFNAME={hosts.links[1]} ({hosts.addresses[1]}, routes to "
+                        f"the master {hosts.addresses[0]}): what distkit sets on several nodes")
+    # the hostname resolves to nothing, as on the clusters this is for
+    assert subprocess.run(hosts.command(1, ["getent", "hosts", "host-1"])).returncode != 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_torchrun_on_two_namespace_hosts_trains_without_a_hand_set_interface(hosts, tmp_path):
+    procs = [torchrun_on(hosts, h, "--epochs", 1, output_dir=tmp_path / "runs") for h in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=360)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+    assert not any("loopback address as fallback" in o for o in outs)
+    (results,) = (tmp_path / "runs").glob("*/results.json")
+    res = json.loads(results.read_text())
+    assert res["world_size"] == 2 and res["nnodes"] == 2 and res["replicas_identical"]
+    # the thread rule counts ranks per host: one rank on each of two differently named
+    # hosts, so each takes all the cores it sees
+    assert res["threads_per_process"] == len(os.sched_getaffinity(0))

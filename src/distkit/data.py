@@ -27,7 +27,6 @@ from torch.utils.data import Dataset, Subset
 
 from distkit.errors import DistkitError
 
-NEEDS_DOWNLOAD = ("mnist", "cifar10")
 VAL_SIZE = 360  # digits/synthetic validation samples: divisible by 1, 2, 3, 4, 5, 6, 8
 
 

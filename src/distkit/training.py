@@ -48,7 +48,7 @@ def initialize(config, task: Task | None = None):
     task = resolve_task(task if task is not None else config)
     manual_seed(config.seed)
     # ddp: idist.auto_model; fsdp: fully_shard per layer (distkit.strategies)
-    model = prepare_model(task.model(config), getattr(config, "strategy", "ddp"))
+    model = prepare_model(task.model(config), config.strategy)
     optimizer = idist.auto_optim(task.optimizer(model.parameters(), config))
     criterion = task.loss().to(idist.device())
     return model, optimizer, criterion
@@ -300,11 +300,12 @@ def _with_train_loss(trainer):
     @trainer.on(Events.EPOCH_STARTED)
     def reset_loss_sum(engine):
         engine.state.loss_sum = 0.0
-        engine.state.loss_steps_start = engine.state.iteration
+        # a run resumed mid-epoch starts its first epoch late: fewer batches in the mean
+        engine.state.epoch_start_iteration = engine.state.iteration
 
     @trainer.on(Events.EPOCH_COMPLETED)
     def mean_train_loss(engine):
-        steps = idist.all_reduce(float(engine.state.iteration - engine.state.loss_steps_start))
+        steps = idist.all_reduce(float(engine.state.iteration - engine.state.epoch_start_iteration))
         engine.state.metrics["train_loss"] = idist.all_reduce(engine.state.loss_sum) / max(steps, 1)
 
     return trainer
@@ -456,17 +457,13 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
 
     profiler = profiling.attach(trainer) if config.profile else None
 
-    @trainer.on(Events.EPOCH_STARTED)
-    def mark_epoch_start(engine):  # a run resumed mid-epoch starts its first epoch late
-        engine.state.epoch_start_iteration = engine.state.iteration
-
     @trainer.on(Events.EPOCH_COMPLETED)
     def validate(engine):
         state = evaluator.run(val_loader)
         history.append({
             "epoch": engine.state.epoch,
             "train_loss": engine.state.metrics["train_loss"],
-            # batches in train_loss's mean: fewer than the epoch's after a mid-epoch resume
+            # batches in train_loss's mean (create_trainer marks where the epoch started)
             "train_loss_iterations": engine.state.iteration - engine.state.epoch_start_iteration,
             **{f"val_{name}": _jsonable(value) for name, value in state.metrics.items()},
             "epoch_time_s": engine.state.times["EPOCH_COMPLETED"],
@@ -482,15 +479,18 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     if lr_event == Events.EPOCH_COMPLETED:
         trainer.add_event_handler(lr_event, _step_scheduler(lr_scheduler))
 
-    def score(_=None):
-        """The task's score, signed so that larger is better (what ignite's handlers want)."""
-        return task.sign() * history[-1][f"val_{task.score[0]}"]
+    def score(engine):
+        """The task's score in the evaluator's metrics, signed so that larger is better
+        (what ignite's handlers want)."""
+        return task.sign() * float(engine.state.metrics[task.score[0]])
 
+    # Early stopping and the best model read the evaluator's metrics when it completes, as
+    # ignite's examples attach them: they cannot run before the validation they judge.
     if config.early_stopping_patience > 0:
         stopper = EarlyStopping(
             patience=config.early_stopping_patience, min_delta=config.early_stopping_min_delta,
             score_function=score, trainer=trainer)
-        trainer.add_event_handler(Events.EPOCH_COMPLETED, stopper)
+        evaluator.add_event_handler(Events.COMPLETED, stopper)
 
     # Checkpoint must exist on every rank (XLA saves collectively); DiskSaver writes on
     # rank 0 only, atomically (temporary file, then rename).
@@ -511,7 +511,7 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     best = Checkpoint(
         {"model": saved_model}, checkpoint_saver(os.path.join(run_dir, "best")),
         filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0])
-    trainer.add_event_handler(Events.EPOCH_COMPLETED, best)
+    evaluator.add_event_handler(Events.COMPLETED, best)
 
     if config.max_iters is not None:
         @trainer.on(Events.ITERATION_COMPLETED)

@@ -21,7 +21,7 @@ import pytest
 from distkit.lessons.multinode import clean_env, log_tail
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = {"README.md": ["val accuracy"], "docs/course.md": ["val mse", "2 ranks, last loss"]}
+DOCS = {"README.md": ["val accuracy"], "docs/course.md": ["val mse", "2 ranks, 2 epochs, test loss"]}
 FILE = re.compile(r"^# file: (\w+\.py)")
 
 

@@ -73,6 +73,10 @@ class Config:
     task: Optional[str] = None
     """A course's own task, ``module:attr`` or ``path/to/file.py:attr`` naming a
     ``distkit.Task``; it replaces ``dataset`` and ``model`` (see ``distkit.tasks``)."""
+    task_settings: dict = dataclasses.field(default_factory=dict)
+    """The task's own settings, ``{name: value}`` (``--set name=value``): names the task
+    declares in ``Task(settings=...)``; the launcher completes them with the task's
+    defaults, and the task's functions read ``config.task_settings[name]``."""
     epochs: int = 10
     batch_size: int = 64
     """GLOBAL batch: summed over all processes. Each process gets batch_size // world_size."""
@@ -129,6 +133,10 @@ class Config:
         check_logger_installed(self.logger)
         _choice("strategy", self.strategy, STRATEGIES)
         check_strategy(self.strategy, self.backend)
+        if not isinstance(self.task_settings, dict) or not all(
+                isinstance(k, str) for k in self.task_settings):
+            raise DistkitError(f"Config.task_settings must be a dict {{name: value}}, got "
+                               f"{self.task_settings!r}: e.g. task_settings={{'hidden': 64}}")
         for name, low, high in _WHOLE_NUMBERS:
             _whole(name, getattr(self, name), low, high)
         for name, low, low_open, high, high_open in _REAL_NUMBERS:

@@ -27,7 +27,6 @@ from torch.utils.data import Dataset, Subset
 
 from distkit.errors import DistkitError
 
-NEEDS_DOWNLOAD = ("mnist", "cifar10")
 VAL_SIZE = 360  # digits/synthetic validation samples: divisible by 1, 2, 3, 4, 5, 6, 8
 
 
@@ -231,9 +230,10 @@ def dataset_info(name: str) -> dict:
     }[name]
 
 
-def get_dataflow(config, datasets=None):
+def get_dataflow(config, datasets=None, collate_fn=None):
     """Train and validation loaders for this process, from ``datasets`` (a pair of
-    (train, validation) datasets; default: :func:`get_datasets`).
+    (train, validation) datasets; default: :func:`get_datasets`); ``collate_fn`` (a
+    task's own) goes to both loaders.
 
     ``auto_dataloader`` divides the GLOBAL ``batch_size`` and ``num_workers`` by the
     world size and adds a ``DistributedSampler`` (shuffling the training set). In one
@@ -249,11 +249,12 @@ def get_dataflow(config, datasets=None):
     """
     train_set, val_set = datasets if datasets is not None else get_datasets(config)
     pin = idist.device().type == "cuda"
+    extra = {"collate_fn": collate_fn} if collate_fn is not None else {}
     train_loader = idist.auto_dataloader(
         train_set, batch_size=config.batch_size, num_workers=config.num_workers,
-        shuffle=True, drop_last=False, pin_memory=pin)
+        shuffle=True, drop_last=False, pin_memory=pin, **extra)
     val_loader = validation_loader(val_set, 2 * config.batch_size, config.num_workers,
-                                   pin_memory=pin)
+                                   pin_memory=pin, **extra)
     return train_loader, val_loader
 
 

@@ -31,7 +31,7 @@ from distkit.config import Config
 from distkit.errors import DistkitError
 from distkit.failures import (RankFailed, Reporter, default_folder, for_function_callers,
                               report_from_worker, run_reporting)
-from distkit.machine import (in_ipython, launched_externally, ranks_on_this_host,
+from distkit.machine import (in_ipython, inside_launch, launched_externally, ranks_on_this_host,
                              set_ignite_verbosity, socket_interface, threads_per_process)
 from distkit.preflight import check_picklable, default_nproc, preflight, resolve_backend
 from distkit.tasks import resolve_task
@@ -41,7 +41,7 @@ def run(config, task=None) -> dict | None:
     """Run :func:`distkit.training.training` on ``task`` (default: ``config.task``, else
     the built-in task of ``config.dataset`` x ``config.model``) as the config says: spawn
     ``nproc_per_node`` processes, or join the torchrun / SLURM launch this process is part
-    of. Returns rank 0's results (None on the other ranks of an external launch).
+    of. Returns rank 0's results (on every rank of a torchrun / SLURM launch).
 
     Spawned processes receive ``task`` by pickling: its functions must be defined at the
     top level of a module (or of the script, guarded as below), not as lambdas::
@@ -54,6 +54,7 @@ def run(config, task=None) -> dict | None:
     """
     try:
         task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
+        config = task.configure(config)  # its own settings (--set), complete and typed
         spawning = config.nproc_per_node is not None or not launched_externally()
         config = preflight(config, spawning, task)
         check_output_dir(config.output_dir)
@@ -61,7 +62,8 @@ def run(config, task=None) -> dict | None:
         e.every_rank = True  # under torchrun every rank fails here alike: one of them says so
         raise
     if not spawning:
-        return _join(config, Reporter(config, verbose=config.verbose), training, config, task)
+        return _join(config, Reporter(config, verbose=config.verbose), _training_everywhere,
+                     config, task)
     if config.backend == "none":
         config.run_dir = make_run_dir(config.output_dir, "none", 1)
         return training(0, config, task)
@@ -79,7 +81,8 @@ def run(config, task=None) -> dict | None:
 def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None = None,
                     nnodes: int = 1, node_rank: int | None = None, master_addr: str | None = None,
                     master_port: int | None = None, timeout_s: float = 120.0,
-                    threads_per_process: int | None = None, verbose: bool = False):
+                    threads_per_process: int | None = None, verbose: bool = False,
+                    all_ranks: bool = False):
     """Run any training function ``fn(local_rank, *args)`` (ignite's examples write
     ``training(local_rank, config)``) on every rank, the way :func:`run` runs the kit's:
     the same checks before any process starts, a free port, threads pinned to each
@@ -87,35 +90,39 @@ def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None
     dies or raises reported in one line (``DistkitError``) naming it, with the exception's
     type, first line and ``file:line``; the rank's full traceback goes to a file whose
     path the line gives (``verbose=True`` prints it too). Inside a torchrun / SLURM
-    launch (and no ``nproc_per_node``) it joins the launch instead of spawning.
+    launch it joins the launch instead of spawning (``nproc_per_node`` is then the
+    launcher's to set, and ignored here).
 
-    Returns ``fn``'s return value in a joined or single (``backend="none"``) process;
-    None after spawning (write results to files on rank 0, as ignite's examples do).
-    ``fn`` and ``args`` must pickle (top-level functions of a module or of a script
-    guarded by ``if __name__ == "__main__":``)::
+    Returns what ``fn`` returned on rank 0, everywhere: to the caller after spawning, and
+    on every rank of a joined launch; with ``all_ranks=True``, the list of every rank's
+    return value (index = rank; after spawning with ``nnodes > 1``: this node's ranks,
+    the others None). Return values must pickle. ``fn`` and ``args`` must pickle too
+    (top-level functions of a module or of a script guarded by ``if __name__ ==
+    "__main__":``)::
 
         import ignite.distributed as idist
         from distkit import launch_function
 
         def training(local_rank, config):
             total = idist.all_reduce(idist.get_rank() + 1)
-            if idist.get_rank() == 0:
-                print(f"{idist.get_world_size()} ranks, sum of ranks+1 = {total}")
+            return f"{idist.get_world_size()} ranks, sum of ranks+1 = {total}"
 
         if __name__ == "__main__":
-            launch_function(training, {"lr": 0.1}, backend="gloo", nproc_per_node=2)
+            print(launch_function(training, {"lr": 0.1}, backend="gloo", nproc_per_node=2))
     """
     try:
         return _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, master_addr,
-                                master_port, timeout_s, threads_per_process, verbose)
+                                master_port, timeout_s, threads_per_process, verbose, all_ranks)
     except DistkitError as e:  # its callers pass parameters, not distkit train's flags
         e.args = (for_function_callers(str(e)),)
         raise
 
 
 def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, master_addr,
-                     master_port, timeout_s, threads_per_process, verbose):
-    spawning = nproc_per_node is not None or not launched_externally()
+                     master_port, timeout_s, threads_per_process, verbose, all_ranks):
+    spawning = not inside_launch() and (nproc_per_node is not None or not launched_externally())
+    if not spawning:
+        nproc_per_node = None  # torchrun / srun started the processes: join them
     nproc = nproc_per_node
     if spawning and nproc is None:
         nproc = default_nproc(resolve_backend(backend))
@@ -128,17 +135,78 @@ def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, maste
                               batch_size=max(1, world)),
                        spawning)
     if not spawning:
-        return _join(config, Reporter(verbose=verbose), _pinned, fn, config.threads_per_process,
-                     *args)
+        return _join(config, Reporter(verbose=verbose), _shared_result, fn,
+                     config.threads_per_process, all_ranks, *args)
     if config.backend == "none":
-        return _pinned(0, fn, config.threads_per_process, *args)
+        value = _pinned(0, fn, config.threads_per_process, *args)
+        return [value] if all_ranks else value
     check_picklable("the training function and its arguments", (fn, args))
     if _fork_is_safe(config):
         config = fork_threads(config)
-    # no run folder here: the ranks' tracebacks go to one temporary folder of this launch
-    _spawn(config, Reporter(folder=default_folder(), verbose=verbose), _pinned, fn,
-           config.threads_per_process, *args)
-    return None
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="distkit-results-") as folder:
+        # no run folder here: the ranks' tracebacks go to one temporary folder of this launch
+        _spawn(config, Reporter(folder=default_folder(), verbose=verbose), _recorded, fn,
+               config.threads_per_process, folder, all_ranks, *args)
+        return _read_recorded(folder, config, all_ranks)
+
+
+def _training_everywhere(local_rank, config, task):
+    """``training`` in a joined rank; rank 0's results handed to every rank (a script
+    written for spawn, ``results["final"]...``, then runs unchanged under torchrun)."""
+    results = training(local_rank, config, task)
+    if idist.get_world_size() == 1:
+        return results
+    text = idist.broadcast(json.dumps(results, default=str) if idist.get_rank() == 0 else "",
+                           src=0, safe_mode=True)
+    return results if idist.get_rank() == 0 else json.loads(text)
+
+
+def _shared_result(local_rank, fn, threads, all_ranks, *args):
+    """``fn`` in a joined rank; rank 0's value (or every rank's) handed to every rank."""
+    value = _pinned(local_rank, fn, threads, *args)
+    if idist.get_world_size() == 1 or idist.backend() == "xla-tpu":  # XLA: no object collectives
+        return [value] if all_ranks else value
+    import torch.distributed as dist
+
+    if all_ranks:
+        values = [None] * idist.get_world_size()
+        dist.all_gather_object(values, value)
+        return values
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _recorded(local_rank, fn, threads, folder, all_ranks, *args):
+    """``fn`` in a spawned rank; its value written to ``folder`` (rank 0's, or every rank's)."""
+    import pickle
+
+    value = _pinned(local_rank, fn, threads, *args)
+    if all_ranks or idist.get_rank() == 0:
+        path = os.path.join(folder, f"rank{idist.get_rank()}.pkl")
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(value, f)
+        os.replace(path + ".tmp", path)  # the launcher never reads half a file
+    return value
+
+
+def _read_recorded(folder, config, all_ranks):
+    import pickle
+
+    def read(rank):
+        path = os.path.join(folder, f"rank{rank}.pkl")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+    if all_ranks:
+        first = (config.node_rank or 0) * config.nproc_per_node
+        mine = range(first, first + config.nproc_per_node)
+        return [read(r) if r in mine else None for r in range(config.nproc_per_node * config.nnodes)]
+    return read(0)
 
 
 def _pinned(local_rank, fn, threads, *args):

@@ -101,7 +101,8 @@ def preflight(config, spawning: bool, task=None):
             "starts the processes itself: drop --nproc-per-node (torchrun's --nproc_per_node "
             "sets the count), or run distkit train without torchrun")
     backend = resolve_backend(config.backend)
-    check_strategy(config.strategy, backend)  # --backend auto on a TPU, too
+    if config.backend == "auto":  # validate() checked the strategy against a named backend
+        check_strategy(config.strategy, backend)
     nproc = config.nproc_per_node
     if spawning and nproc is None:
         nproc = default_nproc(backend)
@@ -120,7 +121,8 @@ def preflight(config, spawning: bool, task=None):
     if not spawning and "WORLD_SIZE" in os.environ:
         config.check_batch_fits(int(os.environ["WORLD_SIZE"]))
     if spawning:
-        config.check_batch_fits(nproc * config.nnodes)
+        if config.nproc_per_node is None:  # else validate() checked it
+            config.check_batch_fits(nproc * config.nnodes)
         if config.nnodes == 1 and config.master_port is None:
             config.master_port = free_port()
         elif config.node_rank in (None, 0) and config.master_port is not None:

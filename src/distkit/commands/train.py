@@ -40,6 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--task", default=None, metavar="MODULE:ATTR",
                    help="a course's own distkit.Task: module:attr (module importable from the "
                         "current folder) or path/to/file.py:attr; replaces --dataset/--model")
+    g.add_argument("--set", dest="task_settings", action="append", default=[],
+                   metavar="NAME=VALUE",
+                   help="a setting of the --task's own (declared in Task(settings=...)), e.g. "
+                        "--set hidden=64 --set max_norm=1.0; repeat for each")
     g.add_argument("--dataset", choices=DATASETS, default=DEFAULTS.dataset,
                    help="digits and synthetic need no download")
     g.add_argument("--data-dir", default=DEFAULTS.data_dir)
@@ -97,11 +101,27 @@ def config_from_args(args) -> Config:
     (``DATASET_DEFAULTS``), else Config's."""
     fields = Config.__dataclass_fields__
     given = {k: v for k, v in vars(args).items() if k in fields}
+    given["task_settings"] = parse_settings(given.get("task_settings") or [])
     for k, v in DATASET_DEFAULTS.get(given.get("dataset"), {}).items():
         if given.get(k) is None:
             given[k] = v
     return Config(**{k: v for k, v in given.items()
                      if v is not None or fields[k].default is None})
+
+
+def parse_settings(pairs) -> dict:
+    """``["hidden=64", "max_norm=1.0"]`` -> ``{"hidden": "64", "max_norm": "1.0"}`` (the task
+    converts each to its default's type before any process starts)."""
+    from distkit.errors import DistkitError
+
+    settings = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or not name.isidentifier():
+            raise DistkitError(f"--set {pair!r} is not NAME=VALUE: give e.g. --set hidden=64")
+        settings[name] = value
+    return settings
 
 
 def main(args) -> int:

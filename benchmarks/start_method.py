@@ -22,7 +22,7 @@ def worker(local_rank, out):
 
 if __name__ == "__main__":
     method, out = sys.argv[1], sys.argv[2]
-    from distkit.launch import free_port
+    from distkit.machine import free_port
     with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port(), start_method=method) as p:
         p.run(worker, out)
     ready = json.load(open(out))["ready_unix_s"] - T0

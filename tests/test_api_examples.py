@@ -21,7 +21,7 @@ import pytest
 from distkit.lessons.multinode import clean_env, log_tail
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = {"README.md": ["val accuracy"], "docs/course.md": ["val mse", "2 ranks, last loss"]}
+DOCS = {"README.md": ["val accuracy"], "docs/course.md": ["val mse", "2 ranks, 2 epochs, test loss"]}
 FILE = re.compile(r"^# file: (\w+\.py)")
 
 
@@ -69,7 +69,8 @@ def test_doc_examples_run_as_scripts_under_spawn(doc, tmp_path):
 
 # --- docstrings of the public API ---------------------------------------------------------
 
-DOCTESTED = ["distkit.tasks", "distkit.training", "distkit.data"]
+DOCTESTED = ["distkit.tasks", "distkit.training", "distkit.data", "distkit.preflight", "distkit.machine",
+             "distkit.reporting", "distkit.models"]
 # public callables whose docstring example is a script (a literal block after "::")
 SCRIPTED = {"distkit.launch:run": "val accuracy", "distkit.launch:launch_function": "2 ranks",
             "distkit.tasks": None}

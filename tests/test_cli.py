@@ -230,11 +230,11 @@ def test_doctor_reports_versions_hardware_launcher_variables_and_repairs():
 
 
 def test_a_logger_whose_package_is_missing_stops_before_any_process(monkeypatch, run_cli):
-    from distkit import tracking
+    from distkit import config as config_module
     from distkit.config import Config
     from distkit.errors import DistkitError
 
-    monkeypatch.setitem(tracking.PACKAGES, "tensorboard", "distkit_no_such_package")
+    monkeypatch.setitem(config_module.LOGGER_PACKAGES, "tensorboard", "distkit_no_such_package")
     with pytest.raises(DistkitError, match=r"--logger tensorboard needs the distkit_no_such_package package.*pip install"):
         Config(logger="tensorboard").validate()
     out = run_cli("train", "--logger", "wandb")

@@ -9,7 +9,7 @@ import torch
 
 from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.launch import preflight
+from distkit.preflight import preflight
 
 FAST = 30  # seconds: "within seconds", with room for a busy 2-core machine
 

@@ -671,6 +671,15 @@ def test_every_exercise_has_three_wrong_answers():
     assert all(c >= 3 for c in counts.values()), counts
 
 
+# exercises 12-14 (the transformer track): their wrong answers live in files of their own
+from wrong_answers_parallel import WRONG_ANSWERS_12_13  # noqa: E402
+
+WRONG_ANSWERS += WRONG_ANSWERS_12_13
+from wrong_answers_flops import WRONG_ANSWERS_14  # noqa: E402
+
+WRONG_ANSWERS += WRONG_ANSWERS_14
+
+
 @pytest.fixture(scope="module")
 def wrong_answer_results(tmp_path_factory):
     """Grade the wrong answers in rounds (one file per exercise and round), one pytest
@@ -696,7 +705,7 @@ def wrong_answer_results(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)  # the first test also grades every wrong answer (the fixture): 8 rounds of checks
 @pytest.mark.parametrize("number,name,expected", [(n, w, e) for n, w, _, e in WRONG_ANSWERS],
                          ids=[f"{n}-{w}" for n, w, _, _ in WRONG_ANSWERS])
 def test_wrong_answer_is_rejected_with_the_learners_message(wrong_answer_results, number, name,

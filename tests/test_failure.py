@@ -19,7 +19,7 @@ from conftest import REPO_ROOT, subprocess_env
 from distkit.lessons import failure
 from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.launch import free_port
+from distkit.machine import free_port
 from distkit import checkpoint
 from distkit.checkpoint import load_checkpoint
 

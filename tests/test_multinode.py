@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import subprocess_env
-from distkit.launch import free_port
+from distkit.machine import free_port
 
 
 @pytest.mark.slow

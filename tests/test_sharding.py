@@ -309,7 +309,7 @@ def test_docstring_example_runs_as_a_script_under_spawn(tmp_path, module):
 def test_quiet_ignite_logs_restores_levels():
     import logging
 
-    from distkit.runner import IGNITE_LOGGERS, quiet_ignite_logs
+    from distkit.machine import IGNITE_LOGGERS, quiet_ignite_logs
 
     before = {n: logging.getLogger(n).level for n in IGNITE_LOGGERS}
     with quiet_ignite_logs():
@@ -319,7 +319,7 @@ def test_quiet_ignite_logs_restores_levels():
 
 QUIET_THEN_LOUD = """
 import torch, ignite.distributed as idist
-from distkit.runner import quiet_ignite_logs
+from distkit.machine import quiet_ignite_logs
 data = torch.utils.data.TensorDataset(torch.arange(8.0))
 with quiet_ignite_logs():
     idist.auto_dataloader(data, batch_size=4)   # hidden
@@ -341,10 +341,10 @@ def test_ignite_logs_again_after_the_block():
     assert done.stderr.count("auto_dataloader INFO: Use data loader kwargs") == 1, done.stderr
 
 
-def test_runner_doctests_pass():
+def test_machine_doctests_pass():
     import doctest
 
-    import distkit.runner
+    import distkit.machine
 
-    result = doctest.testmod(distkit.runner)
+    result = doctest.testmod(distkit.machine)
     assert result.attempted >= 4 and result.failed == 0

@@ -12,10 +12,10 @@ import torch
 
 from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.launch import (check_port_free, default_nproc, describe_process_failure,
-                            free_port, preflight, resolve_backend)
+from distkit.launch import describe_process_failure
+from distkit.preflight import default_nproc, preflight, resolve_backend
 from distkit.checkpoint import make_run_dir
-from distkit.launch import threads_per_process
+from distkit.machine import check_port_free, free_port, threads_per_process
 from distkit.training import create_lr_scheduler, peak_lr
 
 
@@ -106,3 +106,21 @@ def test_doctor_reports_and_recommends(tmp_path):
     info = json.loads(out.stdout)
     assert info["cores"] >= 1 and info["cuda_available"] is False and "gloo" in info["backends"]
     assert info["recommended"]["command"] == "distkit train --backend gloo --nproc-per-node 2"
+
+
+def test_early_stopping_and_best_model_judge_the_evaluators_metrics(tmp_path):
+    """Both are attached to the evaluator's COMPLETED event and read its metrics: they
+    work whatever order the trainer's epoch handlers run in."""
+    import os
+
+    from distkit.training import training
+
+    cfg = Config(backend="none", model="mlp", epochs=4, progress_bar=False,
+                 output_dir=str(tmp_path), early_stopping_patience=1,
+                 early_stopping_min_delta=100.0)  # no epoch can improve by 100: stop after 2
+    results = training(0, cfg)
+    assert results["epochs_completed"] == 2
+    best = results["best_model"]
+    assert os.path.exists(best) and os.path.dirname(best).endswith("best")
+    first_loss = results["history"][0]["val_loss"]  # the best of two epochs, by val loss
+    assert f"loss={-min(first_loss, results['final']['val_loss']):.4f}" in os.path.basename(best)

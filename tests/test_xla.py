@@ -20,7 +20,10 @@ import pytest
 
 from conftest import REPO_ROOT
 
-pytestmark = [pytest.mark.xla, pytest.mark.slow]
+pytestmark = [pytest.mark.xla, pytest.mark.slow,
+              pytest.mark.side_env("the torch-xla environment ~/.cache/distkit/xla-venv "
+                                   "(scripts/make_xla_env.sh: torch 2.9.0 + torch-xla, about 7.4 GB, "
+                                   "4.5 min the first time)")]
 
 ENV_BUILD_TIMEOUT_S = 1500  # first build: ~7 GB of wheels; reused (cached) afterwards
 
@@ -134,7 +137,7 @@ def test_import_distkit_applies_every_shim_and_the_pitfalls_show(xla_python, tmp
         from distkit.compat import APPLIED
         from distkit.config import Config
         from distkit.errors import DistkitError
-        from distkit.launch import default_nproc, preflight
+        from distkit.preflight import default_nproc, preflight
         from distkit.lessons import xla_pitfalls as xp
         out = {"applied": APPLIED, "rank": idist.get_rank(), "backend": idist.backend(),
                "runtime_started": torch_xla._XLAC._xla_runtime_is_initialized(),

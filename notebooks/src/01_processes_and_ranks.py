@@ -27,7 +27,7 @@ import ignite.distributed as idist
 import torch
 
 from distkit import plots
-from distkit.launch import free_port
+from distkit.machine import free_port
 from distkit.lessons import collectives
 
 logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)  # its INFO lines
@@ -45,7 +45,7 @@ print(f"torch {torch.__version__}, ignite {ignite.__version__}, "
 #
 # Every launch in this kit passes `master_port`: the processes meet on that TCP port.
 # ignite's default is a fixed 2222, which fails when anything else on this machine
-# (another notebook, another user) holds it; `distkit.launch.free_port()` asks the
+# (another notebook, another user) holds it; `distkit.machine.free_port()` asks the
 # operating system for a free one.
 
 # %%

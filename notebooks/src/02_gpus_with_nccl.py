@@ -23,7 +23,7 @@ import torch
 from distkit.lessons import collectives
 from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.launch import preflight
+from distkit.preflight import preflight
 
 gpus = torch.cuda.device_count()  # asks the driver (NVML); CUDA itself stays untouched here
 backend, nproc = ("nccl", gpus) if gpus else ("gloo", 2)

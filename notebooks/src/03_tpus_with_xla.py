@@ -66,7 +66,7 @@ from distkit.lessons.collectives import process_info, run_per_rank
 
 print("shims applied by import distkit:", distkit.compat.APPLIED)
 if ON_TPU:
-    from distkit.launch import default_nproc
+    from distkit.preflight import default_nproc
 
     nproc = default_nproc("xla-tpu")  # every XLA device of this host, counted without opening the TPU
     print(f"{nproc} XLA device(s) on this host: {nproc} replica(s)")
@@ -79,7 +79,7 @@ if ON_TPU:
 # the host (every device: torch-xla starts one process per chip, and on TPU v2/v3,
 # which have two cores per chip, one thread per core); no `master_addr` / `master_port`
 # (PJRT finds its peers itself); and the launching process must not use the TPU first.
-# `distkit.launch.default_nproc("xla-tpu")` counts the devices, and any other count is
+# `distkit.preflight.default_nproc("xla-tpu")` counts the devices, and any other count is
 # refused in one line before anything starts.
 
 # %%
@@ -211,7 +211,7 @@ else:
     from distkit.launch import run
     import tempfile
 
-    from distkit.training import run_summary
+    from distkit.reporting import run_summary
 
     results = run(Config(backend="xla-tpu", nproc_per_node=nproc, epochs=5, progress_bar=False,
                          output_dir=tempfile.mkdtemp(prefix="distkit-03-")))  # never into the repository

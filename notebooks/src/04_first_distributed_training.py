@@ -29,10 +29,9 @@ from ignite.utils import manual_seed, setup_logger
 import distkit
 from distkit import plots
 from distkit.data import digits_dataset, split
-from distkit.launch import free_port, threads_per_process
 from distkit.lessons import cores
+from distkit.machine import free_port, quiet_ignite_logs, threads_per_process
 from distkit.models import get_model
-from distkit.sharding import quiet_ignite_logs
 
 quiet_ignite_logs()  # ignite's INFO lines about spawning and loader arguments
 workdir = tempfile.mkdtemp(prefix="distkit-04-")  # every run of this notebook writes here, never into the repository
@@ -277,9 +276,10 @@ import statistics
 import subprocess
 import sys
 
-from distkit.training import run_summary
+from distkit.reporting import run_summary
 from distkit.config import Config
-from distkit.launch import default_nproc, read_results, resolve_backend, run
+from distkit.launch import read_results, run
+from distkit.preflight import default_nproc, resolve_backend
 
 backend = resolve_backend("auto")
 nproc = default_nproc(backend)

@@ -11,7 +11,8 @@
 #    overlap, coverage, the padding `DistributedSampler` adds, what `drop_last` removes,
 #    and whether the order changes between epochs, with a picture of it;
 # 3. the check on a dataset the kit has never seen, and on a planted bug it must catch;
-# 4. the same check from the command line: `distkit shard-check`.
+# 4. the same check from the command line: `distkit shard-check`;
+# 5. what the padding does to validation metrics, and the kit's unpadded loader.
 #
 # Hardware: any CPU. Backend: `gloo`.
 
@@ -235,6 +236,90 @@ assert shard_check("--dataset-size", 1001, "--nproc-per-node", 3, "--batch-size"
 assert shard_check("--dataset-size", 100, "--nproc-per-node", 2, "--plant-overlap") == 1
 
 # %% [markdown]
+# ## 5. Validation: the padding changes the metrics
+#
+# For training, one repeated sample per epoch is harmless. For **validation** it is a
+# wrong number: ignite's metrics (`Accuracy`, `Loss`) sum over every batch each rank
+# saw and all-reduce the sums at `compute()`, so the padded duplicate is counted too, and
+# the metric moves with the world size. A small model with BatchNorm, trained for a
+# moment in this process, is evaluated on 101 digits: once in this process, then with
+# `create_supervised_evaluator` on 2 and 3 processes over `idist.auto_dataloader`'s
+# loader, and over the kit's `distkit.data.validation_loader`, which gives each rank
+# every N-th sample unpadded (in the same number of batches on every rank, so a DDP
+# model's buffer broadcast in `forward` never waits on a rank that has finished). A
+# `Metric` with `sync_all_reduce` counts the samples the metrics saw.
+
+# %%
+from ignite.engine import create_supervised_evaluator
+from ignite.metrics import Accuracy, Loss, Metric
+from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
+
+from distkit.data import validation_loader
+
+
+class SampleCount(Metric):
+    @reinit__is_reduced
+    def reset(self):
+        self._count = torch.tensor(0.0, dtype=torch.float64)
+
+    @reinit__is_reduced
+    def update(self, output):
+        self._count += len(output[1])
+
+    @sync_all_reduce("_count")
+    def compute(self):
+        return int(self._count.item())
+
+
+torch.manual_seed(0)
+net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
+                          torch.nn.ReLU(), torch.nn.Linear(32, 10))
+opt = torch.optim.SGD(net.parameters(), lr=0.1)
+train_x = torch.stack([digits[i][0] for i in range(200, 1000)])
+train_y = torch.stack([digits[i][1] for i in range(200, 1000)])
+for step in range(40):  # a few plain steps: a model that is right about 80-90% of the time
+    batch = slice(step % 40 * 20, step % 40 * 20 + 20)
+    opt.zero_grad()
+    torch.nn.functional.cross_entropy(net(train_x[batch]), train_y[batch]).backward()
+    opt.step()
+net.eval()
+val101 = Subset(digits, range(101))
+
+
+def evaluate(loader_kind):
+    loader = (idist.auto_dataloader(val101, batch_size=32, shuffle=False) if loader_kind == "ignite"
+              else validation_loader(val101, batch_size=32))
+    metrics = {"accuracy": Accuracy(), "loss": Loss(torch.nn.CrossEntropyLoss()), "count": SampleCount()}
+    return create_supervised_evaluator(net, metrics=metrics).run(loader).metrics
+
+
+one = evaluate("kit")  # in this process: no process group, plain loader
+rows = {(1, "-"): one}
+for world in (2, 3):
+    for kind in ("ignite", "kit"):
+        rows[(world, kind)] = run_on_ranks(lambda r: evaluate(kind), world)
+print(f"{'processes':>9}  {'loader':7} {'samples':>7} {'accuracy':>9} {'loss':>9}  accuracy - 1 process")
+for (world, kind), m in rows.items():
+    print(f"{world:9d}  {kind:7} {m['count']:7d} {m['accuracy']:9.5f} {m['loss']:9.5f}  "
+          f"{m['accuracy'] - one['accuracy']:+.5f}")
+
+# %% [markdown]
+# With `auto_dataloader` the metrics count 102 samples on 2 processes and on 3 (101 is
+# padded up to a multiple of the world size), and the values differ from one process's
+# whenever a repeated sample is scored differently from the average; with the kit's loader
+# every world size counts 101 and matches the single process to rounding. `distkit.training`
+# validates with `validation_loader`. The next cell checks the table.
+
+# %%
+assert one["count"] == 101
+for world in (2, 3):
+    assert rows[(world, "ignite")]["count"] == 102
+    kit = rows[(world, "kit")]
+    assert kit["count"] == 101
+    assert abs(kit["accuracy"] - one["accuracy"]) < 1e-9 and abs(kit["loss"] - one["loss"]) < 1e-6
+print("the kit's loader counts every sample once and matches 1 process; ignite's default counts 102")
+
+# %% [markdown]
 # ## What you saw
 #
 # - `auto_dataloader` divides the global batch and the workers, inserts a
@@ -245,6 +330,9 @@ assert shard_check("--dataset-size", 100, "--nproc-per-node", 2, "--plant-overla
 #   sets) drops each rank's incomplete batch; the sampler's `drop_last` trims instead
 #   of padding.
 # - The order changes between epochs only when `set_epoch` is called.
+- In validation the padding is counted: 101 samples scored as 102 on 2 and 3
+  processes. `distkit.data.validation_loader` shards without padding and keeps the
+  batch count equal on every rank, so the metrics equal one process's.
 # - A sampler bug trains on a fraction of the data without any error: the gathered
 #   indices show it, and `distkit shard-check` exits non-zero.
 #

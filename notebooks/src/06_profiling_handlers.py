@@ -34,7 +34,8 @@ from ignite.metrics import Average, RunningAverage
 from distkit import plots, profiling
 from distkit.config import Config
 from distkit.launch import run
-from distkit.sharding import quiet_ignite_logs, run_on_ranks
+from distkit.machine import quiet_ignite_logs
+from distkit.sharding import run_on_ranks
 from distkit.lessons.slow_data import profile_pipeline
 
 torch.set_num_threads(1)
@@ -212,7 +213,7 @@ assert bar["event"] == "ITERATION_COMPLETED"
 # `profile.csv` next to `results.json`; this is its summary for the run above:
 
 # %%
-from distkit.training import run_summary
+from distkit.reporting import run_summary
 
 print(run_summary(results))
 

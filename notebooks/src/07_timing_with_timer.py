@@ -24,7 +24,8 @@ from ignite.handlers import Timer
 from distkit import profiling
 from distkit.config import Config
 from distkit.data import get_dataflow
-from distkit.sharding import quiet_ignite_logs, run_on_ranks
+from distkit.machine import quiet_ignite_logs
+from distkit.sharding import run_on_ranks
 from distkit.lessons.slow_data import profile_pipeline
 from distkit.training import create_evaluator, create_trainer, initialize
 

@@ -36,7 +36,7 @@ from ignite.handlers import EarlyStopping, PiecewiseLinear
 from distkit import plots
 from distkit.lessons import cores, scaling
 from distkit.config import Config
-from distkit.sharding import quiet_ignite_logs
+from distkit.machine import quiet_ignite_logs
 
 quiet_ignite_logs()  # ignite's INFO lines about loader arguments
 

@@ -37,7 +37,8 @@ _EXPORTS = {
     "launch_function": "distkit.launch",
 }
 _MODULES = ("tasks", "training", "launch", "checkpoint", "sharding", "profiling", "plots",
-            "data", "models", "config", "runner", "compat", "errors")
+            "data", "models", "config", "runner", "compat", "errors", "machine",
+            "preflight", "reporting")
 
 __all__ = ["__version__", *_EXPORTS, *_MODULES]
 

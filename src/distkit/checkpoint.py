@@ -61,11 +61,13 @@ def latest_checkpoint_in(run_dir) -> str | None:
 def remove_run_dir_if_empty(run_dir) -> bool:
     """Remove a run folder that holds nothing of value: no complete checkpoint and no
     results (an empty ``checkpoints/`` or the temporary file of an interrupted save do
-    not count). Failures after start-up then leave no empty folders behind."""
+    not count). Failures after start-up then leave no empty folders behind; a rank's
+    traceback (``tracebacks/``, whose path its failure line gives) is kept."""
     import shutil
 
     path = Path(run_dir)
-    if not path.is_dir() or latest_checkpoint_in(path) or (path / "results.json").exists():
+    if not path.is_dir() or latest_checkpoint_in(path) or (path / "results.json").exists() \
+            or any(path.glob("tracebacks/*.txt")):
         return False
     shutil.rmtree(path, ignore_errors=True)
     return True
@@ -244,13 +246,17 @@ _MUST_MATCH = {
     "weight_decay": ("Config.weight_decay", "the optimizer is restored from the checkpoint"),
     "seed": ("--seed", "the train/validation split and the data order depend on it"),
     "strategy": ("--strategy", "the model and optimizer state are saved per strategy"),
+    "optimizer": ("the task's optimizer", "its state is restored from the checkpoint"),
+    "task_settings": ("the task's settings (--set)", "the task's data, model or step depend on them"),
 }
 
 
-def resume_settings(config, task_name: str, world_size: int) -> dict:
+def resume_settings(config, task_name: str, world_size: int, optimizer: str | None = None) -> dict:
     """The values of ``_MUST_MATCH`` for this run (plain values: loadable with
-    ``weights_only=True``)."""
+    ``weights_only=True``); ``optimizer``: the optimizer's class name."""
     settings = {"task": task_name, "world_size": int(world_size)}
+    if optimizer is not None:
+        settings["optimizer"] = optimizer
     for name in _MUST_MATCH:
         if name not in settings and hasattr(config, name):
             settings[name] = getattr(config, name)
@@ -282,6 +288,10 @@ def check_settings_match(path: str, saved: dict, current: dict) -> None:
             continue
         if name == "task":
             fix = f"the task {saved[name]!r}"
+        elif name == "optimizer":
+            fix = f"a task whose optimizer is {saved[name]}"
+        elif name == "task_settings":
+            fix = " ".join(f"--set {k}={v}" for k, v in saved[name].items()) or "no --set"
         elif isinstance(saved[name], bool):
             fix = flag if saved[name] else f"no {flag}"
         elif name == "world_size":
@@ -356,7 +366,8 @@ def check_checkpoint_fits(path: str, config, task=None, world_size: int | None =
         raise DistkitError(
             f"--resume-from {path!r} does not record the settings it was trained with (written "
             "by an older distkit, or not by distkit train): start a new run without --resume-from")
-    current = resume_settings(config, task.name, world_size if world_size else 0)
+    optimizer = type(task.optimizer(model.parameters(), config)).__name__
+    current = resume_settings(config, task.name, world_size if world_size else 0, optimizer)
     if not world_size:
         current.pop("world_size")
     check_settings_match(path, ckpt[SETTINGS], current)

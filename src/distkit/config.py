@@ -9,6 +9,7 @@ The CLI maps its flags one-to-one onto :class:`Config`; notebooks and courses bu
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import numbers
 from dataclasses import dataclass
@@ -17,9 +18,29 @@ from typing import Optional
 from distkit.errors import DistkitError
 
 BACKENDS = ("auto", "gloo", "nccl", "xla-tpu", "none")
-DATASETS = ("digits", "synthetic", "mnist", "cifar10")
-MODELS = ("cnn", "mlp", "resnet18")
+DATASETS = ("digits", "synthetic", "mnist", "cifar10", "text")
+MODELS = ("cnn", "mlp", "resnet18", "gpt")
+TEXT_DATASETS, TEXT_MODELS = ("text",), ("gpt",)  # sequences of tokens; the rest are images
+DATASET_DEFAULTS = {
+    # The GPT on 2 CPU cores: ~100 steps of 32 blocks (4096 characters) a step, one pass
+    # over the text, at AdamW's usual lr for a model this small (distkit.text.adamw).
+    "text": {"epochs": 1, "batch_size": 32, "lr": 3e-3},
+}
+"""Settings ``distkit train`` uses for a dataset when its flag is not given."""
+
+
+def builtin_pairs() -> list:
+    """The (dataset, model) pairs that make a built-in task: image datasets x image
+    models, and ``text`` x ``gpt``."""
+    image_data = [d for d in DATASETS if d not in TEXT_DATASETS]
+    image_models = [m for m in MODELS if m not in TEXT_MODELS]
+    return ([(d, m) for d in image_data for m in image_models]
+            + [(d, m) for d in TEXT_DATASETS for m in TEXT_MODELS])
 LOGGERS = ("none", "tensorboard", "mlflow")
+# logger -> the package that must be importable (and the distkit extra that installs it)
+LOGGER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+STRATEGIES = ("ddp", "fsdp")
+SHARDING_BACKENDS = ("gloo", "nccl")  # fully_shard needs a torch.distributed process group
 
 
 @dataclass
@@ -52,6 +73,10 @@ class Config:
     task: Optional[str] = None
     """A course's own task, ``module:attr`` or ``path/to/file.py:attr`` naming a
     ``distkit.Task``; it replaces ``dataset`` and ``model`` (see ``distkit.tasks``)."""
+    task_settings: dict = dataclasses.field(default_factory=dict)
+    """The task's own settings, ``{name: value}`` (``--set name=value``): names the task
+    declares in ``Task(settings=...)``; the launcher completes them with the task's
+    defaults, and the task's functions read ``config.task_settings[name]``."""
     epochs: int = 10
     batch_size: int = 64
     """GLOBAL batch: summed over all processes. Each process gets batch_size // world_size."""
@@ -88,6 +113,9 @@ class Config:
     resume_from: Optional[str] = None
     max_iters: Optional[int] = None
     """Stop (and checkpoint) after this many iterations in total; for testing resume."""
+    peak_flops: Optional[float] = None
+    """The machine's peak FLOP/s (all processes together) that MFU is measured against.
+    None: measured at the start of the run, a large matmul on every process at once."""
 
     def validate(self) -> "Config":
         """Check every field that can be checked without touching the hardware: choices,
@@ -96,19 +124,25 @@ class Config:
         _choice("backend", self.backend, BACKENDS)
         _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
+        if self.task is None and (self.dataset, self.model) not in builtin_pairs():
+            fix = ("--dataset text --model gpt" if self.dataset in TEXT_DATASETS
+                   or self.model in TEXT_MODELS else "--model cnn")
+            raise DistkitError(f"--model {self.model} cannot train on --dataset {self.dataset} "
+                               f"(text needs gpt, images need cnn, mlp or resnet18): use {fix}")
         _choice("logger", self.logger, LOGGERS)
-        if self.logger != "none":
-            from distkit.tracking import check_installed
-
-            check_installed(self.logger)
-        from distkit.strategies import STRATEGIES, check_strategy
-
+        check_logger_installed(self.logger)
         _choice("strategy", self.strategy, STRATEGIES)
         check_strategy(self.strategy, self.backend)
+        if not isinstance(self.task_settings, dict) or not all(
+                isinstance(k, str) for k in self.task_settings):
+            raise DistkitError(f"Config.task_settings must be a dict {{name: value}}, got "
+                               f"{self.task_settings!r}: e.g. task_settings={{'hidden': 64}}")
         for name, low, high in _WHOLE_NUMBERS:
             _whole(name, getattr(self, name), low, high)
         for name, low, low_open, high, high_open in _REAL_NUMBERS:
             _real(name, getattr(self, name), low, low_open, high, high_open)
+        if self.peak_flops is not None:
+            _real("peak_flops", self.peak_flops, 0.0, True, None, False)
         if self.warmup_epochs > self.epochs:
             raise DistkitError(f"--warmup-epochs {self.warmup_epochs} is longer than --epochs "
                                f"{self.epochs}: use --warmup-epochs {self.epochs} or less")
@@ -150,6 +184,23 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def check_logger_installed(logger: str) -> None:
+    """One line, before any process starts, if the tracker's package is missing."""
+    package = LOGGER_PACKAGES.get(logger)
+    if package is not None and importlib.util.find_spec(package) is None:
+        raise DistkitError(f"--logger {logger} needs the {package} package, which is not installed: "
+                           f"pip install {package} (the distkit[{logger}] extra), or use --logger none")
+
+
+def check_strategy(strategy: str, backend: str) -> None:
+    """Refuse, in one line, a strategy the backend cannot run (before any process starts;
+    ``backend`` may be ``auto``, which is checked again once resolved)."""
+    if strategy == "fsdp" and backend not in SHARDING_BACKENDS + ("auto",):
+        raise DistkitError(
+            f"--strategy fsdp needs a torch.distributed process group (gloo or nccl), and "
+            f"--backend {backend} has none: use --backend gloo or nccl, or --strategy ddp")
 
 
 # Whole-number fields: (name, lowest, highest or None). None values of the Optional

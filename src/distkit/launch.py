@@ -11,245 +11,37 @@ line within seconds, with nothing half-written.
 """
 from __future__ import annotations
 
+import ctypes
 import json
+import multiprocessing
 import os
 import re
-import socket
+import signal
+import sys
+import threading
+import time
 from datetime import timedelta
 
 import ignite.distributed as idist
 import torch
 
+from distkit.checkpoint import (check_output_dir, latest_checkpoint_in, make_run_dir,
+                                remove_run_dir_if_empty)
+from distkit.config import Config
 from distkit.errors import DistkitError
-
-CPU_DEFAULT_NPROC = 2
-
-
-def launched_externally() -> bool:
-    """True inside a torchrun / torch.distributed launch or a SLURM job step."""
-    return "WORLD_SIZE" in os.environ or "SLURM_JOB_ID" in os.environ
-
-
-def inside_launch() -> bool:
-    """True in a process that torchrun (WORLD_SIZE) or a several-task ``srun`` started:
-    spawning more processes there would start a second, conflicting job per process."""
-    return "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
-
-
-def tpu_available() -> bool:
-    try:
-        import torch_xla.runtime as xr  # noqa: F401
-
-        return os.environ.get("PJRT_DEVICE", "").upper() == "TPU" or bool(os.environ.get("TPU_NAME")) \
-            or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
-    except Exception:
-        return False
-
-
-def resolve_backend(backend: str) -> str:
-    """Turn ``auto`` into nccl (CUDA), xla-tpu (TPU) or gloo, and check that the chosen
-    backend can run here."""
-    if backend == "auto":
-        if torch.cuda.is_available():
-            return "nccl"
-        if tpu_available():
-            return "xla-tpu"
-        return "gloo"
-    if backend == "nccl" and not torch.cuda.is_available():
-        raise DistkitError("--backend nccl needs CUDA GPUs and none is visible here: "
-                           "use --backend gloo (CPU) or --backend auto")
-    if backend == "xla-tpu":
-        try:
-            import torch_xla  # noqa: F401
-        except Exception:
-            raise DistkitError("--backend xla-tpu needs torch_xla, which is not importable: "
-                               "pip install -r requirements-xla.txt in its own environment "
-                               "(see README), or use --backend auto") from None
-    if backend not in ("none",) and backend not in idist.available_backends():
-        raise DistkitError(f"backend {backend!r} is not available in this torch build "
-                           f"(available: {', '.join(idist.available_backends())}): use --backend auto")
-    return backend
-
-
-def default_nproc(backend: str) -> int:
-    if backend == "nccl":
-        return torch.cuda.device_count()
-    if backend == "xla-tpu":
-        # PJRT replicates over every device of the host (TPU v2/v3: 2 per chip, v4+: 1;
-        # XLA:CPU: CPU_NUM_DEVICES, default 1); xmp.spawn takes 1 or all of them.
-        from distkit.compat import xla_local_device_count
-
-        return xla_local_device_count()
-    if backend == "none":
-        return 1  # one plain process, no process group
-    return CPU_DEFAULT_NPROC
-
-
-def threads_per_process(local_world_size: int) -> int:
-    """Cores this process may use, divided by the processes on this node (at least 1)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // max(1, local_world_size))
-
-
-def ranks_on_this_host() -> int:
-    """The ranks of this run that share this machine's cores, counted by hostname (one
-    ``all_gather`` at start-up; call on every rank). Not torchrun's LOCAL_WORLD_SIZE: two
-    launches on one machine (two "nodes" on 127.0.0.1) each count only their own ranks,
-    and with that count share the cores twice over."""
-    if idist.get_world_size() == 1:
-        return 1
-    if idist.backend() == "xla-tpu":  # TPU hosts: one launch per host; skip a string collective on XLA
-        return idist.get_nproc_per_node()
-    me = socket.gethostname()
-    names = idist.all_gather(me)
-    return sum(name == me for name in (names if isinstance(names, list) else [names]))
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago (bind to port 0, read it back)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def check_port_free(port: int) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            raise DistkitError(f"--master-port {port} is already in use on this machine: pick "
-                               "another port, or omit --master-port to use a free one") from None
-
-
-def check_address_resolves(addr: str, timeout_s: float = 10.0) -> None:
-    """Resolve ``--master-addr`` now: a name that does not resolve would otherwise make
-    every rank wait on the rendezvous until the timeout. getaddrinfo has no timeout of
-    its own, so it runs in a daemon thread that we stop waiting for."""
-    import threading
-
-    outcome = {}
-
-    def resolve():
-        try:
-            socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
-            outcome["ok"] = True
-        except OSError as e:
-            outcome["error"] = e
-
-    thread = threading.Thread(target=resolve, daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if "ok" in outcome:
-        return
-    why = outcome["error"].strerror or outcome["error"] if "error" in outcome else \
-        f"no answer from the resolver in {timeout_s:g} s"
-    raise DistkitError(f"--master-addr {addr!r} does not resolve ({why}): pass the IP address or "
-                       "host name of the node with --node-rank 0, as the other nodes can reach it")
-
-
-# Peak memory per sample while the synthetic set is built (templates[labels], the noise,
-# their sum, labels, permutation; measured: 787 bytes per 1x8x8 sample with torch 2.15).
-SYNTHETIC_BYTES_PER_SAMPLE = 800
-
-
-def _local_world_size() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
-
-
-def _available_memory() -> int | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None  # not Linux: cannot tell, do not refuse
-
-
-def check_synthetic_fits_in_memory(config, processes: int | None) -> None:
-    """Every process builds the whole synthetic set in memory: refuse a size that cannot
-    fit, instead of swapping the machine to a halt."""
-    if config.dataset != "synthetic":
-        return
-    from distkit.data import VAL_SIZE
-
-    processes = max(1, processes or 1)
-    need = (config.dataset_size + VAL_SIZE) * SYNTHETIC_BYTES_PER_SAMPLE * processes
-    have = _available_memory()
-    if have is not None and need > have:
-        fits = max(1, have // (SYNTHETIC_BYTES_PER_SAMPLE * processes) - VAL_SIZE)
-        raise DistkitError(
-            f"--dataset-size {config.dataset_size} needs about {need / 2**30:.1f} GiB of memory "
-            f"({processes} process(es) each build the synthetic set) and {have / 2**30:.1f} GiB "
-            f"are available: use --dataset-size {fits} or less")
-
-
-def preflight(config, spawning: bool, task=None):
-    """Resolve the backend and the process count and check everything that can be checked
-    before a process starts (a checkpoint to resume from against ``task``'s model).
-    Returns a new, complete config."""
-    config = config.replace().validate()
-    if config.nproc_per_node is not None and inside_launch():
-        raise DistkitError(
-            f"--nproc-per-node {config.nproc_per_node} inside a torchrun/SLURM launch, which "
-            "starts the processes itself: drop --nproc-per-node (torchrun's --nproc_per_node "
-            "sets the count), or run distkit train without torchrun")
-    backend = resolve_backend(config.backend)
-    from distkit.strategies import check_strategy
-
-    check_strategy(getattr(config, "strategy", "ddp"), backend)  # --backend auto on a TPU, too
-    nproc = config.nproc_per_node
-    if spawning and nproc is None:
-        nproc = default_nproc(backend)
-    if backend == "nccl" and nproc is not None and nproc > torch.cuda.device_count():
-        raise DistkitError(f"--nproc-per-node {nproc} with nccl needs {nproc} GPUs but this node "
-                           f"has {torch.cuda.device_count()}: use --nproc-per-node "
-                           f"{torch.cuda.device_count()} or fewer")
-    if backend == "xla-tpu" and nproc not in (None, 1):
-        from distkit.compat import pjrt_nprocs, xla_local_device_count
-
-        pjrt_nprocs(nproc, xla_local_device_count())  # 1 or every device, else one line
-    if backend == "none" and nproc not in (None, 1):
-        raise DistkitError(f"--backend none runs one plain process, not {nproc}: use "
-                           "--backend gloo to start several")
-    if config.master_addr is not None:
-        check_address_resolves(config.master_addr)
-    check_synthetic_fits_in_memory(config, nproc if spawning else _local_world_size())
-    if not spawning and "WORLD_SIZE" in os.environ:
-        config.check_batch_fits(int(os.environ["WORLD_SIZE"]))
-    if spawning:
-        config.check_batch_fits(nproc * config.nnodes)
-        if config.nnodes == 1 and config.master_port is None:
-            config.master_port = free_port()
-        elif config.node_rank in (None, 0) and config.master_port is not None:
-            check_port_free(config.master_port)
-    if config.resume_from == "latest":  # the newest checkpoint under --output-dir, if any
-        from distkit.checkpoint import resolve_resume_from
-
-        config = resolve_resume_from(config)
-    if config.resume_from:
-        from distkit.checkpoint import check_checkpoint_fits
-
-        world_size = nproc * config.nnodes if spawning else \
-            int(os.environ.get("WORLD_SIZE", "1"))
-        check_checkpoint_fits(config.resume_from, config, task, world_size)
-    if spawning and config.dataset in ("mnist", "cifar10"):
-        # Download once here, before any process starts, so an offline machine fails fast.
-        from distkit.data import fetch_torchvision
-
-        fetch_torchvision(config.dataset, config.data_dir)
-    return config.replace(backend=backend, nproc_per_node=nproc)
-
+from distkit.failures import (RankFailed, Reporter, default_folder, for_function_callers,
+                              report_from_worker, run_reporting)
+from distkit.machine import (in_ipython, inside_launch, launched_externally, ranks_on_this_host,
+                             set_ignite_verbosity, socket_interface, threads_per_process)
+from distkit.preflight import check_picklable, default_nproc, preflight, resolve_backend
+from distkit.tasks import resolve_task
+from distkit.training import training
 
 def run(config, task=None) -> dict | None:
     """Run :func:`distkit.training.training` on ``task`` (default: ``config.task``, else
     the built-in task of ``config.dataset`` x ``config.model``) as the config says: spawn
     ``nproc_per_node`` processes, or join the torchrun / SLURM launch this process is part
-    of. Returns rank 0's results (None on the other ranks of an external launch).
+    of. Returns rank 0's results (on every rank of a torchrun / SLURM launch).
 
     Spawned processes receive ``task`` by pickling: its functions must be defined at the
     top level of a module (or of the script, guarded as below), not as lambdas::
@@ -260,12 +52,9 @@ def run(config, task=None) -> dict | None:
             results = run(Config(nproc_per_node=2, epochs=1, progress_bar=False))
             print(f"val accuracy {results['final']['val_accuracy']:.3f}")
     """
-    from distkit.checkpoint import check_output_dir, make_run_dir
-    from distkit.tasks import resolve_task
-    from distkit.training import training
-
     try:
         task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
+        config = task.configure(config)  # its own settings (--set), complete and typed
         spawning = config.nproc_per_node is not None or not launched_externally()
         config = preflight(config, spawning, task)
         check_output_dir(config.output_dir)
@@ -273,49 +62,67 @@ def run(config, task=None) -> dict | None:
         e.every_rank = True  # under torchrun every rank fails here alike: one of them says so
         raise
     if not spawning:
-        return _join(config, training, config, task)
+        return _join(config, Reporter(config, verbose=config.verbose), _training_everywhere,
+                     config, task)
     if config.backend == "none":
         config.run_dir = make_run_dir(config.output_dir, "none", 1)
         return training(0, config, task)
 
     check_picklable("the task", task)
+    if _fork_is_safe(config):
+        config = fork_threads(config)
     world_size = config.nproc_per_node * config.nnodes
     if config.nnodes == 1 or config.node_rank == 0:
         config.run_dir = make_run_dir(config.output_dir, config.backend, world_size)
-    _spawn(config, training, config, task)
+    _spawn(config, Reporter(config, verbose=config.verbose), training, config, task)
     return read_results(config.run_dir) if config.run_dir else None
 
 
 def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None = None,
                     nnodes: int = 1, node_rank: int | None = None, master_addr: str | None = None,
                     master_port: int | None = None, timeout_s: float = 120.0,
-                    threads_per_process: int | None = None):
+                    threads_per_process: int | None = None, verbose: bool = False,
+                    all_ranks: bool = False):
     """Run any training function ``fn(local_rank, *args)`` (ignite's examples write
     ``training(local_rank, config)``) on every rank, the way :func:`run` runs the kit's:
     the same checks before any process starts, a free port, threads pinned to each
     process's share of the cores, collectives bounded by ``timeout_s``, and a rank that
-    dies or raises reported in one line (``DistkitError``) naming it. Inside a torchrun /
-    SLURM launch (and no ``nproc_per_node``) it joins the launch instead of spawning.
+    dies or raises reported in one line (``DistkitError``) naming it, with the exception's
+    type, first line and ``file:line``; the rank's full traceback goes to a file whose
+    path the line gives (``verbose=True`` prints it too). Inside a torchrun / SLURM
+    launch it joins the launch instead of spawning (``nproc_per_node`` is then the
+    launcher's to set, and ignored here).
 
-    Returns ``fn``'s return value in a joined or single (``backend="none"``) process;
-    None after spawning (write results to files on rank 0, as ignite's examples do).
-    ``fn`` and ``args`` must pickle (top-level functions of a module or of a script
-    guarded by ``if __name__ == "__main__":``)::
+    Returns what ``fn`` returned on rank 0, everywhere: to the caller after spawning, and
+    on every rank of a joined launch; with ``all_ranks=True``, the list of every rank's
+    return value (index = rank; after spawning with ``nnodes > 1``: this node's ranks,
+    the others None). Return values must pickle. ``fn`` and ``args`` must pickle too
+    (top-level functions of a module or of a script guarded by ``if __name__ ==
+    "__main__":``)::
 
         import ignite.distributed as idist
         from distkit import launch_function
 
         def training(local_rank, config):
             total = idist.all_reduce(idist.get_rank() + 1)
-            if idist.get_rank() == 0:
-                print(f"{idist.get_world_size()} ranks, sum of ranks+1 = {total}")
+            return f"{idist.get_world_size()} ranks, sum of ranks+1 = {total}"
 
         if __name__ == "__main__":
-            launch_function(training, {"lr": 0.1}, backend="gloo", nproc_per_node=2)
+            print(launch_function(training, {"lr": 0.1}, backend="gloo", nproc_per_node=2))
     """
-    from distkit.config import Config
+    try:
+        return _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, master_addr,
+                                master_port, timeout_s, threads_per_process, verbose, all_ranks)
+    except DistkitError as e:  # its callers pass parameters, not distkit train's flags
+        e.args = (for_function_callers(str(e)),)
+        raise
 
-    spawning = nproc_per_node is not None or not launched_externally()
+
+def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, master_addr,
+                     master_port, timeout_s, threads_per_process, verbose, all_ranks):
+    spawning = not inside_launch() and (nproc_per_node is not None or not launched_externally())
+    if not spawning:
+        nproc_per_node = None  # torchrun / srun started the processes: join them
     nproc = nproc_per_node
     if spawning and nproc is None:
         nproc = default_nproc(resolve_backend(backend))
@@ -324,15 +131,82 @@ def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None
     config = preflight(Config(backend=backend, nproc_per_node=nproc_per_node, nnodes=nnodes,
                               node_rank=node_rank, master_addr=master_addr,
                               master_port=master_port, timeout_s=timeout_s,
-                              threads_per_process=threads_per_process, batch_size=max(1, world)),
+                              threads_per_process=threads_per_process, verbose=verbose,
+                              batch_size=max(1, world)),
                        spawning)
     if not spawning:
-        return _join(config, _pinned, fn, config.threads_per_process, *args)
+        return _join(config, Reporter(verbose=verbose), _shared_result, fn,
+                     config.threads_per_process, all_ranks, *args)
     if config.backend == "none":
-        return _pinned(0, fn, config.threads_per_process, *args)
+        value = _pinned(0, fn, config.threads_per_process, *args)
+        return [value] if all_ranks else value
     check_picklable("the training function and its arguments", (fn, args))
-    _spawn(config, _pinned, fn, config.threads_per_process, *args)
-    return None
+    if _fork_is_safe(config):
+        config = fork_threads(config)
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="distkit-results-") as folder:
+        # no run folder here: the ranks' tracebacks go to one temporary folder of this launch
+        _spawn(config, Reporter(folder=default_folder(), verbose=verbose), _recorded, fn,
+               config.threads_per_process, folder, all_ranks, *args)
+        return _read_recorded(folder, config, all_ranks)
+
+
+def _training_everywhere(local_rank, config, task):
+    """``training`` in a joined rank; rank 0's results handed to every rank (a script
+    written for spawn, ``results["final"]...``, then runs unchanged under torchrun)."""
+    results = training(local_rank, config, task)
+    if idist.get_world_size() == 1:
+        return results
+    text = idist.broadcast(json.dumps(results, default=str) if idist.get_rank() == 0 else "",
+                           src=0, safe_mode=True)
+    return results if idist.get_rank() == 0 else json.loads(text)
+
+
+def _shared_result(local_rank, fn, threads, all_ranks, *args):
+    """``fn`` in a joined rank; rank 0's value (or every rank's) handed to every rank."""
+    value = _pinned(local_rank, fn, threads, *args)
+    if idist.get_world_size() == 1 or idist.backend() == "xla-tpu":  # XLA: no object collectives
+        return [value] if all_ranks else value
+    import torch.distributed as dist
+
+    if all_ranks:
+        values = [None] * idist.get_world_size()
+        dist.all_gather_object(values, value)
+        return values
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _recorded(local_rank, fn, threads, folder, all_ranks, *args):
+    """``fn`` in a spawned rank; its value written to ``folder`` (rank 0's, or every rank's)."""
+    import pickle
+
+    value = _pinned(local_rank, fn, threads, *args)
+    if all_ranks or idist.get_rank() == 0:
+        path = os.path.join(folder, f"rank{idist.get_rank()}.pkl")
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(value, f)
+        os.replace(path + ".tmp", path)  # the launcher never reads half a file
+    return value
+
+
+def _read_recorded(folder, config, all_ranks):
+    import pickle
+
+    def read(rank):
+        path = os.path.join(folder, f"rank{rank}.pkl")
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as f:
+            return pickle.load(f)
+
+    if all_ranks:
+        first = (config.node_rank or 0) * config.nproc_per_node
+        mine = range(first, first + config.nproc_per_node)
+        return [read(r) if r in mine else None for r in range(config.nproc_per_node * config.nnodes)]
+    return read(0)
 
 
 def _pinned(local_rank, fn, threads, *args):
@@ -341,28 +215,10 @@ def _pinned(local_rank, fn, threads, *args):
     return fn(local_rank, *args)
 
 
-def check_picklable(what: str, obj) -> None:
-    """Spawned processes receive their function and arguments pickled; fail in one line
-    here rather than in every child. (Forked processes, as in notebooks, need no pickle.)"""
-    from distkit.runner import _in_ipython
-
-    if _in_ipython():
-        return
-    import pickle
-
-    try:
-        pickle.dumps(obj)
-    except Exception as e:
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise DistkitError(
-            f"{what} cannot be sent to spawned processes ({why}): define its functions at the "
-            "top level of an importable module, or of a script run under an "
-            "`if __name__ == \"__main__\":` guard, not as lambdas or nested functions") from None
-
-
-def _spawn(config, fn, *args) -> None:
+def _spawn(config, reporter, fn, *args) -> None:
     """``fn(local_rank, *args)`` in ``config.nproc_per_node`` spawned processes of this
-    node; a failed rank becomes one line naming it."""
+    node; a failed rank becomes one line naming it (``reporter``: where a rank that
+    raises writes its traceback, see :mod:`distkit.failures`)."""
     # Spawned processes inherit this: one thread pool per process, never oversubscribed.
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads(config)))
     spawn_kwargs = {}
@@ -373,20 +229,21 @@ def _spawn(config, fn, *args) -> None:
         # workers were ready 3.5 s after the command started instead of 13.7 s with
         # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
         spawn_kwargs["start_method"] = "fork"
-    from distkit.tracking import set_ignite_verbosity
-
+    elif not in_ipython():  # ignite forks under IPython; elsewhere spawned workers import fn
+        check_spawned_can_import("the training function", (fn, args))
+    interface = None
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
-    import multiprocessing
-
     before = set(multiprocessing.active_children())  # a notebook's other children stay
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
     try:
+        if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
+            interface = bind_to_interface_of_master(config, config.master_addr)  # inherited
         with idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
                             nnodes=config.nnodes, node_rank=config.node_rank,
                             master_addr=config.master_addr, master_port=config.master_port,
                             **spawn_kwargs) as parallel:
-            parallel.run(_own_session, fn, *args)
+            parallel.run(_own_session, reporter, fn, *args)
     except KeyboardInterrupt:
         # SIGINT to this process only (Jupyter's "interrupt kernel", kill -INT): the
         # workers are non-daemonic, so without this they train on to the last epoch while
@@ -410,11 +267,13 @@ def _spawn(config, fn, *args) -> None:
     finally:
         watchdog.finish()
         logs.restore()  # a notebook's own ignite calls log as before
+        restore_environment(interface)
         _discard_if_empty(config.run_dir)
 
 
-def _own_session(local_rank, fn, *args):
-    """``fn(local_rank, *args)`` in a session of its own that ends with the launcher.
+def _own_session(local_rank, reporter, fn, *args):
+    """``fn(local_rank, *args)`` in a session of its own that ends with the launcher; an
+    exception it raises becomes one line (``distkit.failures.run_reporting``).
 
     Why a session: torchrun starts its workers so (``start_new_session``), and with the
     kernel's autogroup scheduling (on by default) the processes of one session share
@@ -432,17 +291,12 @@ def _own_session(local_rank, fn, *args):
         except OSError:  # already a session leader
             pass
     _end_with_parent()
-    return fn(local_rank, *args)
+    return run_reporting(reporter, fn, local_rank, *args)
 
 
 def _end_with_parent() -> None:
-    import sys
-
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
-    import signal
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
@@ -465,8 +319,6 @@ class StoppedRankWatchdog:
     whose reaping belongs to torch's own join."""
 
     def __init__(self, before: set, nproc: int, poll_s: float = 0.2):
-        import threading
-
         self.before, self.nproc, self.poll_s = before, nproc, poll_s
         self.stopped: list[int] = []
         self._done = threading.Event()
@@ -482,8 +334,6 @@ class StoppedRankWatchdog:
             self._thread.join(5)
 
     def _watch(self) -> None:
-        import multiprocessing
-
         workers = []
         while not self._done.wait(self.poll_s):
             if len(workers) < self.nproc:  # spawned in local-rank order
@@ -512,10 +362,6 @@ def stop_workers(children, grace_s: float = 3.0) -> int:
     """Stop these child processes (SIGTERM, then SIGKILL after ``grace_s``) and reap
     them; a repeated Ctrl-C meanwhile is ignored, so the cleanup cannot be cut short.
     Returns how many were running."""
-    import signal
-    import threading
-    import time
-
     children = [c for c in children if c.is_alive()]
     if not children:
         return 0
@@ -539,8 +385,6 @@ def stop_workers(children, grace_s: float = 3.0) -> int:
 
 def interrupted_message(config, stopped: int) -> str:
     """What an interrupt left behind, and how to go on from it."""
-    from distkit.checkpoint import latest_checkpoint_in
-
     newest = latest_checkpoint_in(config.run_dir) if config.run_dir else None
     kept = (f"resume from the last complete checkpoint with --resume-from {newest}"
             if newest else "no checkpoint had been written yet, so nothing is left behind")
@@ -550,8 +394,6 @@ def interrupted_message(config, stopped: int) -> str:
 def _discard_if_empty(run_dir) -> None:
     """A run that ended before writing anything of value leaves no folder behind."""
     if run_dir:
-        from distkit.checkpoint import remove_run_dir_if_empty
-
         remove_run_dir_if_empty(run_dir)
 
 
@@ -561,24 +403,135 @@ def _threads(config) -> int:
 
 def _fork_is_safe(config) -> bool:
     """Fork rather than spawn the workers: on Linux, with gloo, CUDA never initialised in
-    this process, and one torch thread per worker. Why the last: OpenMP's (libgomp's)
-    thread pool does not survive a fork, and a forked child that runs OpenMP regions
-    with several threads after the parent used the pool can hang; one thread runs them
-    inline."""
-    import sys
-
-    return (sys.platform == "linux" and config.backend == "gloo" and _threads(config) == 1
+    this process, at any number of threads per worker (so the same code behaves the same
+    on a 2-core VM and a 16-core laptop: a function defined in ``python -c`` or a cell
+    works on both). What makes several threads safe is :func:`fork_threads`."""
+    return (sys.platform == "linux" and config.backend == "gloo"
             and not torch.cuda.is_initialized())
 
 
-def _join(config, fn, *args):
-    """Join a torchrun / SLURM launch: this process is one rank; spawn nothing."""
+def fork_threads(config):
+    """The config to fork with: its threads per process, or 1 where this process's
+    OpenMP thread pool is already running.
+
+    Why: libgomp (the OpenMP of torch's Linux wheels) does not survive a fork: a forked
+    child that runs a parallel region on several threads after its parent started the
+    pool waits forever for pool threads that were not copied (measured here: a 2-thread
+    matmul in the parent, then the same in a forked child: hung). A child on one thread
+    runs OpenMP regions inline and is safe. The launcher itself never starts the pool
+    (``distkit train`` pins its own process to 1 thread before any work); a script or a
+    notebook may have, which :func:`openmp_pool_forks_cleanly` finds out."""
+    if _threads(config) == 1 or openmp_pool_forks_cleanly():
+        return config
+    import sys
+
+    sys.stderr.write(
+        f"distkit: this process already runs OpenMP threads, which a forked worker cannot use: "
+        f"each worker runs 1 thread instead of {_threads(config)} (start the launch before "
+        "any multi-threaded torch work, or call torch.set_num_threads(1) first)\n")
+    return config.replace(threads_per_process=1)
+
+
+def openmp_pool_forks_cleanly(timeout_s: float = 5.0) -> bool:
+    """Fork a child that runs one parallel region on 2 threads: True if it ends within
+    ``timeout_s`` (this process's OpenMP pool was never started, or survives a fork),
+    False if it hangs (it is killed). About 10 ms when it ends."""
+    import signal
+    import time
+
+    pid = os.fork()
+    if pid == 0:  # the child: one OpenMP region, then leave without any clean-up
+        code = 1
+        try:
+            torch.set_num_threads(2)
+            torch.ones(1 << 18).exp_()  # above ATen's grain size: a parallel region
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status == 0
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
+
+
+def check_spawned_can_import(what: str, objects) -> None:
+    """Spawned processes import the functions they run by module and name; a function of
+    ``python -c``, of standard input or of an interactive session has no module file to
+    import. Refuse in one line before any process starts (forked processes need none)."""
+    import sys
+
+    main = sys.modules.get("__main__")
+    if getattr(main, "__file__", None) and os.path.exists(main.__file__):
+        return
+    from dataclasses import fields, is_dataclass
+
+    def callables(obj):
+        if is_dataclass(obj) and not isinstance(obj, type):
+            for f in fields(obj):
+                yield from callables(getattr(obj, f.name))
+        elif isinstance(obj, (tuple, list)):
+            for item in obj:
+                yield from callables(item)
+        elif callable(obj):
+            yield obj
+
+    for fn in callables(objects):
+        if getattr(fn, "__module__", None) == "__main__":
+            raise DistkitError(
+                f"{what} ({getattr(fn, '__qualname__', fn)!r}) is defined in `python -c`, "
+                "standard input or an interactive session, which spawned processes cannot "
+                "import: put it in a file (a module, or a script with an "
+                "`if __name__ == \"__main__\":` guard) and import it from there")
+
+
+def bind_to_interface_of_master(config, master_addr) -> dict | None:
+    """Set ``GLOO_SOCKET_IFNAME`` (``NCCL_SOCKET_IFNAME``) in this process to the
+    interface that routes to the master, unless the user set it
+    (:func:`distkit.machine.socket_interface`); before any process group is made.
+    Returns the previous values, to put back with :func:`restore_environment`."""
+    pick = socket_interface(config.backend, master_addr)
+    if pick is None or pick["set_by"] == "you":
+        return None
+    previous = {pick["variable"]: os.environ.get(pick["variable"])}
+    os.environ[pick["variable"]] = pick["interface"]
+    if config.verbose:
+        sys.stderr.write(f"distkit: {pick['variable']}={pick['interface']} ({pick['address']}, "
+                         f"the interface that routes to the master {master_addr})\n")
+    return previous
+
+
+def restore_environment(previous: dict | None) -> None:
+    for name, value in (previous or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _join(config, reporter, fn, *args):
+    """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
+    that raises prints one line (the first of its node) and records it for torchrun's
+    summary (:func:`distkit.failures.report_from_worker`)."""
     kwargs = {}
     if config.backend in ("gloo", "nccl"):
         kwargs["timeout"] = timedelta(seconds=config.timeout_s)
+    several_nodes = int(os.environ.get("WORLD_SIZE", "1")) > int(
+        os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
+    if several_nodes:
+        try:
+            bind_to_interface_of_master(config, os.environ.get("MASTER_ADDR"))
+        except DistkitError as e:  # the same on every rank of this node: one line per node
+            raise report_from_worker(e) from None
     idist.initialize(config.backend, **kwargs)
     try:
-        return fn(idist.get_local_rank(), *args)
+        return run_reporting(reporter, fn, idist.get_local_rank(), *args)
+    except RankFailed as e:
+        raise report_from_worker(e) from None
     except BaseException:
         if idist.get_rank() == 0:  # training set config.run_dir; the folder is rank 0's
             _discard_if_empty(config.run_dir)
@@ -613,6 +566,9 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int) -> Di
     # ProcessRaisedException: the child's traceback as text; keep its last line.
     text = str(error).strip().splitlines()
     last = text[-1] if text else repr(error)
+    m = re.match(r"^distkit\.failures\.RankFailed: (.*)$", last)
+    if m:  # the rank's own line: type, first line, file:line, traceback file
+        return DistkitError(m.group(1))
     m = re.match(r"^distkit\.errors\.DistkitError: (.*)$", last)
     if m:
         return DistkitError(f"rank {rank}: {m.group(1)}")

@@ -5,9 +5,8 @@ nccl or xla-tpu), pins each to its share of the cores, bounds every collective b
 timeout, and returns the list of per-rank return values (index = rank). Notebooks,
 lessons, ``distkit shard-check`` and the exercise checks all use it.
 
-:func:`quiet_ignite_logs` is the one way to hide ignite's INFO lines (spawning, loader
-and model wrapping) and put them back afterwards. The port and the thread rule come from
-:func:`distkit.launch.free_port` and :func:`distkit.launch.threads_per_process`.
+The port, the thread rule and the quieting of ignite's INFO lines come from
+:mod:`distkit.machine`.
 
 Example (a script: under spawn ``fn`` must be importable, hence the ``__main__`` guard)::
 
@@ -22,7 +21,6 @@ Example (a script: under spawn ``fn`` must be importable, hence the ``__main__``
 """
 from __future__ import annotations
 
-import logging
 import os
 import pickle
 import tempfile
@@ -32,6 +30,7 @@ import ignite.distributed as idist
 import torch
 
 from distkit.errors import DistkitError
+from distkit.machine import free_port, in_ipython, quiet_ignite_logs, threads_per_process
 
 
 def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
@@ -44,8 +43,7 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
     are spawned and ``fn`` must be importable (defined in a module), unless
     ``start_method="fork"``."""
     from distkit.config import Config
-    from distkit.launch import free_port, preflight
-    from distkit.launch import threads_per_process
+    from distkit.preflight import preflight
 
     if backend in ("nccl", "xla-tpu"):  # one line, before any process starts
         preflight(Config(backend=backend, nproc_per_node=nproc_per_node,
@@ -53,7 +51,7 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
     spawn_kwargs = {"start_method": start_method} if start_method else {}
     if backend in ("gloo", "nccl"):
         spawn_kwargs["timeout"] = timedelta(seconds=timeout_s)
-    forking = start_method == "fork" or (start_method is None and _in_ipython())
+    forking = start_method == "fork" or (start_method is None and in_ipython())
     if forking and torch.cuda.is_available() and torch.cuda.is_initialized():
         raise DistkitError("CUDA is already initialised in this process, and a forked child cannot "
                            "use it: restart the kernel and start the processes before any cell "
@@ -67,63 +65,12 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
         return _read_per_rank(folder, nproc_per_node)
 
 
-# Every logger ignite's distributed helpers create with ``ignite.utils.setup_logger``.
-IGNITE_LOGGERS = ("ignite.distributed.launcher.Parallel", "ignite.distributed.auto.auto_dataloader",
-                  "ignite.distributed.auto.auto_model", "ignite.distributed.utils")
-
-
-class quiet_ignite_logs:
-    """Hide ignite's INFO lines about spawning processes and wrapping loaders and models
-    (warnings still show), and restore the previous levels afterwards.
-
-    As a context manager it restores on exit; called as a plain statement (a notebook's
-    first cell) it stays in force for the session::
-
-        >>> import logging
-        >>> from distkit.runner import quiet_ignite_logs
-        >>> with quiet_ignite_logs():
-        ...     logging.getLogger("ignite.distributed.launcher.Parallel").level == logging.WARNING
-        True
-        >>> logging.getLogger("ignite.distributed.launcher.Parallel").level == logging.WARNING
-        False
-
-    Why not just ``setLevel``: ``setup_logger`` keeps the level of a logger that already
-    exists but attaches its handler only when it creates one, so each logger is first
-    created the way ignite does (``setup_logger(name)``); then restoring its level gives
-    back exactly what ignite alone would show."""
-
-    def __init__(self, level: int = logging.WARNING):
-        from ignite.utils import setup_logger
-
-        self._previous = {}
-        for name in IGNITE_LOGGERS:
-            logger = setup_logger(name)  # no-op for a logger that exists
-            self._previous[name] = logger.level
-            logger.setLevel(level)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.restore()
-
-    def restore(self) -> None:
-        for name, level in self._previous.items():
-            logging.getLogger(name).setLevel(level)
-
-
 def _read_per_rank(folder, nproc_per_node):
     values = []
     for rank in range(nproc_per_node):
         with open(os.path.join(folder, f"rank{rank}.pkl"), "rb") as f:
             values.append(pickle.load(f))
     return values
-
-
-def _in_ipython() -> bool:
-    import sys
-
-    return "IPython" in sys.modules and getattr(sys.modules["IPython"], "get_ipython", lambda: None)() is not None
 
 
 def _record_worker(local_rank, fn, folder, threads, args, kwargs):

@@ -54,9 +54,6 @@ import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from distkit.data import IndexedDataset
-# The one way to quiet ignite's logs lives in distkit.runner; the name stays importable
-# from here for the notebooks and courses that use it.
-from distkit.runner import quiet_ignite_logs  # noqa: F401
 
 
 # --------------------------------------------------------------------------------------

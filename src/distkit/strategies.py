@@ -19,18 +19,7 @@ import ignite.distributed as idist
 import torch
 import torch.nn as nn
 
-from distkit.errors import DistkitError
-
-STRATEGIES = ("ddp", "fsdp")
-SHARDING_BACKENDS = ("gloo", "nccl")  # fully_shard needs a torch.distributed process group
-
-
-def check_strategy(strategy: str, backend: str) -> None:
-    """Refuse, in one line, a strategy the backend cannot run (before any process starts)."""
-    if strategy == "fsdp" and backend not in SHARDING_BACKENDS + ("auto",):
-        raise DistkitError(
-            f"--strategy fsdp needs a torch.distributed process group (gloo or nccl), and "
-            f"--backend {backend} has none: use --backend gloo or nccl, or --strategy ddp")
+from distkit.config import SHARDING_BACKENDS, check_strategy
 
 
 def prepare_model(model: nn.Module, strategy: str) -> nn.Module:

@@ -49,7 +49,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from distkit.errors import DistkitError
 
@@ -70,6 +70,16 @@ def cross_entropy():
     return nn.CrossEntropyLoss()
 
 
+def prepare_xy(batch, device=None, non_blocking: bool = False):
+    """The default ``prepare_batch``: ``(batch[0], batch[1])`` moved to ``device`` (ignite's
+    ``convert_tensor``, so tensors, tuples and dicts of tensors all move). Like ignite's
+    ``_prepare_batch``, but it also takes samples with more than two entries."""
+    from ignite.utils import convert_tensor
+
+    return (convert_tensor(batch[0], device=device, non_blocking=non_blocking),
+            convert_tensor(batch[1], device=device, non_blocking=non_blocking))
+
+
 def sgd(params, config):
     """The default optimizer: SGD with ``config.lr``, ``config.momentum`` and
     ``config.weight_decay`` (the lr schedule then drives the lr)."""
@@ -81,7 +91,8 @@ def sgd(params, config):
 
 @dataclass
 class Task:
-    """A training problem: data, model, loss, metrics and the score to follow.
+    """A training problem: data, model, loss, metrics and the score to follow, plus, when a
+    course needs them, its own batches, training step, schedule, handlers and settings.
 
     - ``datasets(config) -> (train_dataset, val_dataset)``: plain map-style torch
       Datasets; the kit shards them (``idist.auto_dataloader``). Called in every process.
@@ -89,12 +100,49 @@ class Task:
       it, then wraps it (``idist.auto_model``).
     - ``loss() -> nn.Module``: default ``nn.CrossEntropyLoss``.
     - ``metrics() -> {name: ignite Metric}``: computed on the validation set, reported as
-      ``val_<name>``; a ``"loss"`` metric (the task's loss) is always added.
+      ``val_<name>``; a ``"loss"`` metric (the task's loss) is always added. Default: what
+      fits the loss (:func:`metrics_for_loss`: accuracy for a classification loss, ``mse``
+      for ``MSELoss``, ``mae`` for ``L1Loss``, the loss alone otherwise).
     - ``score=(name, "min" | "max")``: the validation metric that early stopping and the
       best-model checkpoint follow; default ``("loss", "min")``.
     - ``optimizer(params, config) -> torch.optim.Optimizer``: default SGD from the config.
     - ``name``: how results, checkpoints and messages call the task (default:
       ``module:attr``, where its module holds it).
+    - ``collate_fn(samples) -> batch``: passed to both data loaders (as to any
+      ``DataLoader``); default torch's.
+    - ``prepare_batch(batch, device, non_blocking) -> (x, y)``: as ignite's
+      ``create_supervised_trainer`` / ``create_supervised_evaluator`` take it; the kit's
+      step and its evaluator call ``loss(model(x), y)`` and the metrics on it. ``x`` may be
+      a tensor, a tuple or a dict (``model(x)`` receives it as is). Default
+      :func:`prepare_xy` (``batch[0]``, ``batch[1]``).
+    - ``train_step(model, optimizer, loss, config) -> update``: a factory, called once per
+      process, returning ignite's ``update(engine, batch)`` (gradient clipping,
+      accumulation, a loss on several outputs). ``update`` returns the batch's loss (a
+      float or a one-element tensor) or a dict with ``"loss"`` and optionally
+      ``"batch_size"`` (else the kit counts ``len(y)`` of ``prepare_batch(batch, None,
+      False)``) and keys of its own (kept in ``engine.state.output``). The kit averages
+      the losses into ``train_loss``, counts samples, checkpoints, resumes and profiles
+      as with its own step. Default: the kit's step (zero_grad, ``loss(model(x), y)``,
+      backward, step; bfloat16 autocast with ``--amp``).
+    - ``lr_scheduler``: ``None`` (default): the kit's schedule (``--lr``,
+      ``--warmup-epochs``, ``--scale-lr``, linear decay to 0) when the optimizer is the
+      kit's SGD, and none (the optimizer's own lr, constant) when the task brings its own
+      optimizer; ``"kit"``: the kit's schedule on the task's optimizer; ``"none"``: no
+      schedule; or a factory ``(optimizer, config, epoch_length) -> scheduler``: an
+      ignite param scheduler (stepped at every iteration, ``LRScheduler`` at
+      ``ITERATION_COMPLETED``, the others at ``ITERATION_STARTED``) or a torch
+      ``LRScheduler`` (stepped at every epoch's end, as torch's examples do). Every one
+      is checkpointed and resumed.
+    - ``handlers(trainer, evaluator, config)``: attaches handlers of the task's own to
+      ignite's trainer and evaluator, after the kit's (``EarlyStopping`` on another score,
+      a log line of its own); called once per process.
+    - ``settings={name: default}``: the task's own settings; each is given on the
+      command line as ``--set name=value`` (converted to its default's type) or in
+      ``Config(task_settings={...})``, and reaches every function of the task as
+      ``config.task_settings[name]``.
+    - ``summary(model, config) -> dict``: optional; called on every rank after training
+      (a collective under fsdp), its values go to results.json's ``"task_summary"`` and
+      the end-of-run summary (the text task: a sampled line).
 
     Example::
 
@@ -106,22 +154,48 @@ class Task:
         >>> task = Task(datasets=get_datasets, model=mlp, score=("accuracy", "max"))
         >>> task.metric_names()
         ['accuracy', 'loss']
+        >>> Task(datasets=get_datasets, model=mlp, loss=nn.MSELoss).metric_names()
+        ['mse', 'loss']
     """
 
     datasets: Callable
     model: Callable
     loss: Callable = cross_entropy
-    metrics: Callable = accuracy_metrics
+    metrics: Optional[Callable] = None
     score: tuple = ("loss", "min")
     optimizer: Callable = sgd
     name: str = ""
+    collate_fn: Optional[Callable] = None
+    prepare_batch: Optional[Callable] = None
+    train_step: Optional[Callable] = None
+    lr_scheduler: Any = None
+    handlers: Optional[Callable] = None
+    settings: dict = dataclasses.field(default_factory=dict)
+    summary: Optional[Callable] = None
 
     def __post_init__(self):
+        if self.metrics is None:
+            self.metrics = partial(metrics_for_loss, self.loss)
         for field in ("datasets", "model", "loss", "metrics", "optimizer"):
             if not callable(getattr(self, field)):
                 raise DistkitError(
                     f"Task({field}=...) must be a function, got {type(getattr(self, field)).__name__}: "
                     f"pass the function itself, e.g. Task({field}=make_{field})")
+        for field in ("collate_fn", "prepare_batch", "train_step", "handlers", "summary"):
+            value = getattr(self, field)
+            if value is not None and not callable(value):
+                raise DistkitError(
+                    f"Task({field}=...) must be a function or None, got {type(value).__name__}: "
+                    f"pass the function itself, e.g. Task({field}=my_{field})")
+        if not (self.lr_scheduler is None or self.lr_scheduler in LR_SCHEDULES
+                or callable(self.lr_scheduler)):
+            raise DistkitError(
+                f"Task(lr_scheduler={self.lr_scheduler!r}) must be None, 'kit', 'none' or a "
+                "function (optimizer, config, epoch_length) -> scheduler")
+        if not isinstance(self.settings, dict) or not all(
+                isinstance(k, str) and k.isidentifier() for k in self.settings):
+            raise DistkitError(f"Task(settings={self.settings!r}) must be a dict of "
+                               "{name: default value}, names like 'hidden' or 'max_norm'")
         if not isinstance(self.loss, type) and hasattr(self.loss, "parameters"):
             # nn.MSELoss() is callable too, but calling it with no arguments fails later
             name = type(self.loss).__name__
@@ -132,8 +206,12 @@ class Task:
             raise DistkitError(f"Task(score={self.score!r}) must be (metric name, 'min' or 'max'), "
                                "e.g. score=('mse', 'min')")
         self.score = score
+        # Where the Task(...) call is written: its module will hold it under some attr
+        # (found later by resolve_task, once the assignment has happened).
         if not self.name:
-            self.name = getattr(self.model, "__module__", None) or "task"
+            caller = sys._getframe(2).f_globals.get("__name__", "")  # __init__, then the call
+            self.__dict__["_defined_in"] = caller
+            self.name = caller or getattr(self.model, "__module__", None) or "task"
 
     def build_metrics(self, criterion) -> dict:
         """The validation metrics: the task's own, plus ``"loss"`` (the task's loss)
@@ -149,9 +227,12 @@ class Task:
         return metrics
 
     def check(self) -> "Task":
-        """Build its loss and metrics once, so a score naming no metric fails in one line
-        before any process starts; returns the task."""
-        self.build_metrics(self.loss())
+        """Build its loss and metrics once, so a score naming no metric, or a metric that
+        cannot apply to the loss (accuracy of a regression), fails in one line before any
+        process starts; returns the task."""
+        criterion = self.loss()
+        metrics = self.build_metrics(criterion)
+        check_metrics_fit_loss(self.name, criterion, metrics)
         return self
 
     def metric_names(self) -> list:
@@ -162,6 +243,121 @@ class Task:
     def sign(self) -> float:
         """+1 if a larger score is better, -1 if a smaller one is."""
         return 1.0 if self.score[1] == "max" else -1.0
+
+    def configure(self, config):
+        """``config`` with ``task_settings`` complete: the task's defaults, overridden by
+        the values given (``--set name=value`` gives strings, converted to the default's
+        type). An unknown name or a value of the wrong type fails in one line."""
+        given = dict(getattr(config, "task_settings", None) or {})
+        unknown = sorted(set(given) - set(self.settings))
+        if unknown:
+            known = ", ".join(f"{k}={v!r}" for k, v in self.settings.items()) or "none"
+            raise DistkitError(
+                f"--set {unknown[0]}: task {self.name!r} has no setting {unknown[0]!r} (its "
+                f"settings: {known}): name one of them, or declare it in Task(settings=...)")
+        values = {name: _setting_value(self.name, name, default, given[name])
+                  if name in given else default for name, default in self.settings.items()}
+        return dataclasses.replace(config, task_settings=values)
+
+
+LR_SCHEDULES = ("kit", "none")
+# Losses whose targets are real numbers: metrics that count classes cannot apply.
+REGRESSION_LOSSES = ("MSELoss", "L1Loss", "SmoothL1Loss", "HuberLoss", "GaussianNLLLoss",
+                     "PoissonNLLLoss")
+CLASS_METRICS = ("Accuracy", "Precision", "Recall", "Fbeta", "ConfusionMatrix",
+                 "TopKCategoricalAccuracy", "ClassificationReport")
+
+
+def metrics_for_loss(loss) -> dict:
+    """The default metrics, following the task's loss (``loss`` is what makes it):
+    ``accuracy`` for ``CrossEntropyLoss`` / ``NLLLoss`` (and ``BCEWithLogitsLoss`` /
+    ``BCELoss``, on the thresholded output), ``mse`` (``MeanSquaredError``) for ``MSELoss``,
+    ``mae`` (``MeanAbsoluteError``) for ``L1Loss``, and none (the ``"loss"`` metric alone)
+    for any other loss::
+
+        >>> import torch.nn as nn
+        >>> sorted(metrics_for_loss(nn.MSELoss)), sorted(metrics_for_loss(nn.CrossEntropyLoss))
+        (['mse'], ['accuracy'])
+    """
+    from ignite.metrics import Accuracy, MeanAbsoluteError, MeanSquaredError
+    import torch.nn as nn
+
+    criterion = loss()
+    if isinstance(criterion, (nn.CrossEntropyLoss, nn.NLLLoss)):
+        return {"accuracy": Accuracy()}
+    if isinstance(criterion, nn.BCEWithLogitsLoss):
+        return {"accuracy": Accuracy(output_transform=_logits_to_labels)}
+    if isinstance(criterion, nn.BCELoss):
+        return {"accuracy": Accuracy(output_transform=_probabilities_to_labels)}
+    if isinstance(criterion, nn.MSELoss):
+        return {"mse": MeanSquaredError()}
+    if isinstance(criterion, nn.L1Loss):
+        return {"mae": MeanAbsoluteError()}
+    return {}
+
+
+def _logits_to_labels(output):
+    y_pred, y = output
+    return (y_pred > 0).long(), y.long()
+
+
+def _probabilities_to_labels(output):
+    y_pred, y = output
+    return (y_pred > 0.5).long(), y.long()
+
+
+def check_metrics_fit_loss(name: str, criterion, metrics: dict) -> None:
+    """Refuse a metric that counts classes (``Accuracy``...) for a regression loss
+    (``MSELoss``...): it would fail inside every rank after the first epoch."""
+    loss_type = type(criterion).__name__
+    if loss_type not in REGRESSION_LOSSES:
+        return
+    for metric_name, metric in metrics.items():
+        if type(metric).__name__ in CLASS_METRICS:
+            raise DistkitError(
+                f"task {name!r}: metric {metric_name!r} ({type(metric).__name__}) counts classes, "
+                f"but its loss {loss_type} is a regression loss: give regression metrics, e.g. "
+                "Task(metrics=lambda: {'mse': MeanSquaredError()}), or leave metrics out "
+                "(the default follows the loss)")
+
+
+def _setting_value(task: str, name: str, default, value):
+    """``value`` as the type of ``default``: strings from ``--set`` are converted."""
+    import ast
+
+    kind = type(default)
+    if isinstance(value, str) and kind is not str:
+        text = value.strip()
+        try:
+            if kind is bool:
+                lowered = text.lower()
+                if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(text)
+                value = lowered in ("true", "1", "yes")
+            elif kind in (int, float):
+                value = kind(text)
+            else:
+                value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            raise DistkitError(
+                f"--set {name}={value}: task {task!r} wants {_kind_name(kind)} for {name!r} "
+                f"(default {default!r}): give e.g. --set {name}={default}") from None
+    ok = default is None or isinstance(value, kind) or (kind is float and isinstance(value, int)
+                                                         and not isinstance(value, bool))
+    if kind is int and isinstance(value, bool):
+        ok = False
+    if not ok:
+        raise DistkitError(
+            f"Config.task_settings[{name!r}] = {value!r}: task {task!r} wants {_kind_name(kind)} "
+            f"(default {default!r}): give e.g. {name}={default!r}")
+    if kind is float and isinstance(value, int):
+        value = float(value)
+    return value
+
+
+def _kind_name(kind) -> str:
+    return {bool: "true or false", int: "a whole number", float: "a number",
+            str: "a string"}.get(kind, f"a {kind.__name__}")
 
 
 # --- the built-in tasks: every dataset of distkit.data x every model of distkit.models ----
@@ -181,16 +377,23 @@ def _builtin_model(dataset: str, model: str, config):
 
 def builtin_task(dataset: str, model: str) -> Task:
     """The task for ``--dataset dataset --model model``: classification, cross-entropy,
-    accuracy, early stopping on the validation loss (as ``distkit train`` always did)."""
-    return Task(datasets=partial(_builtin_datasets, dataset),
-                model=partial(_builtin_model, dataset, model),
-                name=f"{dataset}/{model}")
+    accuracy, early stopping on the validation loss (as ``distkit train`` always did).
+    ``text`` x ``gpt``: next-character prediction (cross entropy and accuracy over every
+    position, AdamW, a sampled line at the end; :mod:`distkit.text`)."""
+    datasets, net = partial(_builtin_datasets, dataset), partial(_builtin_model, dataset, model)
+    if dataset == "text":
+        from distkit import text
+
+        return Task(datasets=datasets, model=net, loss=text.TokenCrossEntropy,
+                    metrics=text.token_metrics, optimizer=text.adamw, name=f"{dataset}/{model}",
+                    summary=text.text_summary, lr_scheduler="kit")
+    return Task(datasets=datasets, model=net, name=f"{dataset}/{model}")
 
 
 def _registry() -> dict:
-    from distkit.config import DATASETS, MODELS
+    from distkit.config import builtin_pairs
 
-    return {(d, m): builtin_task(d, m) for d in DATASETS for m in MODELS}
+    return {(d, m): builtin_task(d, m) for d, m in builtin_pairs()}
 
 
 BUILTIN_TASKS: dict = _registry()
@@ -246,18 +449,25 @@ def load_task(spec: str) -> Task:
     if not isinstance(task, Task):
         raise DistkitError(f"--task {spec!r} is a {type(task).__name__}, not a distkit.Task: "
                            "point it at an object made with distkit.Task(...)")
-    return _named(task)
+    return _named(task, module, attr)
 
 
-def _named(task: Task) -> Task:
-    """A task named by default (its module) gets the name ``module:attr`` under which its
-    module holds it, the same whether it came by object, ``module:attr`` or a file path
-    (a resumed run is checked against the task name its checkpoint records)."""
-    module_name = getattr(task.model, "__module__", None)
-    if task.name != module_name or module_name not in sys.modules:
-        return task  # named by its author, or a built-in task
-    attr = next((k for k, v in vars(sys.modules[module_name]).items() if v is task), None)
-    return dataclasses.replace(task, name=f"{module_name}:{attr}") if attr else task
+def _named(task: Task, module=None, attr: str | None = None) -> Task:
+    """A task its author did not name gets the name ``module:attr``: the module whose
+    ``Task(...)`` call made it and the attribute that holds it there, the same whether it
+    came by object, ``module:attr`` or a file path (a resumed run is checked against the
+    task name its checkpoint records, so two tasks of one module must not share a name).
+    ``module``/``attr``: where the spec found it, used if its own module does not hold it."""
+    defined_in = task.__dict__.get("_defined_in")
+    if defined_in is None or task.name != defined_in:
+        return task  # named by its author, a built-in task, or named already
+    home = sys.modules.get(defined_in)
+    found = next((k for k, v in vars(home).items() if v is task), None) if home else None
+    if found:
+        return dataclasses.replace(task, name=f"{defined_in}:{found}")
+    if module is not None and attr:
+        return dataclasses.replace(task, name=f"{module.__name__}:{attr}")
+    return task
 
 
 def _import(spec: str, module_name: str):

@@ -19,25 +19,14 @@ refuses its old ``mlruns`` folder store unless told otherwise); ``mlflow ui
 """
 from __future__ import annotations
 
-import importlib.util
-import logging
 import numbers
 import os
 import re
 import sys
 from pathlib import Path
 
-from distkit.errors import DistkitError
-
-# logger -> the package that must be importable (and the distkit extra that installs it)
-PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
-
-def check_installed(logger: str) -> None:
-    """One line, before any process starts, if the tracker's package is missing."""
-    package = PACKAGES.get(logger)
-    if package is not None and importlib.util.find_spec(package) is None:
-        raise DistkitError(f"--logger {logger} needs the {package} package, which is not installed: "
-                           f"pip install {package} (the distkit[{logger}] extra), or use --logger none")
+from distkit.config import check_logger_installed
+from distkit.machine import set_ignite_verbosity
 
 
 # --------------------------------------------------------------------------------------
@@ -59,15 +48,6 @@ def _isatty(stream) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):  # no isatty, or a closed stream
         return False
-
-
-def set_ignite_verbosity(verbose: bool):
-    """ignite's launcher and ``auto_*`` INFO lines through (``verbose``) or not; warnings
-    always. Call in every process that may log them (the launcher, and each rank).
-    Returns the switch: ``.restore()`` puts the previous levels back."""
-    from distkit.runner import quiet_ignite_logs  # the kit's one switch for those loggers
-
-    return quiet_ignite_logs(logging.INFO if verbose else logging.WARNING)
 
 
 def console(config) -> bool:
@@ -138,7 +118,7 @@ def attach(config, trainer, evaluator, optimizer, run_dir: str) -> Tracker:
 
     if config.logger == "none" or idist.get_rank() != 0:
         return Tracker()
-    check_installed(config.logger)
+    check_logger_installed(config.logger)
     if config.logger == "tensorboard":
         from ignite.handlers import TensorboardLogger
 

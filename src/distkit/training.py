@@ -13,7 +13,6 @@ import gc
 import os
 import time
 
-import ignite
 import ignite.distributed as idist
 import torch
 from ignite.engine import Events, create_supervised_evaluator
@@ -21,15 +20,16 @@ from ignite.engine.deterministic import DeterministicEngine
 from ignite.handlers import Checkpoint, EarlyStopping, PiecewiseLinear, ProgressBar
 from ignite.utils import manual_seed
 
-from distkit import profiling, tracking
+from distkit import profiling, throughput, tracking
 from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_saver, load_checkpoint,
-                                make_run_dir, resume_settings, to_save,
-                                write_results)
+                                make_run_dir, resume_settings, to_save)
 from distkit.data import get_dataflow
-from distkit.launch import ranks_on_this_host, threads_per_process
+from distkit.machine import ranks_on_this_host, threads_per_process
+from distkit.reporting import RunRecord, report, saved_path
 from distkit.strategies import (checkpoint_objects, full_state_dict_everywhere,
                                  peak_memory_per_rank, prepare_model)
-from distkit.tasks import Task, resolve_task
+from distkit.errors import DistkitError
+from distkit.tasks import Task, prepare_xy, resolve_task
 
 
 def initialize(config, task: Task | None = None):
@@ -48,10 +48,23 @@ def initialize(config, task: Task | None = None):
     task = resolve_task(task if task is not None else config)
     manual_seed(config.seed)
     # ddp: idist.auto_model; fsdp: fully_shard per layer (distkit.strategies)
-    model = prepare_model(task.model(config), getattr(config, "strategy", "ddp"))
+    model = prepare_model(task.model(config), config.strategy)
     optimizer = idist.auto_optim(task.optimizer(model.parameters(), config))
     criterion = task.loss().to(idist.device())
     return model, optimizer, criterion
+
+
+def note_unused_lr(task: Task, config, optimizer) -> None:
+    """Say so when ``--lr`` was given but the task's own optimizer trains at its own lr:
+    nothing the learner asked for is dropped without a word."""
+    import sys
+
+    lr = optimizer.param_groups[0]["lr"]
+    default = type(config).__dataclass_fields__["lr"].default
+    if schedule_kind(task) != "kit" and config.lr != default and config.lr != lr:
+        print(f"distkit: note: task {task.name!r} trains at its optimizer's lr {lr:g}, not "
+              f"--lr {config.lr:g}: ask for the kit's schedule with Task(lr_scheduler='kit')",
+              file=sys.stderr, flush=True)
 
 
 def peak_lr(config, world_size: int) -> float:
@@ -67,6 +80,77 @@ def create_lr_scheduler(config, optimizer, epoch_length: int):
     milestones = [(0, 0.0), (warmup, peak)] if warmup > 0 else [(0, peak)]
     milestones.append((total, 0.0))
     return PiecewiseLinear(optimizer, "lr", milestones_values=milestones)
+
+
+class NoSchedule:
+    """The lr schedule of a task that keeps its optimizer's lr: nothing to step, an empty
+    state to checkpoint."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def schedule_kind(task: Task) -> str:
+    """``"kit"``, ``"none"`` or ``"task"``: which lr schedule ``task`` trains with. A task
+    that brings its own optimizer keeps that optimizer's lr unless it asks for the kit's
+    schedule (``Task(lr_scheduler="kit")``)."""
+    from distkit.tasks import sgd
+
+    if task.lr_scheduler is None:
+        return "kit" if task.optimizer is sgd else "none"
+    return task.lr_scheduler if isinstance(task.lr_scheduler, str) else "task"
+
+
+def task_lr_scheduler(task: Task, config, optimizer, epoch_length: int):
+    """``(scheduler, event)``: the lr schedule ``task`` asks for (see :class:`distkit.Task`)
+    and the trainer event that steps it (None: nothing to step). The scheduler is what
+    the checkpoint saves under ``lr_scheduler``::
+
+        >>> import torch
+        >>> from distkit import Config, Task
+        >>> from distkit.data import get_datasets
+        >>> def adam(params, config):
+        ...     return torch.optim.Adam(params, lr=1e-3)
+        >>> task = Task(datasets=get_datasets, model=torch.nn.Linear, optimizer=adam)
+        >>> opt = adam(torch.nn.Linear(2, 1).parameters(), Config())
+        >>> scheduler, event = task_lr_scheduler(task, Config(), opt, epoch_length=10)
+        >>> type(scheduler).__name__, event, opt.param_groups[0]["lr"]
+        ('NoSchedule', None, 0.001)
+    """
+    from torch.optim.lr_scheduler import LRScheduler as TorchLRScheduler
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+    from ignite.handlers import LRScheduler, ParamScheduler
+
+    kind = schedule_kind(task)
+    if kind == "kit":
+        return create_lr_scheduler(config, optimizer, epoch_length), Events.ITERATION_STARTED
+    if kind == "none":
+        return NoSchedule(), None
+    scheduler = task.lr_scheduler(optimizer, config, epoch_length)
+    if isinstance(scheduler, LRScheduler):  # ignite's wrapper of a torch scheduler
+        return scheduler, Events.ITERATION_COMPLETED
+    if isinstance(scheduler, ParamScheduler):
+        return scheduler, Events.ITERATION_STARTED
+    if isinstance(scheduler, ReduceLROnPlateau):
+        raise DistkitError(
+            f"task {task.name!r}: its lr_scheduler returned ReduceLROnPlateau, which steps on a "
+            "metric: use ignite's ReduceLROnPlateauScheduler attached to the evaluator in "
+            "Task(handlers=...)")
+    if isinstance(scheduler, TorchLRScheduler):
+        return scheduler, Events.EPOCH_COMPLETED
+    raise DistkitError(
+        f"task {task.name!r}: its lr_scheduler returned a {type(scheduler).__name__}: return an "
+        "ignite param scheduler (e.g. PiecewiseLinear) or a torch.optim.lr_scheduler.LRScheduler")
+
+
+def _step_scheduler(scheduler):
+    def step_lr_scheduler(engine):
+        scheduler.step()
+
+    return step_lr_scheduler
 
 
 class Trainer(DeterministicEngine):
@@ -111,9 +195,43 @@ def _jsonable(value):
     return value
 
 
-def create_trainer(model, optimizer, criterion, config):
-    """A trainer whose step is written out, so a learner can read it."""
+def create_trainer(model, optimizer, criterion, config, prepare_batch=None, train_step=None):
+    """A trainer whose step is written out, so a learner can read it.
+
+    ``prepare_batch(batch, device, non_blocking) -> (x, y)`` (a task's own, as ignite's
+    ``create_supervised_trainer`` takes it; default ``batch[0]``, ``batch[1]``) feeds the
+    kit's step. ``train_step(model, optimizer, criterion, config) -> update(engine, batch)``
+    (a task's own step, see :class:`distkit.Task`) replaces the kit's step; its output
+    becomes the same ``{"loss": float, "batch_size": int, ...}`` (:func:`step_output`), so
+    the mean train loss, the sample count and the progress bar work alike."""
     device = idist.device()
+    if device.type == "xla":
+        import torch_xla.core.xla_model as xm
+
+        mark_step = xm.mark_step  # cut the lazy graph at the step's end and execute it
+    else:
+        def mark_step():
+            pass
+
+    if train_step is not None:
+        update = train_step(model, optimizer, criterion, config)
+        if not callable(update):
+            raise DistkitError(
+                f"the task's train_step returned a {type(update).__name__}, not a function: "
+                "return update(engine, batch), the step ignite's Engine runs")
+        count_with = prepare_batch or prepare_xy
+
+        def own_step(engine, batch):
+            if not model.training:
+                model.train()
+            output = update(engine, batch)
+            mark_step()
+            out = step_output(output, batch, count_with)
+            engine.state.loss_sum += out["loss"]
+            return out
+
+        return _with_train_loss(Trainer(own_step))
+
     # Decided once, not at every step: a disabled autocast context and a model.train()
     # (a walk over every module) on every step were half of the kit's fixed cost per step.
     if config.amp:
@@ -123,19 +241,18 @@ def create_trainer(model, optimizer, criterion, config):
     else:
         def forward(x, y):
             return criterion(model(x), y)
-    if device.type == "xla":
-        import torch_xla.core.xla_model as xm
 
-        mark_step = xm.mark_step  # cut the lazy graph at the step's end and execute it
+    if prepare_batch is None:
+        def prepare(batch):
+            return batch[0].to(device, non_blocking=True), batch[1].to(device, non_blocking=True)
     else:
-        def mark_step():
-            pass
+        def prepare(batch):
+            return prepare_batch(batch, device, True)
 
     def train_step(engine, batch):
         if not model.training:  # validation left it in eval mode; checking is ~free
             model.train()
-        x = batch[0].to(device, non_blocking=True)
-        y = batch[1].to(device, non_blocking=True)
+        x, y = prepare(batch)
         loss = forward(x, y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()  # under DDP this also all-reduces (averages) the gradients
@@ -143,10 +260,39 @@ def create_trainer(model, optimizer, criterion, config):
         mark_step()
         value = loss.item()  # .item(): a device sync point
         engine.state.loss_sum += value
-        return {"loss": value, "batch_size": len(x)}
+        return {"loss": value, "batch_size": len(y)}
 
-    trainer = Trainer(train_step)
+    return _with_train_loss(Trainer(train_step))
 
+
+def step_output(output, batch, prepare_batch) -> dict:
+    """What a task's ``update`` returned, as the kit's step returns it: ``{"loss": float,
+    "batch_size": int, ...}``. ``output`` is the loss (a number or a one-element tensor)
+    or a dict with ``"loss"`` and optionally ``"batch_size"`` (else ``len(y)`` of
+    ``prepare_batch(batch, None, False)``, which moves nothing) and keys of its own::
+
+        >>> import torch
+        >>> from distkit.tasks import prepare_xy
+        >>> step_output(torch.tensor(0.5), (torch.zeros(4, 2), torch.zeros(4)), prepare_xy)
+        {'loss': 0.5, 'batch_size': 4}
+    """
+    out = dict(output) if isinstance(output, dict) else {"loss": output}
+    if "loss" not in out:
+        raise DistkitError(f"the task's train_step returned a dict without 'loss' (keys: "
+                           f"{', '.join(map(str, out))}): return {{'loss': loss, ...}} or the loss")
+    loss = out["loss"]
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        loss = loss.item()  # a device sync point, as in the kit's own step
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)):
+        raise DistkitError(f"the task's train_step returned a loss of type {type(loss).__name__}: "
+                           "return the batch's loss as a number or a one-element tensor")
+    out["loss"] = float(loss)
+    if "batch_size" not in out:
+        out["batch_size"] = len(prepare_batch(batch, None, False)[1])
+    return out
+
+
+def _with_train_loss(trainer):
     # The epoch's mean batch loss over all ranks, all-reduced once at the epoch's end (a
     # RunningAverage would all-reduce at every iteration: ~20% of a step here). This is
     # what ignite's Average metric computes; its per-step update (output transform,
@@ -154,11 +300,12 @@ def create_trainer(model, optimizer, criterion, config):
     @trainer.on(Events.EPOCH_STARTED)
     def reset_loss_sum(engine):
         engine.state.loss_sum = 0.0
-        engine.state.loss_steps_start = engine.state.iteration
+        # a run resumed mid-epoch starts its first epoch late: fewer batches in the mean
+        engine.state.epoch_start_iteration = engine.state.iteration
 
     @trainer.on(Events.EPOCH_COMPLETED)
     def mean_train_loss(engine):
-        steps = idist.all_reduce(float(engine.state.iteration - engine.state.loss_steps_start))
+        steps = idist.all_reduce(float(engine.state.iteration - engine.state.epoch_start_iteration))
         engine.state.metrics["train_loss"] = idist.all_reduce(engine.state.loss_sum) / max(steps, 1)
 
     return trainer
@@ -184,12 +331,17 @@ def at_most_every(seconds: float):
     return event_filter
 
 
-def attach_step_handlers(trainer, train_loader, lr_scheduler=None):
-    """The handlers every epoch or step of training needs: the lr schedule (if given),
-    the sampler's reshuffle, and ``trainer.state.samples``, the samples this process
-    trained on since ``run()`` started. ``benchmarks`` reuse it to time the same work."""
-    if lr_scheduler is not None:
-        trainer.add_event_handler(Events.ITERATION_STARTED, lr_scheduler)
+def attach_step_handlers(trainer, train_loader, lr_scheduler=None, event=Events.ITERATION_STARTED):
+    """The handlers every epoch or step of training needs: the lr schedule (if given; at
+    ``event``, see :func:`task_lr_scheduler`), the sampler's reshuffle, and
+    ``trainer.state.samples``, the samples this process trained on since ``run()``
+    started. ``benchmarks`` reuse it to time the same work."""
+    if lr_scheduler is not None and event is not None:
+        from ignite.handlers import ParamScheduler
+
+        handler = lr_scheduler if isinstance(lr_scheduler, ParamScheduler) else \
+            _step_scheduler(lr_scheduler)
+        trainer.add_event_handler(event, handler)
 
     @trainer.on(Events.EPOCH_STARTED)
     def reshuffle(engine):
@@ -209,10 +361,13 @@ def attach_step_handlers(trainer, train_loader, lr_scheduler=None):
 
 def create_evaluator(model, criterion, config, task: Task | None = None):
     """The task's metrics and its loss over the validation shard of each rank; ignite's
-    metrics all-reduce their counts, so every rank gets the global values."""
-    metrics = resolve_task(task if task is not None else config).build_metrics(criterion)
+    metrics all-reduce their counts, so every rank gets the global values. The task's
+    ``prepare_batch`` (default :func:`~distkit.tasks.prepare_xy`) makes ``(x, y)``."""
+    task = resolve_task(task if task is not None else config)
+    metrics = task.build_metrics(criterion)
     return create_supervised_evaluator(
         model, metrics=metrics, device=idist.device(), non_blocking=True,
+        prepare_batch=task.prepare_batch or prepare_xy,
         amp_mode="amp" if config.amp and idist.device().type == "cuda" else None)
 
 
@@ -245,20 +400,6 @@ def replica_digests(model) -> list:
     return list(idist.all_gather(param_digest(model)))
 
 
-def versions() -> dict:
-    import platform
-
-    out = {"python": platform.python_version(), "torch": torch.__version__,
-           "ignite": ignite.__version__}
-    try:
-        import torchvision
-
-        out["torchvision"] = torchvision.__version__
-    except Exception:
-        pass
-    return out
-
-
 def training(local_rank: int, config, task: Task | None = None) -> dict | None:
     """Train ``task`` (default: ``config.task``, else the built-in task of
     ``config.dataset`` x ``config.model``) in this process, as one of
@@ -277,7 +418,9 @@ def training(local_rank: int, config, task: Task | None = None) -> dict | None:
         >>> sorted(results["final"])
         ['epoch', 'epoch_time_s', 'lr', 'train_loss', 'train_loss_iterations', 'val_accuracy', 'val_loss']
     """
-    results = _train(local_rank, config, resolve_task(task if task is not None else config))
+    task = resolve_task(task if task is not None else config)
+    config.task_settings = task.configure(config).task_settings  # in place: launchers read config.run_dir
+    results = _train(local_rank, config, task)
     # Free the trainer, the DDP model and the loaders (held by reference cycles) now, while
     # the interpreter and the process group are alive: left to the interpreter's exit,
     # gloo's pending work objects can abort a process that has finished its work
@@ -295,21 +438,24 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     # kept on the config too: under torchrun the launcher removes it if the run fails empty
     run_dir = config.run_dir = resolve_run_dir(config)
 
-    train_loader, val_loader = get_dataflow(config, task.datasets(config))
+    train_loader, val_loader = get_dataflow(config, task.datasets(config), task.collate_fn)
     model, optimizer, criterion = initialize(config, task)
     initial_digests = replica_digests(model)
-    lr_scheduler = create_lr_scheduler(config, optimizer, len(train_loader))
-    trainer = create_trainer(model, optimizer, criterion, config)
+    lr_scheduler, lr_event = task_lr_scheduler(task, config, optimizer, len(train_loader))
+    trainer = create_trainer(model, optimizer, criterion, config, task.prepare_batch,
+                             task.train_step)
     evaluator = create_evaluator(model, criterion, config, task)
-    attach_step_handlers(trainer, train_loader, lr_scheduler)
+    # a torch scheduler steps at the epoch's end, after validation (which records the
+    # epoch's lr) and before the checkpoint (which must hold the stepped state)
+    attach_step_handlers(trainer, train_loader, lr_scheduler,
+                         None if lr_event == Events.EPOCH_COMPLETED else lr_event)
+    if rank == 0:
+        note_unused_lr(task, config, optimizer)
+    clock = throughput.attach(trainer, model, config)  # tokens/s and MFU, if the model counts FLOPs
 
     history = []
 
     profiler = profiling.attach(trainer) if config.profile else None
-
-    @trainer.on(Events.EPOCH_STARTED)
-    def mark_epoch_start(engine):  # a run resumed mid-epoch starts its first epoch late
-        engine.state.epoch_start_iteration = engine.state.iteration
 
     @trainer.on(Events.EPOCH_COMPLETED)
     def validate(engine):
@@ -317,7 +463,7 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
         history.append({
             "epoch": engine.state.epoch,
             "train_loss": engine.state.metrics["train_loss"],
-            # batches in train_loss's mean: fewer than the epoch's after a mid-epoch resume
+            # batches in train_loss's mean (create_trainer marks where the epoch started)
             "train_loss_iterations": engine.state.iteration - engine.state.epoch_start_iteration,
             **{f"val_{name}": _jsonable(value) for name, value in state.metrics.items()},
             "epoch_time_s": engine.state.times["EPOCH_COMPLETED"],
@@ -330,22 +476,28 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
             print(f"epoch {h['epoch']:3d}  train loss {h['train_loss']:.4f}  val {shown}  "
                   f"({h['epoch_time_s']:.2f} s)", flush=True)
 
-    def score(_=None):
-        """The task's score, signed so that larger is better (what ignite's handlers want)."""
-        return task.sign() * history[-1][f"val_{task.score[0]}"]
+    if lr_event == Events.EPOCH_COMPLETED:
+        trainer.add_event_handler(lr_event, _step_scheduler(lr_scheduler))
 
+    def score(engine):
+        """The task's score in the evaluator's metrics, signed so that larger is better
+        (what ignite's handlers want)."""
+        return task.sign() * float(engine.state.metrics[task.score[0]])
+
+    # Early stopping and the best model read the evaluator's metrics when it completes, as
+    # ignite's examples attach them: they cannot run before the validation they judge.
     if config.early_stopping_patience > 0:
         stopper = EarlyStopping(
             patience=config.early_stopping_patience, min_delta=config.early_stopping_min_delta,
             score_function=score, trainer=trainer)
-        trainer.add_event_handler(Events.EPOCH_COMPLETED, stopper)
+        evaluator.add_event_handler(Events.COMPLETED, stopper)
 
     # Checkpoint must exist on every rank (XLA saves collectively); DiskSaver writes on
     # rank 0 only, atomically (temporary file, then rename).
     # Under fsdp: full (unsharded) state dicts, so the files stay plain model weights.
     saved_model, saved_optimizer = checkpoint_objects(model, optimizer)
     # the settings a resumed run must share with this one (checked before it starts)
-    settings = RunSettings(resume_settings(config, task.name, world_size))
+    settings = RunSettings(resume_settings(config, task.name, world_size, type(optimizer).__name__))
     objects = to_save(trainer, saved_model, saved_optimizer, lr_scheduler, settings)
     checkpoint = Checkpoint(
         objects, checkpoint_saver(os.path.join(run_dir, "checkpoints")),  # full disk: one line
@@ -359,7 +511,7 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     best = Checkpoint(
         {"model": saved_model}, checkpoint_saver(os.path.join(run_dir, "best")),
         filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0])
-    trainer.add_event_handler(Events.EPOCH_COMPLETED, best)
+    evaluator.add_event_handler(Events.COMPLETED, best)
 
     if config.max_iters is not None:
         @trainer.on(Events.ITERATION_COMPLETED)
@@ -367,6 +519,9 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
             if engine.state.iteration >= config.max_iters:
                 checkpoint(engine)
                 engine.terminate()
+
+    if task.handlers is not None:  # the task's own, after the kit's
+        task.handlers(trainer, evaluator, config)
 
     if config.resume_from:
         Checkpoint.load_objects(objects, load_checkpoint(config.resume_from))
@@ -390,92 +545,17 @@ def _train(local_rank: int, config, task: Task) -> dict | None:
     tracker.close(profile)
     digests = {"initial": initial_digests, "final": replica_digests(model)}
     memory = peak_memory_per_rank()
-    results = _report(rank, run_dir, config, task, history, trainer, (checkpoint, best), profile,
-                      trainer.state.samples * world_size, wall, digests, memory)
-    return results
-
-
-def run_summary(results: dict) -> str:
-    """The few lines `distkit train` prints at the end of a run, from its results dict
-    (what :func:`training` returns on rank 0 and writes to results.json)."""
-    f = results["final"] or {}
-    metrics = "  ".join(f"{k[4:]} {v:.4f}" for k, v in f.items()
-                        if k.startswith("val_") and isinstance(v, float)) or "none"
-    task = results.get("task") or {}
-    lines = [
-        f"backend {results['backend']}  world size {results['world_size']}  "
-        f"nodes {results['nnodes']}  device {results['device']}"
-        + (f"  task {task['name']}" if task.get("name") else ""),
-        f"final validation {metrics}  after {results['epochs_completed']} epoch(s), "
-        f"{results['iterations']} iterations",
-        f"{results['seconds_per_epoch'] or float('nan'):.2f} s per epoch (training only)  "
-        f"{results['samples_per_second']:.0f} samples/s (end to end)",
-        f"results, checkpoints and plots in {results['run_dir']}",
-    ]
-    if results.get("profile"):
-        lines.insert(-1, profiling.format_summary(results["profile"], top=5))
-    return "\n".join(lines)
-
-
-def _report(rank, run_dir, config, task, history, trainer, checkpoints, profile, trained_samples,
-            wall, digests, memory=None):
-    """On rank 0: gather the run into a dict, write results.json and the learning curves."""
-    if rank != 0:
-        return None
-    world_size = idist.get_world_size()
-    checkpoint, best = checkpoints
-
-    train_time = sum(h["epoch_time_s"] for h in history)
-    results = {
-        "backend": idist.backend() or "none",
-        "world_size": world_size,
-        "nnodes": idist.get_nnodes(),
-        "device": str(idist.device()),
-        "threads_per_process": torch.get_num_threads(),
-        "run_dir": run_dir,
-        "config": config.to_dict(),
-        "task": {"name": task.name, "score": list(task.score), "loss": type(task.loss()).__name__,
-                 "metrics": [f"val_{name}" for name in task.metric_names()]},
-        "peak_lr": peak_lr(config, world_size),
-        "history": history,
-        "iterations": trainer.state.iteration,
-        "epochs_completed": history[-1]["epoch"] if history else 0,  # resumed runs included
-        "epochs_this_run": len(history),
-        "final": history[-1] if history else None,
-        "wall_time_s": wall,
-        "first_step_unix_s": getattr(trainer.state, "first_step_unix_s", None),
-        "train_time_s": train_time,
-        "seconds_per_epoch": train_time / len(history) if history else None,
-        "samples_trained": trained_samples,
-        # end to end: validation and checkpoints included
-        "samples_per_second": trained_samples / wall if wall > 0 else None,
-        "last_checkpoint": _last_checkpoint_path(run_dir, checkpoint),
-        "best_model": _best_path(run_dir, best),
-        "profile": profile,
-        # One SHA-256 of the parameters per rank: all equal = replicas in sync.
-        "replica_param_sha256": digests,
-        "replicas_identical": all(len(set(d)) == 1 for d in digests.values()),
-        "strategy": getattr(config, "strategy", "ddp"),
-        "peak_memory_per_rank": memory,  # {"bytes": [rank 0, rank 1, ...], "measure": ...}
-        "versions": versions(),
-    }
-    write_results(run_dir, results)
-    if history:
-        from distkit.plots import learning_curves
-
-        import matplotlib.pyplot as plt
-
-        fig = learning_curves([results])
-        fig.savefig(os.path.join(run_dir, "learning_curves.png"), dpi=100)
-        plt.close(fig)
-    return results
-
-
-def _last_checkpoint_path(run_dir, checkpoint, folder="checkpoints"):
-    if checkpoint.last_checkpoint is None:
-        return None
-    return os.path.join(run_dir, folder, os.path.basename(str(checkpoint.last_checkpoint)))
-
-
-def _best_path(run_dir, best):
-    return _last_checkpoint_path(run_dir, best, folder="best")
+    # every rank: a task's summary may run the model (a collective under fsdp)
+    extras = {**throughput.report(clock),
+              "task_summary": task.summary(model, config) if task.summary else None,
+              # kit: --lr and its schedule; none: the optimizer's own lr; task: its scheduler
+              "lr_schedule": schedule_kind(task)}
+    record = RunRecord(
+        run_dir=run_dir, config=config, task=task, history=history,
+        iterations=trainer.state.iteration, samples_trained=trainer.state.samples * world_size,
+        wall_time_s=wall, first_step_unix_s=getattr(trainer.state, "first_step_unix_s", None),
+        peak_lr=peak_lr(config, world_size) if schedule_kind(task) == "kit" else None,
+        last_checkpoint=saved_path(run_dir, "checkpoints", checkpoint),
+        best_model=saved_path(run_dir, "best", best), profile=profile, replica_digests=digests,
+        peak_memory_per_rank=memory, extras=extras)
+    return report(record) if rank == 0 else None  # rank 0 writes results.json and the plot

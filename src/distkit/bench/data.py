@@ -15,7 +15,7 @@ from distkit.bench.method import Settings, interleaved, summarize, timed, torch_
 from distkit.bench.sides import KitRun
 from distkit.config import Config
 from distkit.data import TensorImageDataset, synthetic_dataset
-from distkit.launch import threads_per_process
+from distkit.machine import threads_per_process
 from distkit.models import get_model
 
 class Augmented(Dataset):

@@ -11,7 +11,7 @@ from distkit.bench.method import (TARGETS, Settings, compare, interleaved, paire
                                   timed, torch_threads)
 from distkit.bench.sides import KitRun, bench_config, handwritten_epochs, handwritten_setup, linear_decay
 from distkit.data import get_dataflow
-from distkit.launch import threads_per_process
+from distkit.machine import threads_per_process
 from distkit.training import initialize
 
 def _overhead_sides(config, runs, variants=True):

@@ -22,7 +22,7 @@ from distkit.bench.sides import KitRun, bench_config, handwritten_epochs, handwr
 from distkit.config import Config
 from distkit.data import get_dataflow, synthetic_dataset
 from distkit.errors import DistkitError
-from distkit.launch import threads_per_process
+from distkit.machine import threads_per_process
 from distkit.lessons.scaling import gradient_bytes, measure_step_costs
 from distkit.models import MLP, get_model
 from distkit.runner import run_per_rank

@@ -13,7 +13,7 @@ from datetime import datetime
 from distkit.bench import MEASUREMENTS
 from distkit.bench.method import MODES, TARGETS, load_average, machine
 from distkit.errors import DistkitError
-from distkit.training import versions
+from distkit.reporting import versions
 
 def run_benchmarks(mode: str = "quick", output_dir: str | None = "benchmarks/results",
                    only=MEASUREMENTS, note: str = "", threads: int | None = None,

@@ -109,7 +109,8 @@ def main(argv=None) -> None:
     try:
         code = args._module.main(args)
     except DistkitError as e:
-        report_error(e)
+        if not getattr(e, "reported", False):  # a torchrun worker's failure says so itself
+            report_error(e)
         sys.exit(1)
     except KeyboardInterrupt as e:  # the launcher says what it stopped and what is left
         sys.stderr.write(f"distkit: interrupted{f': {e}' if str(e) else ''}\n")

@@ -46,6 +46,28 @@ def torch_build(torch) -> dict:
     return build
 
 
+def network_interface(environ=os.environ) -> str:
+    """The interface a multi-node run would bind gloo (nccl) to from here: the one that
+    routes to ``MASTER_ADDR`` if set, else to the default route, as the launcher picks it
+    (:func:`distkit.machine.socket_interface`)."""
+    from distkit.errors import DistkitError
+    from distkit.machine import socket_interface
+
+    backend = "nccl" if environ.get("NCCL_SOCKET_IFNAME") and not environ.get("GLOO_SOCKET_IFNAME") \
+        else "gloo"
+    master = environ.get("MASTER_ADDR")
+    target = master or "198.51.100.1"  # any outside address: the default route's interface
+    try:
+        pick = socket_interface(backend, target, environ)
+    except DistkitError:
+        return f"no interface routes to {master or 'outside this host'}"
+    if pick["set_by"] == "you":
+        return f"{pick['variable']}={pick['interface']} (set by you)"
+    towards = f"routes to the master {master}" if master else "on the default route"
+    return (f"{pick['variable']}={pick['interface']} ({pick['address']}, {towards}): "
+            "what distkit sets on several nodes")
+
+
 def report() -> dict:
     import ignite
     import ignite.distributed as idist
@@ -53,8 +75,8 @@ def report() -> dict:
 
     import distkit
     from distkit.compat import APPLIED
-    from distkit.launch import default_nproc, resolve_backend, tpu_available
-    from distkit.launch import threads_per_process
+    from distkit.preflight import default_nproc, resolve_backend
+    from distkit.machine import threads_per_process, tpu_available
 
     gpus = [{"name": torch.cuda.get_device_name(i),
              "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
@@ -97,6 +119,7 @@ def report() -> dict:
         info["torch_xla"] = None
     backend = resolve_backend("auto")
     nproc = default_nproc(backend)
+    info["network"] = network_interface()
     info["recommended"] = {
         "backend": backend,
         "nproc_per_node": nproc,

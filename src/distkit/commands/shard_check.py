@@ -124,7 +124,7 @@ def resolve(spec: str, flag: str):
     if flag == "--dataset" and isinstance(obj, Dataset):
         made = obj
     elif callable(obj) and not isinstance(obj, (DataLoader, Dataset)):
-        from distkit.runner import quiet_ignite_logs
+        from distkit.machine import quiet_ignite_logs
 
         try:
             with quiet_ignite_logs():

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import argparse
 
-from distkit.config import BACKENDS, DATASETS, LOGGERS, MODELS, Config
+from distkit.config import (BACKENDS, DATASET_DEFAULTS, DATASETS, LOGGERS, MODELS, STRATEGIES,
+                            Config)
 
 DEFAULTS = Config()
+
+
+def _default(field: str) -> str:
+    """Help text for a flag whose default depends on --dataset."""
+    per_dataset = ", ".join(f"{d}: {v[field]}" for d, v in DATASET_DEFAULTS.items() if field in v)
+    return f"default: {getattr(DEFAULTS, field)}" + (f" ({per_dataset})" if per_dataset else "")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,20 +40,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--task", default=None, metavar="MODULE:ATTR",
                    help="a course's own distkit.Task: module:attr (module importable from the "
                         "current folder) or path/to/file.py:attr; replaces --dataset/--model")
+    g.add_argument("--set", dest="task_settings", action="append", default=[],
+                   metavar="NAME=VALUE",
+                   help="a setting of the --task's own (declared in Task(settings=...)), e.g. "
+                        "--set hidden=64 --set max_norm=1.0; repeat for each")
     g.add_argument("--dataset", choices=DATASETS, default=DEFAULTS.dataset,
                    help="digits and synthetic need no download")
     g.add_argument("--data-dir", default=DEFAULTS.data_dir)
     g.add_argument("--dataset-size", type=int, default=DEFAULTS.dataset_size,
                    help="training samples of the synthetic dataset")
     g.add_argument("--model", choices=MODELS, default=DEFAULTS.model)
-    g.add_argument("--strategy", choices=("ddp", "fsdp"), default=DEFAULTS.strategy,
+    g.add_argument("--strategy", choices=STRATEGIES, default=DEFAULTS.strategy,
                    help="ddp: a whole model per process; fsdp: each process holds 1/N of the "
                         "parameters, gradients and optimizer state (gloo or nccl)")
-    g.add_argument("--epochs", type=int, default=DEFAULTS.epochs)
-    g.add_argument("--batch-size", type=int, default=DEFAULTS.batch_size,
+    g.add_argument("--epochs", type=int, default=None, help=_default("epochs"))
+    g.add_argument("--batch-size", type=int, default=None,
                    help="GLOBAL batch size, summed over all processes: each of N processes "
-                        "gets batch-size / N samples per step")
-    g.add_argument("--lr", type=float, default=DEFAULTS.lr)
+                        "gets batch-size / N samples per step; " + _default("batch_size"))
+    g.add_argument("--lr", type=float, default=None, help=_default("lr"))
     g.add_argument("--scale-lr", action="store_true",
                    help="linear scaling rule: peak lr = lr x world size")
     g.add_argument("--warmup-epochs", type=float, default=DEFAULTS.warmup_epochs)
@@ -79,17 +90,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "under --output-dir (none yet: start from scratch; for torchrun --max-restarts)")
     g.add_argument("--max-iters", type=int, default=None,
                    help="stop (with a checkpoint) after this many iterations in total")
+    g.add_argument("--peak-flops", type=float, default=None, metavar="FLOPS",
+                   help="the machine's peak FLOP/s, all processes together, for the MFU of "
+                        "models that count their FLOPs (--model gpt); default: measured at "
+                        "the start (a large matmul on every process at once)")
 
 
 def config_from_args(args) -> Config:
+    """The Config of these flags; a flag not given takes its dataset's default
+    (``DATASET_DEFAULTS``), else Config's."""
     fields = Config.__dataclass_fields__
-    return Config(**{k: v for k, v in vars(args).items() if k in fields})
+    given = {k: v for k, v in vars(args).items() if k in fields}
+    given["task_settings"] = parse_settings(given.get("task_settings") or [])
+    for k, v in DATASET_DEFAULTS.get(given.get("dataset"), {}).items():
+        if given.get(k) is None:
+            given[k] = v
+    return Config(**{k: v for k, v in given.items()
+                     if v is not None or fields[k].default is None})
+
+
+def parse_settings(pairs) -> dict:
+    """``["hidden=64", "max_norm=1.0"]`` -> ``{"hidden": "64", "max_norm": "1.0"}`` (the task
+    converts each to its default's type before any process starts)."""
+    from distkit.errors import DistkitError
+
+    settings = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        name = name.strip()
+        if not sep or not name.isidentifier():
+            raise DistkitError(f"--set {pair!r} is not NAME=VALUE: give e.g. --set hidden=64")
+        settings[name] = value
+    return settings
 
 
 def main(args) -> int:
-    from distkit.launch import run
-    from distkit.training import run_summary
+    import torch
 
+    from distkit.launch import run
+    from distkit.reporting import run_summary
+
+    # This process only launches (or, joined to torchrun, trains and sets its own count):
+    # on one thread it never starts an OpenMP pool, so its workers fork safely at any count.
+    torch.set_num_threads(1)
     results = run(config_from_args(args))
     if results is not None:
         if results.get("profile"):

@@ -241,7 +241,7 @@ def scaling_study(base: Config, world_sizes=(1, 2, 4), strong_batch: int = 64, w
                                warmup_epochs, threads, cost_repeats, backend)
     runs = [r for r in rows if r["kind"] == "run"]
     costs = [r for r in rows if r["kind"] == "cost"]
-    from distkit.training import versions
+    from distkit.reporting import versions
 
     return {"runs": runs, "costs": costs, "summary": summarize(runs),
             "machine": {"cores": cores(), "threads_per_process": threads, "backend": backend,

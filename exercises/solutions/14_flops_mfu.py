@@ -1,0 +1,58 @@
+"""Exercise 14: the FLOPs of a training step, and the model FLOPs utilisation (MFU).
+
+How fast is a run *for its model*? Tokens per second depend on the model's size; the
+**model FLOPs utilisation** does not: the floating-point operations the model's
+arithmetic needs per second at the measured speed, divided by what the machine can do
+(its peak FLOP/s). ``distkit train --dataset text --model gpt`` reports it; here you
+compute it yourself, for the kit's GPT (:class:`distkit.models.GPT`).
+
+Count what a training step of the whole run computes:
+
+- A product of an (m x k) matrix with a (k x n) matrix costs ``2 m k n`` FLOPs (a
+  multiply and an add each). A weight matrix applied to one token's vector therefore
+  costs 2 FLOPs per weight in the forward. The backward computes two products of the
+  same size per weight matrix: the gradient of its input and the gradient of the weight.
+- N is the number of parameters that take part in matrix products: every parameter
+  except the two embedding tables (``model.tok_emb`` and ``model.pos_emb``): a table
+  lookup does no arithmetic. (Biases and LayerNorm weights are counted in N too: they
+  are too few to matter.)
+- Attention also multiplies activations by activations, with no weights: per layer and
+  per sequence of T tokens, ``Q K^T`` ((T x d) by (d x T)) and ``A V`` ((T x T) by
+  (T x d)); count the full T x T products (the causal mask does not save them here),
+  and the backward as twice the forward again.
+- Every one of ``world_size`` processes trains ``batch_per_rank`` sequences of
+  ``model.block_size`` tokens per step.
+
+Task:
+
+1. ``step_flops(model, batch_per_rank, world_size)``: the FLOPs of one training step
+   (forward and backward) of the whole run, every process together. Read the sizes from
+   the model: ``model.n_layer``, ``model.d_model``, ``model.block_size`` (T), and its
+   parameters (``model.named_parameters()``).
+2. ``mfu(flops_per_step, step_time_ms, peak_flops)``: the model FLOPs utilisation as a
+   fraction (0.25, not 25): ``flops_per_step`` done every ``step_time_ms``
+   MILLIseconds, against ``peak_flops`` FLOP per SECOND.
+
+The check counts the FLOPs torch itself executes in a step (``FlopCounterMode``, in one
+process, on the whole run's batch) and times a real step against a measured matmul peak.
+
+Check it:  pytest exercises -m ex14     (or: distkit check 14)
+Stuck?     distkit check 14 --hint     (or read exercises/hints.md)
+"""
+
+
+def step_flops(model, batch_per_rank, world_size):
+    """FLOPs of one training step (forward and backward) of the whole run."""
+    n = sum(p.numel() for name, p in model.named_parameters()
+            if not name.startswith(("tok_emb.", "pos_emb.")))
+    L, d, T = model.n_layer, model.d_model, model.block_size
+    weights = 6 * n  # 2 per weight forward, 4 backward (input and weight gradients)
+    attention = 3 * L * (2 * T * d + 2 * T * d)  # QK^T and AV: 2·T·d each per token, x3 with backward
+    tokens = batch_per_rank * world_size * T  # every process's sequences
+    return (weights + attention) * tokens
+
+
+def mfu(flops_per_step, step_time_ms, peak_flops):
+    """Model FLOPs utilisation, a fraction: achieved FLOP/s over the peak FLOP/s."""
+    achieved = flops_per_step / (step_time_ms / 1000.0)  # FLOP per second
+    return achieved / peak_flops

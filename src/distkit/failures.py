@@ -1,0 +1,351 @@
+"""A rank that fails: one line that keeps the cause, the full traceback in a file.
+
+Every worker the kit starts (spawned by its launcher, or joined to a torchrun / SLURM
+launch) runs its training function through :func:`run_reporting`. When the function
+raises, the rank:
+
+- writes its full traceback to ``<run folder>/tracebacks/rank<R>.txt`` (a temporary
+  folder when there is no run folder, as under ``launch_function``);
+- turns the exception into one line: its type, the first line of its message and the
+  ``file:line`` in the user's code where it was raised (the innermost frame outside the
+  standard library, site-packages and the kit; the kit's own frame if none), the
+  traceback's path and the last complete checkpoint::
+
+      rank 1 (local rank 1) raised ValueError: bad shape (at course.py:18); full
+      traceback in runs/.../tracebacks/rank1.txt; last complete checkpoint: ...
+
+  A collective that timed out or lost its connection on a run of several nodes names
+  the node(s) this rank lost instead (``rank 0 (local rank 0, node 0 of 2) lost node 1
+  (rank 1): no answer within --timeout 15 s ...``): a cut link and a dead peer look
+  alike from here, and the line says both;
+- raises :class:`RankFailed` with that line. The kit's launcher reports it as the
+  job's ``distkit: error:`` line. Under torchrun the worker itself prints it, only the
+  first failing rank of each node, and records it in ``TORCHELASTIC_ERROR_FILE`` in the
+  format of ``torch.distributed.elastic.multiprocessing.errors.record``, so torchrun's
+  summary names it as the root cause; the exit stays non-zero (``--max-restarts``).
+
+A :class:`~distkit.errors.DistkitError` raised in a rank is already one line that names
+its fix: it passes through unchanged, with no traceback file.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import sysconfig
+import tempfile
+import time
+import traceback
+
+from distkit.errors import DistkitError
+
+TRACEBACKS = "tracebacks"  # the folder inside the run folder
+
+
+class RankFailed(DistkitError):
+    """A rank's training function raised; the message is the one line that says so.
+
+    ``traceback_path``: where the full traceback is; ``reported``: the line was already
+    printed (under torchrun the worker prints it itself)."""
+
+    def __init__(self, message: str, traceback_path: str | None = None):
+        super().__init__(message)
+        self.traceback_path = traceback_path
+        self.reported = False
+
+
+def _library_roots() -> tuple[str, ...]:
+    roots = {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(os.path.realpath(r) + os.sep for r in roots if r)
+
+
+KIT_ROOT = os.path.realpath(os.path.dirname(os.path.abspath(__file__))) + os.sep
+
+
+def raise_site(error: BaseException) -> tuple[str, int] | None:
+    """``(file, line)`` where ``error`` was raised in the user's code: the innermost frame
+    of its traceback outside the standard library, site-packages and distkit; else the
+    innermost frame of distkit; else the innermost frame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return None
+    libraries = _library_roots()
+
+    def where(frame):
+        path = os.path.realpath(frame.filename)
+        if frame.filename.startswith("<") or path.startswith(libraries):
+            return "library"
+        return "kit" if path.startswith(KIT_ROOT) else "user"
+
+    kinds = [where(f) for f in frames]
+    for wanted in ("user", "kit"):
+        for frame, kind in zip(reversed(frames), reversed(kinds)):
+            if kind == wanted:
+                return frame.filename, frame.lineno
+    return frames[-1].filename, frames[-1].lineno
+
+
+def shown_path(path: str) -> str:
+    """A path as a learner reads it: relative to the current folder when inside it,
+    ``distkit/...`` inside the kit, else as is."""
+    real = os.path.realpath(path)
+    cwd = os.path.realpath(os.getcwd()) + os.sep
+    if real.startswith(cwd):
+        return real[len(cwd):]
+    if real.startswith(KIT_ROOT):
+        return "distkit/" + real[len(KIT_ROOT):]
+    return path
+
+
+def first_line(error: BaseException) -> str:
+    """The first non-empty line of the message (a C++ error's ``[file.cc:123] `` prefix
+    dropped)."""
+    lines = [ln.strip() for ln in str(error).splitlines() if ln.strip()]
+    line = lines[0] if lines else ""
+    return re.sub(r"^\[[^\]\s]+\.(?:cc|cpp|h):\d+\]\s*", "", line)
+
+
+def cause(error: BaseException) -> str:
+    """``Type: first line (at file.py:12)``: what went wrong and where, in one line."""
+    text = first_line(error)
+    line = f"{type(error).__name__}: {text}" if text else type(error).__name__
+    site = raise_site(error)
+    if site is not None:
+        line += f" (at {shown_path(site[0])}:{site[1]})"
+    return line
+
+
+def write_traceback(folder: str, rank: int, error: BaseException) -> str | None:
+    """The full traceback (its chained causes included) in ``folder/rank<R>.txt``."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"rank{rank}.txt")
+        with open(path, "w") as f:
+            f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
+        return path
+    except OSError:
+        return None
+
+
+def default_folder() -> str:
+    """Where tracebacks go when the run has no folder: one per launch (torchrun's run id,
+    the SLURM job, else this process), under the system's temporary folder."""
+    tag = (os.environ.get("TORCHELASTIC_RUN_ID") or
+           (f"slurm{os.environ['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in os.environ else None) or
+           f"{os.getpid()}-{int(time.time())}")
+    return os.path.join(tempfile.gettempdir(), f"distkit-{tag}", TRACEBACKS)
+
+
+class Reporter:
+    """What a worker needs to report its failure: the config whose ``run_dir`` the run
+    sets (read at failure time: under torchrun and on node 1 it is set inside training),
+    a folder for runs without one, and ``verbose`` (print the traceback too)."""
+
+    def __init__(self, config=None, folder: str | None = None, verbose: bool = False):
+        self.config, self.folder, self.verbose = config, folder, verbose
+
+    def traceback_folder(self) -> str:
+        run_dir = getattr(self.config, "run_dir", None)
+        if run_dir and os.path.isdir(run_dir):
+            return os.path.join(run_dir, TRACEBACKS)
+        return self.folder or default_folder()
+
+    def checkpoint_words(self) -> str:
+        run_dir = getattr(self.config, "run_dir", None)
+        if not run_dir:
+            return ""
+        from distkit.checkpoint import latest_checkpoint_in
+
+        newest = latest_checkpoint_in(run_dir) if os.path.isdir(run_dir) else None
+        return (f"; last complete checkpoint: {newest}" if newest
+                else "; no checkpoint had been written yet")
+
+    def failure(self, error: Exception, rank: int, local_rank: int) -> RankFailed:
+        path = write_traceback(self.traceback_folder(), rank, error)
+        if self.verbose:
+            sys.stderr.write("".join(traceback.format_exception(type(error), error,
+                                                                error.__traceback__)))
+            sys.stderr.flush()
+        where = f"; full traceback in {path}" if path else ""
+        lost = lost_nodes(error, getattr(self.config, "timeout_s", None))
+        what = f"{lost}: {cause(error)}" if lost else f"raised {cause(error)}"
+        return RankFailed(f"rank {rank} (local rank {local_rank}{_node_words()}) {what}{where}"
+                          f"{self.checkpoint_words()}", path)
+
+
+_PEER_LOST = re.compile(r"Timed out waiting \d+ms|Connection closed by peer|Connection reset by "
+                        r"peer|Broken pipe|timed out", re.IGNORECASE)
+
+
+def _topology() -> tuple[int, int, int] | None:
+    """``(this node, nodes, processes per node)`` of the process group, or None."""
+    try:
+        import ignite.distributed as idist
+
+        return idist.get_node_rank(), idist.get_nnodes(), idist.get_nproc_per_node()
+    except Exception:
+        return None
+
+
+def _node_words() -> str:
+    topology = _topology()
+    if topology is None or topology[1] < 2:
+        return ""
+    return f", node {topology[0]} of {topology[1]}"
+
+
+def lost_nodes(error: BaseException, timeout_s: float | None) -> str | None:
+    """For a collective that timed out or lost its connection on a run of several nodes:
+    which node(s) this rank lost, in words (``lost node 1 (rank 1), no answer within
+    --timeout 15 s``); None for any other failure. This rank cannot tell a cut link from
+    a dead or stopped process over there: the words name both."""
+    topology = _topology()
+    if topology is None or not _PEER_LOST.search(str(error)):
+        return None
+    node, nodes, per_node = topology
+    if nodes < 2:
+        return None
+    others = [n for n in range(nodes) if n != node]
+
+    def ranks(n):
+        first, last = n * per_node, (n + 1) * per_node - 1
+        return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
+    named = ", ".join(f"node {n} ({ranks(n)})" for n in others)
+    if re.search(r"timed out", str(error), re.IGNORECASE):
+        within = f" within --timeout {timeout_s:g} s" if timeout_s else ""
+        why = f"no answer{within} (a cut link, or its processes stopped or died)"
+    else:
+        why = "its connection closed (its processes died, or the link was reset)"
+    return f"lost {'' if len(others) == 1 else 'one of '}{named}: {why}"
+
+
+# ignite's engines log the exception they end on (``Current run is terminating due to
+# exception: <the whole message>``) before re-raising it: the one line says it instead.
+ENGINE_LOGGERS = ("ignite.engine.engine.Engine", "ignite.engine.engine.Trainer",
+                  "ignite.engine.engine.DeterministicEngine")
+
+
+class _DropTerminationLog(logging.Filter):
+    def filter(self, record):
+        message = str(record.msg)
+        return not (message.startswith("Current run is terminating due to exception")
+                    or message.startswith("Engine run is terminating due to exception"))
+
+
+def quiet_engine_errors() -> None:
+    """Drop ignite's "run is terminating due to exception" lines in this process."""
+    for name in ENGINE_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropTerminationLog) for f in logger.filters):
+            logger.addFilter(_DropTerminationLog())
+
+
+def run_reporting(reporter: Reporter, fn, local_rank: int, *args):
+    """``fn(local_rank, *args)``; an exception it raises becomes :class:`RankFailed`."""
+    if not reporter.verbose:
+        quiet_engine_errors()
+    try:
+        return fn(local_rank, *args)
+    except DistkitError:
+        raise
+    except Exception as e:
+        raise reporter.failure(e, _rank(), local_rank) from None
+
+
+def _rank() -> int:
+    try:
+        import ignite.distributed as idist
+
+        return idist.get_rank()
+    except Exception:
+        return int(os.environ.get("RANK", "0"))
+
+
+# --- under torchrun / SLURM: the worker reports itself ---------------------------------
+
+def first_on_this_node() -> bool:
+    """True for the first worker of this node (and this start of the job) to fail: only
+    it prints, so a node prints one line however many of its ranks fail after it."""
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file and "TORCHELASTIC_RUN_ID" in os.environ:
+        # .../attempt_<k>/<local rank>/error.json: the attempt's folder is this agent's
+        # (this node's, this start's) own, and torchrun removes it at the end
+        marker = os.path.join(os.path.dirname(os.path.dirname(error_file)), "distkit-reported")
+        return _create_once(marker)
+    if "SLURM_JOB_ID" in os.environ:
+        key = (f"slurm{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_STEP_ID', '0')}-"
+               f"{os.environ.get('SLURM_NODEID', '0')}")
+    else:
+        return True
+    return _create_once(os.path.join(tempfile.gettempdir(), f"distkit-failed-{os.getuid()}-{key}"))
+
+
+def _create_once(marker: str) -> bool:
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        return True
+    except FileExistsError:
+        return False
+    except OSError:
+        return True
+
+
+def write_error_file(line: str) -> None:
+    """Record ``line`` in torchrun's per-worker error file, in the format
+    ``torch.distributed.elastic.multiprocessing.errors.record`` writes; torchrun's
+    summary prints its ``py_callstack`` as the root cause's "traceback"."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": {"message": line, "extraInfo": {
+                "py_callstack": line, "timestamp": str(int(time.time()))}}}, f)
+    except OSError:
+        pass
+
+
+def report_from_worker(error: RankFailed) -> RankFailed:
+    """Under torchrun / SLURM: print the line (first failing rank of the node only),
+    record it for torchrun's summary, and mark it reported."""
+    line = f"distkit: error: {error}"
+    if first_on_this_node():
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    write_error_file(line)
+    error.reported = True
+    return error
+
+
+# --- messages of launch_function: its parameters, not distkit train's flags --------------
+
+_FLAG_TO_PARAMETER = {"backend": "backend", "nproc-per-node": "nproc_per_node",
+                      "nnodes": "nnodes", "node-rank": "node_rank",
+                      "master-addr": "master_addr", "master-port": "master_port",
+                      "timeout": "timeout_s", "threads-per-process": "threads_per_process"}
+
+
+def for_function_callers(message: str) -> str:
+    """Reword a message for a caller of ``launch_function``: parameters instead of
+    ``distkit train`` flags, and no advice about ``--resume-from`` (a function has its
+    own checkpoints, if any)."""
+    message = re.sub(r"[.;]?\s*[Rr]esume (?:from the last complete checkpoint )?with --resume-from"
+                     r" \S+(?: \([^)]*\))?", "", message)
+    message = message.replace("or run distkit train without torchrun",
+                              "or call launch_function outside torchrun")
+
+    def parameter(m):
+        name, value = _FLAG_TO_PARAMETER[m.group(1)], m.group(2)
+        if value is None:
+            return name
+        if not re.fullmatch(r"-?[\d.]+", value):
+            value = repr(value.strip("'\""))
+        return f"{name}={value}"
+
+    flags = "|".join(map(re.escape, sorted(_FLAG_TO_PARAMETER, key=len, reverse=True)))
+    values = r"'[^']*'|-?\d+(?:\.\d+)?\b|gloo\b|nccl\b|auto\b|none\b|xla-tpu\b"
+    message = re.sub(rf"--({flags})\b(?: ({values}))?", parameter, message)
+    return message.rstrip()

@@ -1,0 +1,288 @@
+"""Facts about this machine and this process, and the checks on them that need no torch.
+
+The lowest layer of the kit beside ``distkit.errors``: importing it imports neither torch
+nor ignite (those that need ignite import it inside the function), so the command line,
+``distkit doctor`` and the launcher's checks can use it before anything heavy loads.
+
+- ports and addresses: :func:`free_port`, :func:`check_port_free`,
+  :func:`check_address_resolves`;
+- cores: :func:`threads_per_process` (this process's share), :func:`ranks_on_this_host`
+  (how many ranks share them), :func:`local_world_size`, :func:`available_memory`;
+- who started us: :func:`launched_externally`, :func:`inside_launch`, :func:`in_ipython`,
+  :func:`tpu_available`;
+- ignite's log lines: :class:`quiet_ignite_logs`, :func:`set_ignite_verbosity`.
+
+Example::
+
+    >>> from distkit.machine import free_port, threads_per_process
+    >>> 1024 <= free_port() <= 65535
+    True
+    >>> threads_per_process(1) >= threads_per_process(2) >= 1
+    True
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+
+from distkit.errors import DistkitError
+
+# --------------------------------------------------------------------------------------
+# Ports and addresses
+# --------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (bind to port 0, read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_port_free(port: int) -> None:
+    """One line if ``--master-port`` is taken on this machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            raise DistkitError(f"--master-port {port} is already in use on this machine: pick "
+                               "another port, or omit --master-port to use a free one") from None
+
+
+def check_address_resolves(addr: str, timeout_s: float = 10.0) -> None:
+    """Resolve ``--master-addr`` now: a name that does not resolve would otherwise make
+    every rank wait on the rendezvous until the timeout. getaddrinfo has no timeout of
+    its own, so it runs in a daemon thread that we stop waiting for."""
+    outcome = {}
+
+    def resolve():
+        try:
+            socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+            outcome["ok"] = True
+        except OSError as e:
+            outcome["error"] = e
+
+    thread = threading.Thread(target=resolve, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if "ok" in outcome:
+        return
+    why = outcome["error"].strerror or outcome["error"] if "error" in outcome else \
+        f"no answer from the resolver in {timeout_s:g} s"
+    raise DistkitError(f"--master-addr {addr!r} does not resolve ({why}): pass the IP address or "
+                       "host name of the node with --node-rank 0, as the other nodes can reach it")
+
+
+# --------------------------------------------------------------------------------------
+# Cores and memory
+# --------------------------------------------------------------------------------------
+
+
+def threads_per_process(local_world_size: int) -> int:
+    """Cores this process may use, divided by the processes on this node (at least 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(1, local_world_size))
+
+
+def ranks_on_this_host() -> int:
+    """The ranks of this run that share this machine's cores, counted by hostname (one
+    ``all_gather`` at start-up; call on every rank). Not torchrun's LOCAL_WORLD_SIZE: two
+    launches on one machine (two "nodes" on 127.0.0.1) each count only their own ranks,
+    and with that count share the cores twice over."""
+    import ignite.distributed as idist
+
+    if idist.get_world_size() == 1:
+        return 1
+    if idist.backend() == "xla-tpu":  # TPU hosts: one launch per host; skip a string collective on XLA
+        return idist.get_nproc_per_node()
+    me = socket.gethostname()
+    names = idist.all_gather(me)
+    return sum(name == me for name in (names if isinstance(names, list) else [names]))
+
+
+def local_world_size() -> int:
+    """The processes a torchrun / SLURM launch started on this node (1 outside one)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available now (``MemAvailable``), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None  # not Linux: cannot tell, do not refuse
+
+
+# --------------------------------------------------------------------------------------
+# Who started this process
+# --------------------------------------------------------------------------------------
+
+
+def launched_externally() -> bool:
+    """True inside a torchrun / torch.distributed launch or a SLURM job step."""
+    return "WORLD_SIZE" in os.environ or "SLURM_JOB_ID" in os.environ
+
+
+def inside_launch() -> bool:
+    """True in a process that torchrun (WORLD_SIZE) or a several-task ``srun`` started:
+    spawning more processes there would start a second, conflicting job per process."""
+    return "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
+
+
+def in_ipython() -> bool:
+    """True under an IPython shell (a notebook kernel, or ``ipython``)."""
+    return "IPython" in sys.modules and \
+        getattr(sys.modules["IPython"], "get_ipython", lambda: None)() is not None
+
+
+def tpu_available() -> bool:
+    """torch_xla importable and a TPU attached (or asked for with ``PJRT_DEVICE=TPU``)."""
+    try:
+        import torch_xla.runtime as xr  # noqa: F401
+
+        return os.environ.get("PJRT_DEVICE", "").upper() == "TPU" or bool(os.environ.get("TPU_NAME")) \
+            or os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")
+    except Exception:
+        return False
+
+
+# --------------------------------------------------------------------------------------
+# ignite's log lines
+# --------------------------------------------------------------------------------------
+
+# Every logger ignite's distributed helpers create with ``ignite.utils.setup_logger``.
+IGNITE_LOGGERS = ("ignite.distributed.launcher.Parallel", "ignite.distributed.auto.auto_dataloader",
+                  "ignite.distributed.auto.auto_model", "ignite.distributed.utils")
+
+
+class quiet_ignite_logs:
+    """Hide ignite's INFO lines about spawning processes and wrapping loaders and models
+    (warnings still show), and restore the previous levels afterwards.
+
+    As a context manager it restores on exit; called as a plain statement (a notebook's
+    first cell) it stays in force for the session::
+
+        >>> import logging
+        >>> from distkit.machine import quiet_ignite_logs
+        >>> with quiet_ignite_logs():
+        ...     logging.getLogger("ignite.distributed.launcher.Parallel").level == logging.WARNING
+        True
+        >>> logging.getLogger("ignite.distributed.launcher.Parallel").level == logging.WARNING
+        False
+
+    Why not just ``setLevel``: ``setup_logger`` keeps the level of a logger that already
+    exists but attaches its handler only when it creates one, so each logger is first
+    created the way ignite does (``setup_logger(name)``); then restoring its level gives
+    back exactly what ignite alone would show."""
+
+    def __init__(self, level: int = logging.WARNING):
+        from ignite.utils import setup_logger
+
+        self._previous = {}
+        for name in IGNITE_LOGGERS:
+            logger = setup_logger(name)  # no-op for a logger that exists
+            self._previous[name] = logger.level
+            logger.setLevel(level)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.restore()
+
+    def restore(self) -> None:
+        for name, level in self._previous.items():
+            logging.getLogger(name).setLevel(level)
+
+
+def set_ignite_verbosity(verbose: bool) -> quiet_ignite_logs:
+    """ignite's launcher and ``auto_*`` INFO lines through (``verbose``) or not; warnings
+    always. Call in every process that may log them (the launcher, and each rank).
+    Returns the switch: ``.restore()`` puts the previous levels back."""
+    return quiet_ignite_logs(logging.INFO if verbose else logging.WARNING)
+
+
+# --------------------------------------------------------------------------------------
+# The network interface that routes to the master
+# --------------------------------------------------------------------------------------
+
+# The variable each backend reads to choose the interface it binds to.
+SOCKET_IFNAME_VARIABLES = {"gloo": "GLOO_SOCKET_IFNAME", "nccl": "NCCL_SOCKET_IFNAME"}
+
+
+def interface_addresses() -> dict:
+    """``{interface name: IPv4 address}`` of this host's interfaces that have one (Linux:
+    ``SIOCGIFADDR``; elsewhere empty)."""
+    import fcntl
+    import struct
+
+    found = {}
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return found
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in names:
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
+                                     struct.pack("256s", name.encode()[:15]))
+                found[name] = socket.inet_ntoa(packed[20:24])
+            except OSError:
+                continue
+    return found
+
+
+def interface_to(address: str) -> tuple[str, str] | None:
+    """``(interface, its address)`` this host would use to reach ``address`` (the kernel's
+    route, asked with a UDP ``connect``, which sends nothing); None when no route leads
+    there or the address does not resolve."""
+    try:
+        target = socket.getaddrinfo(address, 9, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(target)
+            source = s.getsockname()[0]
+    except OSError:
+        return None
+    for name, ip in interface_addresses().items():
+        if ip == source:
+            return name, ip
+    return None
+
+
+def socket_interface(backend: str, master_addr: str | None, environ=os.environ) -> dict | None:
+    """What the process group of ``backend`` should bind to, to reach ``master_addr``:
+    ``{"variable", "interface", "address", "set_by"}`` (``set_by``: ``"you"`` when the
+    variable is already set, else ``"distkit"``), or None when nothing needs choosing
+    (no master address, or a backend that reads no such variable).
+
+    Why: gloo (and nccl's socket transport) find their own address by resolving this
+    host's name; on many clusters and cloud VMs the name resolves to nothing or to
+    127.0.0.1, gloo then binds to the loopback, and the other nodes cannot connect. The
+    interface whose address the kernel would use to reach the master is the one the
+    other nodes can reach us on. Raises a one-line ``DistkitError`` when no interface
+    routes there."""
+    variable = SOCKET_IFNAME_VARIABLES.get(backend)
+    if variable is None or not master_addr:
+        return None
+    if environ.get(variable):
+        return {"variable": variable, "interface": environ[variable], "address": None,
+                "set_by": "you"}
+    picked = interface_to(master_addr)
+    if picked is None:
+        have = ", ".join(f"{n} ({ip})" for n, ip in interface_addresses().items()) or "none"
+        raise DistkitError(
+            f"no network interface of this host routes to the master address {master_addr!r} "
+            f"(interfaces: {have}): check the address, or set {variable} to the interface "
+            "the other nodes reach this one on")
+    return {"variable": variable, "interface": picked[0], "address": picked[1],
+            "set_by": "distkit"}

@@ -1,0 +1,162 @@
+"""What a finished run reports: ``results.json``, the learning curves, the summary lines.
+
+:func:`distkit.training.training` measures; this module writes it down. Training fills a
+:class:`RunRecord` (what it measured, on every rank) and rank 0 hands it to
+:func:`report`, which turns it into the results dict (the same dict ``run`` returns and
+``results.json`` holds), writes both files and returns the dict. :func:`run_summary` is
+the few lines ``distkit train`` prints from such a dict::
+
+    >>> from distkit.reporting import run_summary
+    >>> print(run_summary({"backend": "gloo", "world_size": 2, "nnodes": 1, "device": "cpu",
+    ...                    "final": {"val_accuracy": 0.95}, "epochs_completed": 3,
+    ...                    "iterations": 48, "seconds_per_epoch": 1.5,
+    ...                    "samples_per_second": 2000.0, "run_dir": "runs/x"}))
+    backend gloo  world size 2  nodes 1  device cpu
+    final validation accuracy 0.9500  after 3 epoch(s), 48 iterations
+    1.50 s per epoch (training only)  2000 samples/s (end to end)
+    results, checkpoints and plots in runs/x
+"""
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass, field
+
+import ignite
+import ignite.distributed as idist
+import torch
+
+from distkit import profiling, throughput
+from distkit.checkpoint import write_results
+
+
+@dataclass
+class RunRecord:
+    """What one run of :func:`distkit.training.training` measured; :func:`report` turns it
+    into the results dict."""
+
+    run_dir: str
+    config: object  # distkit.config.Config
+    task: object  # distkit.tasks.Task
+    history: list
+    """One dict per validated epoch: epoch, train_loss, val_<metric>..., epoch_time_s, lr."""
+    iterations: int
+    samples_trained: int
+    """Over all ranks, this run only (a resumed run counts from where it resumed)."""
+    wall_time_s: float
+    first_step_unix_s: float | None
+    peak_lr: float
+    last_checkpoint: str | None
+    best_model: str | None
+    profile: dict | None = None
+    replica_digests: dict = field(default_factory=dict)
+    """``{"initial": [sha256 per rank], "final": [...]}``: all equal = replicas in sync."""
+    peak_memory_per_rank: dict | None = None
+    extras: dict = field(default_factory=dict)
+    """Added to the results as they are (tokens_per_second, mfu, throughput, task_summary)."""
+
+
+def results_of(record: RunRecord) -> dict:
+    """The results dict of ``record`` (what results.json holds). Reads the process group
+    (backend, world size, device) of the process that calls it."""
+    history, task, config = record.history, record.task, record.config
+    train_time = sum(h["epoch_time_s"] for h in history)
+    wall = record.wall_time_s
+    digests = record.replica_digests
+    return {
+        "backend": idist.backend() or "none",
+        "world_size": idist.get_world_size(),
+        "nnodes": idist.get_nnodes(),
+        "device": str(idist.device()),
+        "threads_per_process": torch.get_num_threads(),
+        "run_dir": record.run_dir,
+        "config": config.to_dict(),
+        "task": {"name": task.name, "score": list(task.score), "loss": type(task.loss()).__name__,
+                 "metrics": [f"val_{name}" for name in task.metric_names()]},
+        "peak_lr": record.peak_lr,
+        "history": history,
+        "iterations": record.iterations,
+        "epochs_completed": history[-1]["epoch"] if history else 0,  # resumed runs included
+        "epochs_this_run": len(history),
+        "final": history[-1] if history else None,
+        "wall_time_s": wall,
+        "first_step_unix_s": record.first_step_unix_s,
+        "train_time_s": train_time,
+        "seconds_per_epoch": train_time / len(history) if history else None,
+        "samples_trained": record.samples_trained,
+        # end to end: validation and checkpoints included
+        "samples_per_second": record.samples_trained / wall if wall > 0 else None,
+        "last_checkpoint": record.last_checkpoint,
+        "best_model": record.best_model,
+        "profile": record.profile,
+        # One SHA-256 of the parameters per rank: all equal = replicas in sync.
+        "replica_param_sha256": digests,
+        "replicas_identical": all(len(set(d)) == 1 for d in digests.values()),
+        "strategy": config.strategy,
+        "peak_memory_per_rank": record.peak_memory_per_rank,  # {"bytes": [rank 0, ...], "measure": ...}
+        "versions": versions(),
+        **record.extras,
+    }
+
+
+def report(record: RunRecord) -> dict:
+    """Write ``<run_dir>/results.json`` and ``learning_curves.png`` (call on rank 0 only);
+    return the results dict."""
+    results = results_of(record)
+    write_results(record.run_dir, results)
+    if record.history:
+        import matplotlib.pyplot as plt
+
+        from distkit.plots import learning_curves
+
+        fig = learning_curves([results])
+        fig.savefig(os.path.join(record.run_dir, "learning_curves.png"), dpi=100)
+        plt.close(fig)
+    return results
+
+
+def saved_path(run_dir: str, folder: str, checkpoint) -> str | None:
+    """Where an ignite ``Checkpoint`` handler saving to ``<run_dir>/<folder>`` put its
+    latest file (None before its first save)."""
+    if checkpoint.last_checkpoint is None:
+        return None
+    return os.path.join(run_dir, folder, os.path.basename(str(checkpoint.last_checkpoint)))
+
+
+def run_summary(results: dict) -> str:
+    """The few lines `distkit train` prints at the end of a run, from its results dict
+    (what :func:`distkit.training.training` returns on rank 0 and writes to results.json)."""
+    f = results["final"] or {}
+    metrics = "  ".join(f"{k[4:]} {v:.4f}" for k, v in f.items()
+                        if k.startswith("val_") and isinstance(v, float)) or "none"
+    task = results.get("task") or {}
+    lines = [
+        f"backend {results['backend']}  world size {results['world_size']}  "
+        f"nodes {results['nnodes']}  device {results['device']}"
+        + (f"  task {task['name']}" if task.get("name") else ""),
+        f"final validation {metrics}  after {results['epochs_completed']} epoch(s), "
+        f"{results['iterations']} iterations",
+        f"{results['seconds_per_epoch'] or float('nan'):.2f} s per epoch (training only)  "
+        f"{results['samples_per_second']:.0f} samples/s (end to end)",
+        f"results, checkpoints and plots in {results['run_dir']}",
+    ]
+    if throughput.format_report(results):
+        lines.insert(-1, throughput.format_report(results))
+    for key, value in (results.get("task_summary") or {}).items():
+        lines.insert(-1, f"{key}: {value!r}" if isinstance(value, str) else f"{key}: {value}")
+    if results.get("profile"):
+        lines.insert(-1, profiling.format_summary(results["profile"], top=5))
+    return "\n".join(lines)
+
+
+def versions() -> dict:
+    """Python, torch, ignite (and torchvision, if importable) versions, for the record."""
+    out = {"python": platform.python_version(), "torch": torch.__version__,
+           "ignite": ignite.__version__}
+    try:
+        import torchvision
+
+        out["torchvision"] = torchvision.__version__
+    except Exception:
+        pass
+    return out

@@ -1,0 +1,87 @@
+"""The same code behaves the same at any core count. The launcher forks its workers at
+any number of threads per process (Linux, gloo), so a training function defined in
+``python -c`` (or a notebook cell) trains on a 2-core VM and on a many-core laptop alike;
+``threads_per_process=2`` does here what a bigger machine does. Where the launching
+process has already started OpenMP's thread pool (which a forked child cannot use), the
+workers run one thread each, and the launcher says so; where it must spawn, a function
+that spawned processes cannot import is refused in one line before any process starts."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from conftest import subprocess_env
+
+TRAINING = textwrap.dedent('''
+    import torch
+    import ignite.distributed as idist
+    from distkit import launch_function
+
+    def training(local_rank, steps):
+        torch.manual_seed(0)
+        model = idist.auto_model(torch.nn.Linear(512, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(idist.get_rank())
+        for _ in range(steps):
+            x = torch.randn(1024, 512, generator=g)  # large enough for OpenMP regions
+            loss = model(x).pow(2).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+        w = model.module.weight if hasattr(model, "module") else model.weight
+        if idist.get_rank() == 0:
+            print(f"RESULT threads={torch.get_num_threads()} weight_sum={w.sum().item():.6f}", flush=True)
+    ''')
+
+
+def python_c(code, threads, timeout=150):
+    return subprocess.run([sys.executable, "-c", code], env=subprocess_env(), text=True,
+                          capture_output=True, timeout=timeout)
+
+
+def result(out):
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
+    assert out.returncode == 0 and len(lines) == 1, out.stderr[-3000:]
+    return dict(kv.split("=") for kv in lines[0].split()[1:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_python_c_training_trains_alike_at_1_and_2_threads_per_process():
+    results = {}
+    for threads in (1, 2):
+        code = TRAINING + (f"launch_function(training, 3, backend='gloo', nproc_per_node=2, "
+                           f"threads_per_process={threads})\n")
+        out = python_c(code, threads)
+        results[threads] = result(out)
+        assert "Can't get attribute" not in out.stderr
+        assert results[threads]["threads"] == str(threads)
+    assert results[1]["weight_sum"] == results[2]["weight_sum"] or \
+        abs(float(results[1]["weight_sum"]) - float(results[2]["weight_sum"])) < 1e-4
+
+    # the launching process ran a 2-thread OpenMP region first: the forked workers would
+    # hang in theirs; they run 1 thread each, and the launcher says so in one line
+    code = TRAINING + textwrap.dedent('''
+        torch.set_num_threads(2)
+        torch.ones(1 << 20).exp_()   # starts this process's OpenMP pool
+        launch_function(training, 3, backend='gloo', nproc_per_node=2, threads_per_process=2)
+        ''')
+    out = python_c(code, 2)
+    assert result(out)["threads"] == "1"
+    assert "distkit: this process already runs OpenMP threads" in out.stderr
+
+
+def test_a_function_spawned_processes_cannot_import_is_refused_before_start(monkeypatch):
+    from distkit.errors import DistkitError
+    from distkit.launch import check_spawned_can_import
+
+    def training(local_rank):
+        pass
+
+    training.__module__ = "__main__"
+    monkeypatch.delattr(sys.modules["__main__"], "__file__", raising=False)
+    with pytest.raises(DistkitError, match=r"defined in `python -c`, standard input or an "
+                                           r"interactive session.*put it in a file"):
+        check_spawned_can_import("the training function", (training, ()))
+    check_spawned_can_import("the training function", (len, ()))  # importable: fine

@@ -1,0 +1,27 @@
+"""Plausible wrong answers to exercise 14 (the FLOPs of a step and its MFU), in the format
+of ``WRONG_ANSWERS`` in test_exercises.py, which grades them with the others: (exercise,
+what the learner did, the change to the solution, what the learner must read)."""
+
+WRONG_ANSWERS_14 = [
+    ("14", "forward only (2N)",
+     [("weights = 6 * n", "weights = 2 * n"), ("attention = 3 * L *", "attention = 1 * L *")],
+     r"you counted the forward pass only .*6 N per token in all"),
+    ("14", "attention forgotten",
+     [("return (weights + attention) * tokens", "return weights * tokens")],
+     r"you left out attention's own products, Q K\^T and A V"),
+    ("14", "one process's tokens, not the run's",
+     [("tokens = batch_per_rank * world_size * T", "tokens = batch_per_rank * T")],
+     r"that is ONE process's step: all 2 processes train batch_per_rank sequences each"),
+    ("14", "milliseconds taken for seconds",
+     [("achieved = flops_per_step / (step_time_ms / 1000.0)", "achieved = flops_per_step / step_time_ms")],
+     r"1000x too small: step_time_ms is in MILLIseconds"),
+    ("14", "the embedding tables counted",
+     [('\n            if not name.startswith(("tok_emb.", "pos_emb.")))', ")")],
+     r"you counted the embedding tables \(tok_emb, pos_emb\) in N"),
+    ("14", "a percentage",
+     [("return achieved / peak_flops", "return 100 * achieved / peak_flops")],
+     r"that is a percentage; return the fraction"),
+    ("14", "the causal half of attention",
+     [("attention = 3 * L * (2 * T * d + 2 * T * d)", "attention = 3 * L * (T * d + T * d)")],
+     r"you counted half of attention's products"),
+]

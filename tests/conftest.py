@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,22 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(4, cores or 1))
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--no-side-envs", action="store_true",
+        help="skip the tests that build (or reuse) a Python environment beside this one: the "
+             "torch-xla one, the Colab-like one, the GPU-machine stand-in and the fresh venv of the "
+             "README's commands (each skip names the environment and its cost; -rs prints them)")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need an NVIDIA GPU: without one they are skipped, and say why."""
+    """``side_env`` tests are skipped under ``--no-side-envs``, each saying what it would
+    build; tests marked ``gpu`` need an NVIDIA GPU: without one they are skipped, and say why."""
+    if config.getoption("--no-side-envs"):
+        for item in items:
+            marker = item.get_closest_marker("side_env")
+            if marker:
+                item.add_marker(pytest.mark.skip(reason=f"--no-side-envs: builds {marker.args[0]}"))
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_tests:
         return
@@ -39,6 +54,22 @@ def pytest_collection_modifyitems(config, items):
                                    "run pytest -m gpu or scripts/gpu_check.sh on a machine with one")
     for item in gpu_tests:
         item.add_marker(skip)
+
+
+def checkout_copy(dest: Path, tree: bool = False) -> Path:
+    """What pip needs to build distkit from this working tree, copied to ``dest`` (a build
+    in the checkout itself would leave build/ behind in it); ``tree=True``: the whole
+    working tree (tests, notebooks, exercises ...), less what git ignores."""
+    dest.mkdir(parents=True, exist_ok=True)
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info", ".git", ".venv", "venv", "build", "dist",
+                                  "runs", ".pytest_cache", ".ipynb_checkpoints")
+    if tree:
+        shutil.copytree(REPO_ROOT, dest, ignore=skip, dirs_exist_ok=True, symlinks=True)
+        return dest
+    for name in ("pyproject.toml", "README.md", "LICENSE", "requirements.txt"):
+        shutil.copy(REPO_ROOT / name, dest / name)
+    shutil.copytree(REPO_ROOT / "src", dest / "src", ignore=skip)
+    return dest
 
 
 @pytest.fixture

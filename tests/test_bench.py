@@ -272,6 +272,55 @@ def test_run_command_reports_the_peak_memory_of_the_largest_process_of_the_comma
     assert run["wall_s"] > 0
 
 
+# A contender as fast as Python starts: writes its record, then aborts (SIGABRT) at exit
+# always, on its first attempt of each round only, or never.
+FAKE_CONTENDER = """import json, os, sys
+out, mode, tries = sys.argv[1], sys.argv[2], sys.argv[3]
+with open(out, "w") as f:
+    json.dump({"epoch_times_s": [1.0, 0.5], "samples_per_epoch": 100, "final_val_accuracy": 0.5,
+               "first_step_unix_s": None}, f)
+with open(tries, "a") as f:
+    f.write("x")
+if mode == "always" or (mode == "first" and os.path.getsize(tries) % 2 == 1):
+    print("terminate called without an active exception", file=sys.stderr)
+    os.abort()
+"""
+
+
+def test_a_contender_that_aborts_is_retried_then_recorded_and_the_benchmark_goes_on(tmp_path):
+    """Issue 22: a contender that dies of SIGABRT at exit ended the whole benchmark. Now
+    the run is tried again; a round with no good attempt is recorded as failed and left
+    out of that contender's medians and ratios; the others are measured as usual."""
+    from distkit.bench import peers
+    from distkit.bench.report import _peers_lines
+
+    def fake(mode):
+        tries = tmp_path / f"{mode}.tries"
+        return (lambda d, port: [sys.executable, "-c", FAKE_CONTENDER, f"{d}/rank0.json", mode, str(tries)],
+                peers._read_record, {})
+
+    logged = []
+    out = peers.compare_commands(16, 2, rounds=2, warmup=1, names=(), log=logged.append,
+                                 extra={peers.BASELINE: fake("never"), "aborts": fake("always"),
+                                        "aborts once": fake("first")})
+    c = out["contenders"]
+    always, once, base = c["aborts"], c["aborts once"], c[peers.BASELINE]
+    assert always["failed_rounds"] == [1, 2] and always["samples_per_s"] == [None, None]
+    assert always["throughput_ratio"] is None and always["rounds_counted"] == 0
+    assert len(always["failures"]) == 6  # 2 attempts in each of 3 rounds (1 of them warm-up)
+    assert {f["exit"] for f in always["failures"]} == {"killed by SIGABRT"}
+    assert always["failures"][0]["warm_up"] and not always["failures"][-1]["warm_up"]
+    assert "terminate called without an active exception" in always["failures"][0]["stderr_last_lines"]
+    # retried: the second attempt of each round succeeded and counts
+    assert once["failed_rounds"] == [] and once["attempts"] == [2, 2] and len(once["failures"]) == 3
+    assert once["samples_per_s"] == [200.0, 200.0] and once["throughput_ratio"] == 1.0
+    assert base["failures"] == [] and base["median"]["samples_per_s"] == 200.0
+    assert any("aborts: round 2, attempt 1 failed (killed by SIGABRT)" in line for line in logged)
+    text = "\n".join(_peers_lines({"default_batch": out, "load_average": {"start": 1, "end": 1}}))
+    assert "aborts: rounds [1, 2] failed on every attempt: left out of its medians and ratios" in text
+    assert "aborts once failed in round 1 (warm-up), attempt 1: killed by SIGABRT" in text
+
+
 def test_peers_lists_every_contender_and_says_why_one_is_skipped(monkeypatch):
     from distkit.bench import peers
 
@@ -336,11 +385,12 @@ def test_progress_bar_filter_lets_through_at_most_one_redraw_per_interval_and_ev
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork is used on Linux only")
-def test_the_launcher_forks_gloo_workers_only_when_each_runs_one_thread():
-    """Forked workers start seconds sooner (benchmarks/results/start-method.txt); with
-    several OpenMP threads per worker a fork can hang, so those are spawned."""
+def test_the_launcher_forks_gloo_workers_at_any_thread_count():
+    """Forked workers start seconds sooner (benchmarks/results/start-method.txt), and
+    forking at every thread count makes the same code behave the same on any machine
+    (tests/test_start_method.py: several threads per forked worker, made safe)."""
     from distkit.launch import _fork_is_safe
 
     assert _fork_is_safe(Config(backend="gloo", nproc_per_node=2, threads_per_process=1))
-    assert not _fork_is_safe(Config(backend="gloo", nproc_per_node=2, threads_per_process=2))
+    assert _fork_is_safe(Config(backend="gloo", nproc_per_node=2, threads_per_process=2))
     assert not _fork_is_safe(Config(backend="nccl", nproc_per_node=2, threads_per_process=1))

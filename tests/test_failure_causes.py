@@ -58,7 +58,7 @@ def training(local_rank, where):
 '''
 RAISE_LINE, FUNCTION_RAISE_LINE = 16, 32
 KIT_FRAME = re.compile(r'File "' + re.escape(str(Path(distkit.__file__).parent)))
-LINE = re.compile(r"distkit: error: rank 1 \(local rank \d\) raised ValueError: the batch had a "
+LINE = re.compile(r"distkit: error: rank 1 \(local rank \d(?:, node 1 of 2)?\) raised ValueError: the batch had a "
                   r"bad shape \(at course_fail\.py:16\); full traceback in (\S+\.txt)(;|$)")
 
 
@@ -227,7 +227,8 @@ def test_torchrun_two_nodes_one_line_per_node(course, tmp_path):
     assert [p.returncode != 0 for p in procs] == [True, True], outs
     node0, node1 = (distkit_lines(o) for o in outs)
     assert len(node1) == 1 and LINE.match(node1[0]), outs[1][-3000:]
-    assert len(node0) == 1 and node0[0].startswith("distkit: error: rank 0 (local rank 0) raised "), \
-        outs[0][-3000:]
+    # node 0 names the node it lost
+    assert len(node0) == 1 and node0[0].startswith(
+        "distkit: error: rank 0 (local rank 0, node 0 of 2) lost node 1 (rank 1): "), outs[0][-3000:]
     for o in outs:  # torchrun's own closing traceback is torchrun's; no worker frame shows
         assert "[rank" not in o and not re.search(KIT_FRAME, o), o[-3000:]

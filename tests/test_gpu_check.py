@@ -186,6 +186,8 @@ def make_wheels(folder: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.side_env(f"the GPU-machine stand-in {BASE_VENV} (torch 2.13.0+cpu: about 1.3 GB, "
+                      "2 min the first time)")
 @pytest.mark.timeout(1500)
 def test_wheel_folder_install_keeps_the_preinstalled_torch(tmp_path):
     venv = base_venv()

@@ -92,3 +92,67 @@ def test_torchrun_on_two_namespace_hosts_trains_without_a_hand_set_interface(hos
     # the thread rule counts ranks per host: one rank on each of two differently named
     # hosts, so each takes all the cores it sees
     assert res["threads_per_process"] == len(os.sched_getaffinity(0))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_cut_link_ends_both_hosts_in_one_line_each_and_resume_ends_equal(hosts, tmp_path):
+    """The link between the hosts goes down mid-run (``ip link set ... down``): each node
+    ends within 2 x --timeout + 30 s with one distkit: line naming the node it lost and
+    the last complete checkpoint, and no worker traceback. With the link back, both
+    restart with --resume-from latest and end with the weights of an uninterrupted run
+    (2 processes spawned on this host: the same world size, batches and arithmetic)."""
+    import re
+    import time
+
+    import torch
+
+    from distkit import checkpoint
+    from distkit.checkpoint import load_checkpoint
+    from distkit.lessons import failure
+
+    timeout = 15
+    train = ["--epochs", 2, "--checkpoint-every", 5, "--threads-per-process", 1]
+    reference = subprocess.Popen(
+        list(map(str, [sys.executable, "-m", "distkit", "train", "--nproc-per-node", 2,
+                       "--no-progress", *train, "--output-dir", tmp_path / "ref"])),
+        cwd=tmp_path, env=subprocess_env(),
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    runs = tmp_path / "runs"  # one output folder that both hosts see, as on a cluster
+    procs = [torchrun_on(hosts, h, *train, output_dir=runs, timeout_s=timeout) for h in (0, 1)]
+    try:
+        failure.wait_for_checkpoint(runs, 10, timeout=300)
+        hosts.cut()
+        cut_at = time.monotonic()
+        outs = [p.communicate(timeout=2 * timeout + 60)[0] for p in procs]
+        took = time.monotonic() - cut_at
+        hosts.mend()
+        assert took < 2 * timeout + 30, f"{took:.0f} s"
+        assert all(p.returncode != 0 for p in procs), outs
+        newest = checkpoint.latest_checkpoint(runs)
+        assert load_checkpoint(newest)["trainer"]["iteration"] < 46  # loadable, mid-run
+        for node, out in enumerate(outs):
+            ours = [ln for ln in out.splitlines() if ln.startswith("distkit: error:")]
+            assert len(ours) == 1, out[-3000:]
+            other = 1 - node
+            assert re.match(rf"distkit: error: rank {node} \(local rank 0, node {node} of 2\) lost "
+                            rf"node {other} \(rank {other}\): no answer within --timeout {timeout} s",
+                            ours[0]), ours[0]
+            assert ours[0].endswith(f"last complete checkpoint: {newest}"), ours[0]
+            assert "[rank" not in out, out[-3000:]  # no worker traceback
+            assert not re.search(r'File "[^"]*/distkit/(training|launch|failures)\.py"', out)
+
+        procs = [torchrun_on(hosts, h, *train, "--resume-from", "latest", output_dir=runs,
+                             timeout_s=timeout) for h in (0, 1)]
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+        assert [p.returncode for p in procs] == [0, 0], outs[0][-2000:] + outs[1][-2000:]
+        assert f"resuming from {newest}" in outs[0], outs[0][-2000:]
+        ref_out = reference.communicate(timeout=300)[0]
+        assert reference.returncode == 0, ref_out[-2000:]
+    finally:
+        for p in (*procs, reference):
+            p.kill()
+    final = {d: load_checkpoint(checkpoint.latest_checkpoint(tmp_path / d)) for d in ("runs", "ref")}
+    assert final["runs"]["trainer"]["iteration"] == final["ref"]["trainer"]["iteration"] == 46
+    a, b = final["runs"]["model"], final["ref"]["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, subprocess_env
+from conftest import REPO_ROOT, checkout_copy, subprocess_env
 from distkit.machine import free_port, threads_per_process
 from distkit.lessons.multinode import clean_env, slurm_env
 
@@ -213,15 +213,6 @@ def colab_like_python() -> Path:
     return python
 
 
-def checkout_copy(dest: Path) -> Path:
-    """What pip needs to build distkit from this working tree, copied (a build in the
-    checkout itself would leave build/ behind in it)."""
-    for name in ("pyproject.toml", "README.md", "LICENSE", "requirements.txt"):
-        shutil.copy(REPO_ROOT / name, dest / name)
-    shutil.copytree(REPO_ROOT / "src", dest / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    return dest
-
-
 # Run in the Colab-like environment: the notebooks' install cell (every notebook's second
 # cell is this text: test_notebooks checks they are in sync), in a real kernel, then a
 # tiny training in the same kernel (idist.Parallel forks there).
@@ -245,6 +236,8 @@ DRIVER = textwrap.dedent('''\
 
 
 @pytest.mark.slow
+@pytest.mark.side_env(f"the Colab-like environment {COLAB_VENV} (torch 2.9.0: about 7 GB, 10 min "
+                      "the first time, then about 70 s a run)")
 @pytest.mark.timeout(1800)
 def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_path):
     python = colab_like_python()

@@ -20,7 +20,10 @@ import pytest
 
 from conftest import REPO_ROOT
 
-pytestmark = [pytest.mark.xla, pytest.mark.slow]
+pytestmark = [pytest.mark.xla, pytest.mark.slow,
+              pytest.mark.side_env("the torch-xla environment ~/.cache/distkit/xla-venv "
+                                   "(scripts/make_xla_env.sh: torch 2.9.0 + torch-xla, about 7.4 GB, "
+                                   "4.5 min the first time)")]
 
 ENV_BUILD_TIMEOUT_S = 1500  # first build: ~7 GB of wheels; reused (cached) afterwards
 

@@ -14,6 +14,10 @@ raises, the rank:
       rank 1 (local rank 1) raised ValueError: bad shape (at course.py:18); full
       traceback in runs/.../tracebacks/rank1.txt; last complete checkpoint: ...
 
+  A collective that timed out or lost its connection on a run of several nodes names
+  the node(s) this rank lost instead (``rank 0 (local rank 0, node 0 of 2) lost node 1
+  (rank 1): no answer within --timeout 15 s ...``): a cut link and a dead peer look
+  alike from here, and the line says both;
 - raises :class:`RankFailed` with that line. The kit's launcher reports it as the
   job's ``distkit: error:`` line. Under torchrun the worker itself prints it, only the
   first failing rank of each node, and records it in ``TORCHELASTIC_ERROR_FILE`` in the
@@ -138,11 +142,12 @@ class Reporter:
     """What a worker needs to report its failure: the run folder the launcher made (if
     any; an exception raised inside :func:`distkit.training.training` carries its own as
     ``distkit_run_dir``, which is how torchrun's ranks and node 1 know it), a folder for
-    runs without one, and ``verbose`` (print the traceback too)."""
+    runs without one, ``verbose`` (print the traceback too) and the launch's
+    ``timeout_s`` (named when a peer is lost)."""
 
     def __init__(self, run_dir: str | None = None, folder: str | None = None,
-                 verbose: bool = False):
-        self.run_dir, self.folder, self.verbose = run_dir, folder, verbose
+                 verbose: bool = False, timeout_s: float | None = None):
+        self.run_dir, self.folder, self.verbose, self.timeout_s = run_dir, folder, verbose, timeout_s
 
     def traceback_folder(self, run_dir: str | None = None) -> str:
         if run_dir and os.path.isdir(run_dir):
@@ -167,10 +172,59 @@ class Reporter:
                                                                 error.__traceback__)))
             sys.stderr.flush()
         where = f"; full traceback in {path}" if path else ""
-        failed = RankFailed(f"rank {rank} (local rank {local_rank}) raised {cause(error)}{where}"
+        lost = lost_nodes(error, self.timeout_s)
+        what = f"{lost}: {cause(error)}" if lost else f"raised {cause(error)}"
+        failed = RankFailed(f"rank {rank} (local rank {local_rank}{_node_words()}) {what}{where}"
                             f"{self.checkpoint_words(run_dir)}", path)
         failed.distkit_run_dir = run_dir
         return failed
+
+
+_PEER_LOST = re.compile(r"Timed out waiting \d+ms|Connection closed by peer|Connection reset by "
+                        r"peer|Broken pipe|timed out", re.IGNORECASE)
+
+
+def _topology() -> tuple[int, int, int] | None:
+    """``(this node, nodes, processes per node)`` of the process group, or None."""
+    try:
+        import ignite.distributed as idist
+
+        return idist.get_node_rank(), idist.get_nnodes(), idist.get_nproc_per_node()
+    except Exception:
+        return None
+
+
+def _node_words() -> str:
+    topology = _topology()
+    if topology is None or topology[1] < 2:
+        return ""
+    return f", node {topology[0]} of {topology[1]}"
+
+
+def lost_nodes(error: BaseException, timeout_s: float | None) -> str | None:
+    """For a collective that timed out or lost its connection on a run of several nodes:
+    which node(s) this rank lost, in words (``lost node 1 (rank 1), no answer within
+    --timeout 15 s``); None for any other failure. This rank cannot tell a cut link from
+    a dead or stopped process over there: the words name both."""
+    topology = _topology()
+    if topology is None or not _PEER_LOST.search(str(error)):
+        return None
+    node, nodes, per_node = topology
+    if nodes < 2:
+        return None
+    others = [n for n in range(nodes) if n != node]
+
+    def ranks(n):
+        first, last = n * per_node, (n + 1) * per_node - 1
+        return f"rank {first}" if first == last else f"ranks {first}-{last}"
+
+    named = ", ".join(f"node {n} ({ranks(n)})" for n in others)
+    if re.search(r"timed out", str(error), re.IGNORECASE):
+        within = f" within --timeout {timeout_s:g} s" if timeout_s else ""
+        why = f"no answer{within} (a cut link, or its processes stopped or died)"
+    else:
+        why = "its connection closed (its processes died, or the link was reset)"
+    return f"lost {'' if len(others) == 1 else 'one of '}{named}: {why}"
 
 
 # ignite's engines log the exception they end on (``Current run is terminating due to
@@ -220,16 +274,21 @@ def _rank() -> int:
 def first_on_this_node() -> bool:
     """True for the first worker of this node (and this start of the job) to fail: only
     it prints, so a node prints one line however many of its ranks fail after it."""
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
-    if run_id is not None:
-        key = (f"{run_id}-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}-"
-               f"{os.environ.get('GROUP_RANK', '0')}")
-    elif "SLURM_JOB_ID" in os.environ:
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file and "TORCHELASTIC_RUN_ID" in os.environ:
+        # .../attempt_<k>/<local rank>/error.json: the attempt's folder is this agent's
+        # (this node's, this start's) own, and torchrun removes it at the end
+        marker = os.path.join(os.path.dirname(os.path.dirname(error_file)), "distkit-reported")
+        return _create_once(marker)
+    if "SLURM_JOB_ID" in os.environ:
         key = (f"slurm{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_STEP_ID', '0')}-"
                f"{os.environ.get('SLURM_NODEID', '0')}")
     else:
         return True
-    marker = os.path.join(tempfile.gettempdir(), f"distkit-failed-{os.getuid()}-{key}")
+    return _create_once(os.path.join(tempfile.gettempdir(), f"distkit-failed-{os.getuid()}-{key}"))
+
+
+def _create_once(marker: str) -> bool:
     try:
         os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         return True

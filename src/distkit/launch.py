@@ -61,7 +61,7 @@ def run(config, task=None) -> dict | None:
         e.every_rank = True  # under torchrun every rank fails here alike: one of them says so
         raise
     if not launch.spawning:  # the run folder: rank 0's training makes it, tells the others
-        return start(launch, Reporter(verbose=launch.verbose), _training_everywhere, config, task)
+        return start(launch, Reporter(verbose=launch.verbose, timeout_s=launch.timeout_s), _training_everywhere, config, task)
     if launch.backend != "none":
         check_picklable("the task", task)
     launch = prepare_fork(launch)
@@ -71,7 +71,7 @@ def run(config, task=None) -> dict | None:
     run_dir = None
     if launch.nnodes == 1 or launch.node_rank == 0:
         run_dir = make_run_dir(config.output_dir, launch.backend, launch.world_size)
-    value = start(launch, Reporter(run_dir, verbose=launch.verbose), training, config, task,
+    value = start(launch, Reporter(run_dir, verbose=launch.verbose, timeout_s=launch.timeout_s), training, config, task,
                   run_dir, run_dir=run_dir)
     if launch.backend == "none":
         return value
@@ -130,10 +130,10 @@ def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, maste
                                  threads_per_process=threads_per_process,
                                  verbose=verbose).validate_processes(), spawning)
     if not spawning:
-        return start(launch, Reporter(verbose=verbose), _shared_result, fn,
+        return start(launch, Reporter(verbose=verbose, timeout_s=launch.timeout_s), _shared_result, fn,
                      launch.threads_per_process, all_ranks, *args)
     if launch.backend == "none":
-        value = start(launch, Reporter(verbose=verbose), pinned, fn,
+        value = start(launch, Reporter(verbose=verbose, timeout_s=launch.timeout_s), pinned, fn,
                       launch.threads_per_process, *args)
         return [value] if all_ranks else value
     check_picklable("the training function and its arguments", (fn, args))
@@ -142,7 +142,8 @@ def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, maste
 
     with tempfile.TemporaryDirectory(prefix="distkit-results-") as folder:
         # no run folder here: the ranks' tracebacks go to one temporary folder of this launch
-        start(launch, Reporter(folder=default_folder(), verbose=verbose), _recorded, fn,
+        start(launch, Reporter(folder=default_folder(), verbose=verbose,
+                       timeout_s=launch.timeout_s), _recorded, fn,
               launch.threads_per_process, folder, all_ranks, *args)
         return _read_recorded(folder, launch, all_ranks)
 

@@ -50,7 +50,7 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
                                  timeout_s=timeout_s).validate_processes(), spawning=True)
     launch = prepare_fork(launch, start_method)
     with tempfile.TemporaryDirectory() as folder:
-        start(launch, Reporter(folder=default_folder()), pinned, _record_worker,
+        start(launch, Reporter(folder=default_folder(), timeout_s=timeout_s), pinned, _record_worker,
               launch.threads_per_process, fn, folder, args, kwargs, start_method=start_method)
         return _read_per_rank(folder, nproc_per_node)
 

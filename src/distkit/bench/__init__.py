@@ -1,6 +1,6 @@
 """Benchmarks: what the kit's abstractions cost, what scaling buys, and where the limit is.
 
-``distkit bench --quick`` (about a minute on 2 cores) or ``distkit bench`` (the full
+``distkit bench --quick`` (under 2 minutes on 2 cores) or ``distkit bench`` (the full
 mode) measures, in one run, one module each:
 
 1. **overhead** (:mod:`.overhead`) -- the kit's trainer vs a minimal hand-written

@@ -42,6 +42,8 @@ class Settings:
     peer_epochs: int = 3
     peer_warmup: int = 1
     peer_names: tuple | None = None  # contenders of the peers measurement (None: all)
+    peer_tiny_names: tuple | None = None  # contenders of its tiny steps (None: the kit's two
+    #                                       launches, the hand-written loop, plain ignite)
 
 
 MODES = {
@@ -50,11 +52,17 @@ MODES = {
                      scaling_steps=2, max_world_size=2, data_batch=16, data_batches=2,
                      data_workers=(0, 1), compute_steps=1, gpu_batch=4, gpu_steps=1,
                      overhead_probe_steps=20, study_repeats=2, peer_rounds=1, peer_epochs=1,
-                     peer_warmup=0, peer_names=("distkit", "hand-written (torchrun)")),
-    "quick": Settings("quick", repeats=15, warmup=1, batch_size=256, steps=8, mlp_hidden=1024,
+                     peer_warmup=0, peer_names=("distkit", "hand-written (torchrun)"),
+                     peer_tiny_names=("distkit", "distkit (torchrun)")),
+    # Under 2 minutes on 2 cores: fewer rounds (9 for the ratios, 3 for the studies), and
+    # whole commands only for the kit's two launches and the hand-written loop, 2 rounds
+    # (every peer, 5 rounds after a warm-up: the full mode).
+    "quick": Settings("quick", repeats=9, warmup=1, batch_size=256, steps=8, mlp_hidden=1024,
                       scaling_steps=6, max_world_size=2, data_batch=128, data_batches=8,
                       compute_steps=2, overhead_variants=False, overhead_probe_steps=300,
-                      study_repeats=5),
+                      study_repeats=3, peer_rounds=2, peer_warmup=0,
+                      peer_names=("distkit", "hand-written (torchrun)"),
+                      peer_tiny_names=("distkit", "distkit (torchrun)", "hand-written (torchrun)")),
     "full": Settings("full", repeats=25, warmup=2, batch_size=256, steps=16, mlp_hidden=1024,
                      scaling_steps=16, max_world_size=8, data_batch=128, data_batches=24,
                      data_workers=(0, 1, 2, 4), compute_steps=4, gpu_steps=100,

@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -153,32 +154,51 @@ def _env():
     return env
 
 
+def _failure(run, attempt) -> dict:
+    """What a failed attempt leaves in the results: its exit (a signal by name: a
+    contender that aborts at exit shows as SIGABRT) and its last lines of stderr."""
+    code = run["returncode"]
+    exit_ = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 and -code in \
+        signal.valid_signals() else f"exit {code}"
+    lines = [line for line in run["stderr_tail"].splitlines() if line.strip(" =-")]
+    return {"attempt": attempt, "exit": exit_, "returncode": code, "stderr_last_lines": lines[-3:]}
+
+
 def _one_run(name, build, read, env, attempts=2):
-    """One run of one contender. A failed start is tried once more on a new port: the
-    free port can be taken by another job between ``free_port`` and the bind."""
-    for attempt in range(attempts):
+    """One run of one contender, tried up to ``attempts`` times: a failed start is tried
+    again on a new port (the free port can be taken by another job between ``free_port``
+    and the bind), and so is a run that crashes (a gloo process can abort at exit). Every
+    failed attempt is returned in ``failures``; when none succeeded the run's numbers are
+    None and the round is left out of that contender's medians and ratios, never the end
+    of the benchmark."""
+    failures = []
+    for attempt in range(1, attempts + 1):
         folder = tempfile.mkdtemp(prefix="distkit-peer-")
         try:
             port = free_port()
             run = run_command(build(folder, port), {**env, "MASTER_PORT": str(port)})
             if run["returncode"] == 0:
-                record = read(folder)
-                break
+                try:
+                    record = read(folder)
+                    break
+                except (OSError, ValueError, KeyError) as e:  # exited 0 without its record
+                    run = {**run, "returncode": 0, "stderr_tail": f"{run['stderr_tail']}\nno record: {e!r}"}
+            failures.append(_failure(run, attempt))
         finally:
             shutil.rmtree(folder, ignore_errors=True)
     else:
-        from distkit.errors import DistkitError
-
-        lines = [line for line in run["stderr_tail"].splitlines() if line.strip(" =-")]
-        raise DistkitError(f"contender {name!r} failed {attempts} times (exit {run['returncode']}): "
-                           f"{' / '.join(lines[-3:])}")
+        return {key: None for key in RUN_KEYS} | {"attempts": attempts, "failures": failures}
     epochs = record["epoch_times_s"]
     steady = epochs[1:] if len(epochs) > 1 else epochs
     first = record.get("first_step_unix_s")
     return {"wall_s": run["wall_s"], "peak_rss_mib": run["peak_rss_mib"],
             "first_step_s": first - run["start_unix_s"] if first else None,
             "samples_per_s": record["samples_per_epoch"] / statistics.median(steady),
-            "final_val_accuracy": record["final_val_accuracy"], "attempts": attempt + 1}
+            "final_val_accuracy": record["final_val_accuracy"], "attempts": attempt,
+            "failures": failures}
+
+
+RUN_KEYS = ("wall_s", "peak_rss_mib", "first_step_s", "samples_per_s", "final_val_accuracy")
 
 
 def compare_commands(batch_size: int, epochs: int, rounds: int, warmup: int = 1, names=None,
@@ -186,7 +206,11 @@ def compare_commands(batch_size: int, epochs: int, rounds: int, warmup: int = 1,
     """Every contender once per round, in a rotated order; ``warmup`` rounds first
     (discarded: the first start of anything pays for cold file caches). ``extra``: more
     contenders, name -> (argv builder, reader, environment overrides), e.g. an older
-    version of the kit on its own ``PYTHONPATH``."""
+    version of the kit on its own ``PYTHONPATH``.
+
+    A contender whose every attempt in a round failed has None for that round's numbers
+    and the round in its ``failed_rounds``; its medians and its paired ratios and deltas
+    come from the rounds where it and the baseline both ran (``rounds_counted``)."""
     table = contenders(batch_size, epochs, names)
     table.update({name: (build, read) for name, (build, read, _) in (extra or {}).items()})
     overrides = {name: env for name, (_, _, env) in (extra or {}).items()}
@@ -194,10 +218,15 @@ def compare_commands(batch_size: int, epochs: int, rounds: int, warmup: int = 1,
     order = list(runnable)
     env = _env()
     runs = {name: [] for name in order}
+    failures = {name: [] for name in order}
     for r in range(warmup + rounds):
         k = r % len(order)
         for name in order[k:] + order[:k]:
             result = _one_run(name, *runnable[name], {**env, **overrides.get(name, {})})
+            for f in result.pop("failures"):
+                failures[name].append({"round": r + 1, "warm_up": r < warmup, **f})
+                log(f"    {name}: round {r + 1}, attempt {f['attempt']} failed ({f['exit']}): "
+                    f"{' / '.join(f['stderr_last_lines'])}")
             if r >= warmup:
                 runs[name].append(result)
         log(f"    round {r + 1}/{warmup + rounds} done"
@@ -206,9 +235,11 @@ def compare_commands(batch_size: int, epochs: int, rounds: int, warmup: int = 1,
            "rounds": rounds, "baseline": BASELINE if BASELINE in runs else None,
            "skipped": {k: v for k, v in table.items() if isinstance(v, str)}, "contenders": {}}
     for name, rs in runs.items():
-        entry = {key: [x[key] for x in rs] for key in rs[0]}
+        entry = {key: [x[key] for x in rs] for key in (*RUN_KEYS, "attempts")}
         entry["median"] = {key: statistics.median(v for v in entry[key] if v is not None)
-                           for key in rs[0] if any(v is not None for v in entry[key])}
+                           for key in RUN_KEYS if any(v is not None for v in entry[key])}
+        entry["failures"] = failures[name]
+        entry["failed_rounds"] = [i + 1 for i, x in enumerate(rs) if x["samples_per_s"] is None]
         out["contenders"][name] = entry
     base = out["baseline"]
     if base:
@@ -216,15 +247,17 @@ def compare_commands(batch_size: int, epochs: int, rounds: int, warmup: int = 1,
         for name, rs in runs.items():
             c = out["contenders"][name]
             # paired, round by round: the two commands of a round ran back to back
+            both = [(x, y) for x, y in zip(rs, b) if x["samples_per_s"] and y["samples_per_s"]]
+            c["rounds_counted"] = len(both)
             c["throughput_ratio"] = statistics.median(
-                x["samples_per_s"] / y["samples_per_s"] for x, y in zip(rs, b))
-            c["first_step_delta_s"] = _paired_delta(rs, b, "first_step_s")
-            c["wall_delta_s"] = _paired_delta(rs, b, "wall_s")
+                x["samples_per_s"] / y["samples_per_s"] for x, y in both) if both else None
+            c["first_step_delta_s"] = _paired_delta(both, "first_step_s")
+            c["wall_delta_s"] = _paired_delta(both, "wall_s")
     return out
 
 
-def _paired_delta(rs, base, key):
-    pairs = [x[key] - y[key] for x, y in zip(rs, base) if x[key] is not None and y[key] is not None]
+def _paired_delta(both, key):
+    pairs = [x[key] - y[key] for x, y in both if x[key] is not None and y[key] is not None]
     return statistics.median(pairs) if pairs else None
 
 
@@ -238,12 +271,13 @@ def measure_peers(settings, log=print) -> dict:
     names = settings.peer_names
     default = compare_commands(64, settings.peer_epochs, settings.peer_rounds, settings.peer_warmup,
                                names=names, log=log)
-    tiny_names = ("distkit", "distkit (torchrun)", BASELINE, "ignite (idist.Parallel)")
+    tiny_names = settings.peer_tiny_names or ("distkit", "distkit (torchrun)", BASELINE,
+                                              "ignite (idist.Parallel)")
     tiny = compare_commands(16, settings.peer_epochs, settings.peer_rounds, settings.peer_warmup,
-                            names=tiny_names if names is None else ("distkit", "distkit (torchrun)"),
-                            log=log)
+                            names=tiny_names, log=log)
     own, torchrun = (tiny["contenders"][k]["samples_per_s"] for k in ("distkit", "distkit (torchrun)"))
-    tiny["default_launch_vs_torchrun"] = statistics.median(a / b for a, b in zip(own, torchrun))
+    paired = [a / b for a, b in zip(own, torchrun) if a and b]
+    tiny["default_launch_vs_torchrun"] = statistics.median(paired) if paired else None
     return {"default_batch": default, "tiny_steps": tiny,
             "load_average": {"start": before, "end": load_average()},
             "note": "commands started fresh every round; the machine's other jobs share its cores"}

@@ -142,14 +142,22 @@ def _peers_lines(p) -> list:
         for name, e in c["contenders"].items():
             m = e["median"]
             lines.append(row.format(
-                name, _rate(m["samples_per_s"]), _num(e.get("throughput_ratio"), ".3f"),
+                name, _rate(m["samples_per_s"]) if "samples_per_s" in m else "-",
+                _num(e.get("throughput_ratio"), ".3f"),
                 _num(m.get("first_step_s"), ".2f"), _num(e.get("first_step_delta_s"), "+.2f"),
-                _num(m["wall_s"], ".2f"), _num(e.get("wall_delta_s"), "+.2f"),
-                _num(m["peak_rss_mib"], ".0f")))
+                _num(m.get("wall_s"), ".2f"), _num(e.get("wall_delta_s"), "+.2f"),
+                _num(m.get("peak_rss_mib"), ".0f")))
+        for name, e in c["contenders"].items():
+            for f in e.get("failures", []):
+                lines.append(f"    {name} failed in round {f['round']}{' (warm-up)' if f['warm_up'] else ''}, "
+                             f"attempt {f['attempt']}: {f['exit']}: {' / '.join(f['stderr_last_lines'])}")
+            if e.get("failed_rounds"):
+                lines.append(f"    {name}: rounds {e['failed_rounds']} failed on every attempt: "
+                             f"left out of its medians and ratios")
         for name, why in c.get("skipped", {}).items():
             lines.append(f"{name:<26} skipped: {why}")
         if "default_launch_vs_torchrun" in c:
             lines.append(f"    distkit under its own launch / under torchrun, samples/s: "
-                         f"{c['default_launch_vs_torchrun']:.3f} (target >= 0.97)")
+                         f"{_num(c['default_launch_vs_torchrun'], '.3f')} (target >= 0.97)")
     lines.append("    (ratio and deltas: against the hand-written torchrun loop of the same round)")
     return lines

@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                      help="fewer repeats and steps: about a minute on 2 cores")
+                      help="fewer repeats, steps and whole commands: under 2 minutes on 2 cores")
     mode.add_argument("--full", dest="mode", action="store_const", const="full",
                       help="the full measurement (the default)")
     mode.add_argument("--tiny", dest="mode", action="store_const", const="tiny",

@@ -1,0 +1,141 @@
+"""The site of the executed notebooks, looked at in a real headless browser (Debian's
+Chromium, driven by Playwright): used by tests/test_notebooks.py, whose notebook runs
+leave the executed notebooks the site is built from.
+
+Chromium comes from the machine's packages: :func:`chromium` installs Debian's
+``chromium`` with apt-get when it is missing and this is root (CI runs as root), so the
+README's test command is all it takes. Playwright's own browser download is never used
+(this machine reaches no browser builds): Playwright drives ``/usr/bin/chromium``.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+from urllib.parse import urljoin, urlparse
+
+import pytest
+
+# What the machine's notes say Chromium needs here: no sandbox as root, and none of the
+# background connections that a closed network refuses.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser", "/usr/bin/google-chrome")
+
+
+def chromium() -> str:
+    """Path of a Chromium to drive; installed from Debian's packages when missing (root
+    only); otherwise the test is skipped, saying how to install it."""
+    found = next((p for p in CHROMIUM_PATHS if os.access(p, os.X_OK)), None)
+    if found:
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.skip("no Chromium here and not root to install it: sudo apt-get install chromium")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium"]):
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
+        assert done.returncode == 0, f"{' '.join(command)}: {done.stderr[-2000:]}"
+    assert os.access(CHROMIUM_PATHS[0], os.X_OK), "apt-get installed chromium, but no /usr/bin/chromium"
+    return CHROMIUM_PATHS[0]
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+class served:
+    """``folder`` served over HTTP on 127.0.0.1 (a free port) while in the ``with``."""
+
+    def __init__(self, folder: Path):
+        handler = functools.partial(_Quiet, directory=str(folder))
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self.url
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# Run in each page: its images (decoded or not), its links, the ids anchors can target.
+INSPECT = """() => ({
+  title: document.title,
+  images: Array.from(document.images).map(i => ({src: i.getAttribute('src').slice(0, 40),
+            complete: i.complete, width: i.naturalWidth, height: i.naturalHeight})),
+  links: Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href')),
+  ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id),
+  text: document.body.innerText,
+})"""
+
+
+def inspect_site(site: Path, pages: list[str], shots: Path) -> dict:
+    """Open every page of ``site`` in headless Chromium: {page: what INSPECT found, plus
+    the HTTP status, the console errors and failed requests, the screenshot's path}."""
+    from playwright.sync_api import sync_playwright
+
+    shots.mkdir(parents=True, exist_ok=True)
+    seen = {}
+    with served(site) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            problems = []
+            # (a missing favicon.ico is the browser's own request, not the site's)
+            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+                    if m.type == "error" and "favicon" not in (m.location or {}).get("url", "") else None)
+            page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
+            page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}")
+                    if r.status >= 400 and not r.url.endswith("/favicon.ico") else None)
+            for name in pages:
+                problems.clear()
+                response = page.goto(url + name, wait_until="load")
+                found = page.evaluate(INSPECT)
+                shot = shots / (Path(name).stem + ".png")
+                if found["images"]:  # the screenshot shows the page's first figure
+                    page.locator("img").first.scroll_into_view_if_needed()
+                page.screenshot(path=str(shot))
+                found.update(status=response.status, problems=list(problems), screenshot=shot)
+                seen[name] = found
+        finally:
+            browser.close()
+    return seen
+
+
+def broken_links(site: Path, seen: dict) -> list[str]:
+    """Links of the site that lead nowhere: a page or file missing from the site, or an
+    anchor no element of its target page carries. Links off the site are only checked
+    for their form (this machine reaches no other site)."""
+    broken = []
+    for name, found in seen.items():
+        for href in found["links"]:
+            target = urlparse(urljoin(f"http://site/{name}", href))
+            if target.scheme in ("http", "https") and target.netloc != "site":
+                if not target.netloc:
+                    broken.append(f"{name}: {href}")
+                continue
+            if target.scheme not in ("http", "https"):
+                broken.append(f"{name}: {href} (not a web link)")
+                continue
+            page = target.path.lstrip("/") or "index.html"
+            if not (site / page).is_file():
+                broken.append(f"{name}: {href} (no {page} in the site)")
+            elif target.fragment and target.fragment not in seen.get(page, {}).get("ids", ()):
+                broken.append(f"{name}: {href} (no #{target.fragment} in {page})")
+    return broken
+
+
+def shown_text(text: str) -> str:
+    """Text as a page shows it and as it is compared: no ANSI colour codes, a line
+    rewritten with carriage returns as its last state, runs of whitespace as one space."""
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+    text = "\n".join(line.split("\r")[-1] for line in text.split("\n"))
+    return " ".join(text.split())

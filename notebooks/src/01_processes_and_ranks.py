@@ -29,6 +29,7 @@ import torch
 from distkit import plots
 from distkit.machine import free_port
 from distkit.lessons import collectives
+from distkit.runner import run_per_rank
 
 logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)  # its INFO lines
 cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -70,7 +71,7 @@ with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) a
 
 # %%
 for n in (1, 2, 4):
-    seen = collectives.run_per_rank(collectives.process_info, nproc_per_node=n)
+    seen = run_per_rank(collectives.process_info, nproc_per_node=n)
     for info in seen:
         print({k: info[k] for k in ("rank", "local_rank", "world_size", "backend", "device", "pid")})
     assert [i["rank"] for i in seen] == list(range(n))          # ranks are 0 .. N-1
@@ -131,7 +132,7 @@ with idist.Parallel(backend="gloo", nproc_per_node=N, master_port=free_port()) a
 # The same function, through `run_per_rank`, hands its return values to this kernel:
 
 # %%
-seen = collectives.run_per_rank(exchange, N)
+seen = run_per_rank(exchange, N)
 for s in seen:
     print(s)
 assert [s["sum"] for s in seen] == [N * (N + 1) / 2] * N
@@ -155,7 +156,7 @@ def objects(local_rank):
     return everyone, folder, refused
 
 
-for rank, (everyone, folder, refused) in enumerate(collectives.run_per_rank(objects, 2)):
+for rank, (everyone, folder, refused) in enumerate(run_per_rank(objects, 2)):
     print(f"rank {rank}: all_gather -> {everyone}, broadcast of a string -> {folder!r}, "
           f"broadcast of a dict -> {refused}")
     assert everyone == [{"rank": 0}, {"rank": 1}] and folder == "runs/ddp-gloo-2"
@@ -194,7 +195,7 @@ def download_once(local_rank, folder):
 
 
 with tempfile.TemporaryDirectory() as folder:
-    seen = collectives.run_per_rank(download_once, 4, "gloo", folder)
+    seen = run_per_rank(download_once, 4, "gloo", folder)
 t0 = seen[0]["entered_at"]
 for s in seen:
     print(f"rank {s['rank']}: in the block from +{s['entered_at'] - t0:.2f} s to "

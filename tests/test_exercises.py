@@ -233,6 +233,19 @@ def average_across_ranks(value):
        'batch_size=config["batch_size"] * idist.get_world_size(), shuffle=True')],
      r"rank 0's loader takes 16 samples per step, but a GLOBAL batch of 16 over 2 processes is 8 "
      r"each"),
+    ("02", "auto_optim applied after the trainer was built", [
+        ('optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"]))',
+         'optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])'),
+        ("    trainer = create_supervised_trainer(\n        model, optimizer, nn.CrossEntropyLoss(), device=idist.device())\n",
+         "    trainer = create_supervised_trainer(\n        model, optimizer, nn.CrossEntropyLoss(), device=idist.device())\n"
+         "    optimizer = idist.auto_optim(optimizer)\n")],
+     r"on rank 0 the optimizer that stepped is the one you passed to idist.auto_optim, not the "
+     r"one it returned"),
+    ("02", "auto_optim wraps a second optimizer", [(
+        'optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"]))',
+        'optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])\n'
+        '    idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"]))')],
+     r"on rank 0 the optimizer idist.auto_optim returned never stepped"),
     # 03 sharding
     ("03", "the same shuffled DataLoader on every rank", '''
 def make_train_loader(dataset, global_batch_size, seed=0):
@@ -278,6 +291,31 @@ def make_train_loader(dataset, global_batch_size, seed=0):
     mine = torch.utils.data.Subset(dataset, list(range(rank, len(dataset), world_size)))
     g = torch.Generator().manual_seed(seed)
     return DataLoader(mine, batch_size=global_batch_size // world_size, shuffle=True, generator=g)
+
+def epoch_indices(loader, epoch):
+    return [int(i) for _, _, index in loader for i in index]
+''', r"rank 0 read the same SET of samples in every epoch \(only their order changed\): its "
+     r"shard is fixed"),
+    ("03", "a contiguous block per rank, shuffled by the loader", '''
+def make_train_loader(dataset, global_batch_size, seed=0):
+    import torch
+    world_size, rank = idist.get_world_size(), idist.get_rank()
+    per_rank = len(dataset) // world_size
+    mine = torch.utils.data.Subset(dataset, list(range(rank * per_rank, (rank + 1) * per_rank)))
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(mine, batch_size=global_batch_size // world_size, shuffle=True, generator=g)
+
+def epoch_indices(loader, epoch):
+    return [int(i) for _, _, index in loader for i in index]
+''', r"rank 0 read the same SET of samples in every epoch \(only their order changed\)"),
+    ("03", "one permutation dealt out once, reshuffled within each shard", '''
+def make_train_loader(dataset, global_batch_size, seed=0):
+    import torch
+    world_size, rank = idist.get_world_size(), idist.get_rank()
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    sampler = torch.utils.data.SubsetRandomSampler(order[rank::world_size],
+                                                   generator=torch.Generator().manual_seed(seed))
+    return DataLoader(dataset, batch_size=global_batch_size // world_size, sampler=sampler)
 
 def epoch_indices(loader, epoch):
     return [int(i) for _, _, index in loader for i in index]

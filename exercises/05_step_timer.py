@@ -9,14 +9,15 @@ Task: write two functions.
 
 1. ``attach_step_timer(trainer)``: return a ``ignite.handlers.Timer`` attached to
    ``trainer`` so that ``timer.value()`` is the AVERAGE duration of one training step
-   (the engine's process function), without the time spent fetching the batch and without
-   the time of other handlers.
+   (the engine's process function), without the time spent fetching the batch (the first
+   batch of each epoch included) and without the time of other handlers.
 2. ``slowest_rank(seconds)``: every rank passes its own step time; return, on every rank,
    the largest one, as a Python float. In synchronous data-parallel training every step waits for the
    slowest rank, so that is the number that sets the pace.
 
-Engine events, in the order they fire for every batch: ``GET_BATCH_STARTED``,
-``GET_BATCH_COMPLETED``, ``ITERATION_STARTED``, (the step), ``ITERATION_COMPLETED``.
+Engine events, in the order they fire: ``STARTED``, then per epoch ``EPOCH_STARTED``, then
+for every batch ``GET_BATCH_STARTED``, ``GET_BATCH_COMPLETED``, ``ITERATION_STARTED``, (the
+step), ``ITERATION_COMPLETED``; then ``EPOCH_COMPLETED``.
 
 Check it:  pytest exercises -m ex05     (or: distkit check 05)
 Stuck?     distkit check 05 --hint     (or read exercises/hints.md)

@@ -10,6 +10,7 @@ import torch
 
 from distkit.lessons import collectives
 from distkit.errors import DistkitError
+from distkit.runner import run_per_rank
 
 
 @pytest.mark.slow
@@ -17,7 +18,7 @@ from distkit.errors import DistkitError
 def test_three_gloo_ranks_know_who_they_are_spawned_and_forked():
     # spawned (fresh interpreters: what scripts get), then forked, as notebooks do
     for start_method in (None, "fork"):
-        info = collectives.run_per_rank(collectives.process_info, nproc_per_node=3, start_method=start_method)
+        info = run_per_rank(collectives.process_info, nproc_per_node=3, start_method=start_method)
         assert [(i["rank"], i["local_rank"], i["world_size"], i["backend"], i["device"]) for i in info] == \
             [(r, r, 3, "gloo", "cpu") for r in range(3)]
         assert len({i["pid"] for i in info}) == 3 and os.getpid() not in {i["pid"] for i in info}
@@ -27,7 +28,7 @@ def test_run_per_rank_refuses_nccl_without_gpus_in_one_line():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     with pytest.raises(DistkitError, match="needs CUDA GPUs"):
-        collectives.run_per_rank(collectives.process_info, nproc_per_node=2, backend="nccl")
+        run_per_rank(collectives.process_info, nproc_per_node=2, backend="nccl")
 
 
 @pytest.mark.slow

@@ -176,6 +176,19 @@ def average_across_ranks(value):
     ("01", "its own value, nothing combined",
      [("return total / idist.get_world_size()", "return float(value)")],
      r"rank 0 returned 1\.0, its own value: nothing was combined across ranks"),
+    ("01", "divided by the processes of one node",
+     [("total / idist.get_world_size()", "total / idist.get_nproc_per_node()")],
+     r"on 2 nodes of 2 processes each \(world size 4\): rank 0 returned 8\.0, the sum 16\.0 "
+     r"divided by 2, the processes of ONE node \(idist.get_nproc_per_node\(\)\)"),
+    ("01", "only rank 0 divides", [("    return total / idist.get_world_size()",
+                                   "    if idist.get_rank() == 0:\n"
+                                   "        return total / idist.get_world_size()\n"
+                                   "    return total")],
+     r"rank 0 got the average 2\.5, but rank 1 returned 5\.0, the SUM: only some ranks divided"),
+    ("01", "rank 0's value broadcast", [("idist.all_reduce(float(value))",
+                                         "idist.broadcast(float(value), src=0)")],
+     r"rank 0 returned 0\.5: a broadcast copies ONE rank's value to every rank; all_reduce sums "
+     r"them"),
     # 02 training function
     ("02", "a plain DataLoader: every rank reads everything", [(
         'idist.auto_dataloader(\n        config["dataset"], batch_size=config["batch_size"], '
@@ -200,6 +213,39 @@ def average_across_ranks(value):
         'idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"]))',
         'torch.optim.SGD(model.parameters(), lr=config["lr"])')],
      r"rank 0 never called idist.auto_optim"),
+    ("02", "auto_optim's result dropped", [(
+        'optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"]))',
+        'optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])\n'
+        '    idist.auto_optim(optimizer)')],
+     r"on rank 0 the optimizer that stepped is the one you passed to idist.auto_optim, not the "
+     r"one it returned"),
+    ("02", "another optimizer given to the trainer", [(
+        "        model, optimizer, nn.CrossEntropyLoss()",
+        '        model, torch.optim.SGD(model.parameters(), lr=config["lr"]), nn.CrossEntropyLoss()')],
+     r"on rank 0 the optimizer idist.auto_optim returned never stepped"),
+    ("02", "a sampler that never shuffles", [(
+        'batch_size=config["batch_size"], shuffle=True)',
+        'batch_size=config["batch_size"], shuffle=False)')],
+     r"rank 0 read the same samples in the same order in epochs 1 and 2 .*although set_epoch was "
+     r"called: the sampler never shuffles. Pass shuffle=True"),
+    ("02", "the batch size multiplied by the world size",
+     [('batch_size=config["batch_size"], shuffle=True',
+       'batch_size=config["batch_size"] * idist.get_world_size(), shuffle=True')],
+     r"rank 0's loader takes 16 samples per step, but a GLOBAL batch of 16 over 2 processes is 8 "
+     r"each"),
+    ("02", "auto_optim applied after the trainer was built", [
+        ('optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"]))',
+         'optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])'),
+        ("    trainer = create_supervised_trainer(\n        model, optimizer, nn.CrossEntropyLoss(), device=idist.device())\n",
+         "    trainer = create_supervised_trainer(\n        model, optimizer, nn.CrossEntropyLoss(), device=idist.device())\n"
+         "    optimizer = idist.auto_optim(optimizer)\n")],
+     r"on rank 0 the optimizer that stepped is the one you passed to idist.auto_optim, not the "
+     r"one it returned"),
+    ("02", "auto_optim wraps a second optimizer", [(
+        'optimizer = idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"]))',
+        'optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])\n'
+        '    idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"]))')],
+     r"on rank 0 the optimizer idist.auto_optim returned never stepped"),
     # 03 sharding
     ("03", "the same shuffled DataLoader on every rank", '''
 def make_train_loader(dataset, global_batch_size, seed=0):
@@ -223,6 +269,58 @@ def epoch_indices(loader, epoch):
     ("03", "the GLOBAL batch on every rank",
      [("batch_size=global_batch_size // world_size", "batch_size=global_batch_size")],
      r"rank 0 got batches of 4 samples, but a GLOBAL batch of 4 over 2 processes is 2"),
+    ("03", "num_replicas from the processes of one node",
+     [("num_replicas=world_size, rank", "num_replicas=idist.get_nproc_per_node(), rank")],
+     r"on 2 nodes of 2 processes each .*rank 2's make_train_loader raised ValueError: .*"
+     r"num_replicas = the WORLD size, idist.get_world_size\(\) \(4\), not the processes of one "
+     r"node, idist.get_nproc_per_node\(\) \(2\)"),
+    ("03", "the local rank for the shard", [("rank=idist.get_rank()", "rank=idist.get_local_rank()")],
+     r"rank 0 \(node 0\) and rank 2 \(node 1\) read the same samples in epoch 0 .*both have local "
+     r"rank 0: the shard must follow the GLOBAL rank, idist.get_rank\(\), not "
+     r"idist.get_local_rank\(\)"),
+    ("03", "the batch divided by the processes of one node",
+     [("    world_size = idist.get_world_size()\n",
+       "    world_size = idist.get_world_size()\n    per_node = idist.get_nproc_per_node()\n"),
+      ("batch_size=global_batch_size // world_size", "batch_size=global_batch_size // per_node")],
+     r"rank 0 got batches of 4 samples: you divided the GLOBAL batch of 8 by the processes of one "
+     r"node \(idist.get_nproc_per_node\(\) = 2\)"),
+    ("03", "a fixed strided Subset, shuffled by the loader", '''
+def make_train_loader(dataset, global_batch_size, seed=0):
+    import torch
+    world_size, rank = idist.get_world_size(), idist.get_rank()
+    mine = torch.utils.data.Subset(dataset, list(range(rank, len(dataset), world_size)))
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(mine, batch_size=global_batch_size // world_size, shuffle=True, generator=g)
+
+def epoch_indices(loader, epoch):
+    return [int(i) for _, _, index in loader for i in index]
+''', r"rank 0 read the same SET of samples in every epoch \(only their order changed\): its "
+     r"shard is fixed"),
+    ("03", "a contiguous block per rank, shuffled by the loader", '''
+def make_train_loader(dataset, global_batch_size, seed=0):
+    import torch
+    world_size, rank = idist.get_world_size(), idist.get_rank()
+    per_rank = len(dataset) // world_size
+    mine = torch.utils.data.Subset(dataset, list(range(rank * per_rank, (rank + 1) * per_rank)))
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(mine, batch_size=global_batch_size // world_size, shuffle=True, generator=g)
+
+def epoch_indices(loader, epoch):
+    return [int(i) for _, _, index in loader for i in index]
+''', r"rank 0 read the same SET of samples in every epoch \(only their order changed\)"),
+    ("03", "one permutation dealt out once, reshuffled within each shard", '''
+def make_train_loader(dataset, global_batch_size, seed=0):
+    import torch
+    world_size, rank = idist.get_world_size(), idist.get_rank()
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed)).tolist()
+    sampler = torch.utils.data.SubsetRandomSampler(order[rank::world_size],
+                                                   generator=torch.Generator().manual_seed(seed))
+    return DataLoader(dataset, batch_size=global_batch_size // world_size, sampler=sampler)
+
+def epoch_indices(loader, epoch):
+    return [int(i) for _, _, index in loader for i in index]
+''', r"rank 0 read the same SET of samples in every epoch \(only their order changed\): its "
+     r"shard is fixed"),
     # 04 safe download
     ("04", "rank 0 downloads, the others do not wait", '''
 def get_dataset(root):
@@ -249,6 +347,17 @@ def get_dataset(root):
             download(root)
     return load(root)
 ''', r"the second call downloaded the dataset again \(rank 0\)"),
+    ("04", "a barrier that only the downloading rank reaches", '''
+def get_dataset(root):
+    if idist.get_local_rank() == 0:
+        if not is_downloaded(root):
+            download(root)
+        idist.barrier()
+    return load(root)
+''', r"^(Failed: )?rank 0 was still waiting in a collective when (rank 1 had already finished|the other "
+     r"ranks had stopped taking part): every rank must call the same collectives, in the same "
+     r"order. A barrier or all_reduce that only some ranks reach .*File .*04_safe_download.py\", "
+     r"line \d+, in get_dataset\n\s+idist.barrier\(\)"),
     # 05 step timer
     ("05", "a Timer that also counts fetching the batch",
      [("resume=Events.ITERATION_STARTED", "resume=Events.GET_BATCH_STARTED")],
@@ -260,7 +369,7 @@ def get_dataset(root):
      r"your timer says .* it also counts time outside the step, the other handlers'"),
     ("05", "each rank keeps its own time", [('return idist.all_reduce(float(seconds), op="MAX")',
                                             'return float(seconds)')],
-     r"rank 0 returned 0\.25 \(its own time: nothing was combined"),
+     r"rank 1 returned 0\.25 \(its own time: nothing was combined across ranks, no collective ran"),
     ("05", "the sum of the times", [(', op="MAX")', ")")],
      r"rank 0 returned 1\.0 \(the SUM: all_reduce adds by default; ask for op='MAX'\)"),
     ("05", "a tensor returned", [('idist.all_reduce(float(seconds), op="MAX")',
@@ -268,6 +377,35 @@ def get_dataset(root):
                                 ("import ignite.distributed as idist",
                                  "import ignite.distributed as idist\nimport torch")],
      r"rank 0 returned a tensor \(tensor\(0\.7500\)\), not a Python float: .*\.item\(\)"),
+    ("05", "the old reference: a Timer that runs from EPOCH_STARTED",
+     [("    trainer.add_event_handler(Events.EPOCH_STARTED, timer.pause)\n", "")],
+     r"it also counts the first batch fetch of each epoch .*A Timer RUNS from its start event on"),
+    ("05", "started once at STARTED and never paused", [
+        ("start=Events.EPOCH_STARTED, resume", "start=Events.STARTED, resume"),
+        ("    trainer.add_event_handler(Events.EPOCH_STARTED, timer.pause)\n", "")],
+     r"it also counts the first batch fetch of the first epoch .*Pause it right after it starts"),
+    ("05", "a timer that keeps only the last step", '''
+def attach_step_timer(trainer):
+    timer = Timer()
+    timer.attach(trainer, start=Events.ITERATION_STARTED, pause=Events.ITERATION_COMPLETED)
+    return timer
+''', r"that is the LAST step's time, not the average over the steps"),
+    ("05", "a reduce to rank 0", '''
+def slowest_rank(seconds):
+    import torch, torch.distributed as dist
+    t = torch.tensor(float(seconds))
+    dist.reduce(t, dst=0, op=dist.ReduceOp.MAX)
+    return t.item()
+''', r"rank 1 returned 0\.25: reduce leaves the result on one rank only; use all_reduce"),
+    ("05", "the smallest time", [('op="MAX"', 'op="MIN"')],
+     r"rank 0 returned 0\.25, the SMALLEST time \(every rank got it\).*not 'MIN'"),
+    ("05", "the mean of the times", [('return idist.all_reduce(float(seconds), op="MAX")',
+                                     "return idist.all_reduce(float(seconds)) / idist.get_world_size()")],
+     r"rank 0 returned 0\.5 \(the MEAN of the ranks' times"),
+    ("05", "rank 0's time broadcast", [('return idist.all_reduce(float(seconds), op="MAX")',
+                                       "return idist.broadcast(float(seconds), src=0)")],
+     r"rank 0 returned 0\.25, the time of the rank that broadcast it: a broadcast copies ONE "
+     r"rank's value"),
     # 06 learning-rate scaling
     ("06", "no linear scaling", [("peak = base_lr * idist.get_world_size()", "peak = base_lr")],
      r"with 2 processes the highest learning rate is 0\.1, the unscaled base_lr"),
@@ -278,19 +416,23 @@ def get_dataset(root):
     ("06", "no decay", [("(total_iters, 0.0),", "(total_iters, peak),")],
      r"the learning rate at step 5 is 0\.2, expected 0\.175 \(linear decay to 0 at step "
      r"total_iters\)"),
+    ("06", "scaled by the processes of one node",
+     [("peak = base_lr * idist.get_world_size()", "peak = base_lr * idist.get_nproc_per_node()")],
+     r"on 2 nodes of 2 processes each \(world size 4\), rank 0's highest learning rate is 0\.2, "
+     r"base_lr x 2: that counts the processes of ONE node \(idist.get_nproc_per_node\(\)\)"),
     # 07 checkpoints
     ("07", "only rank 0 loads the checkpoint", '''
 def resume(trainer, model, optimizer, checkpoint_file):
     if idist.get_rank() == 0:
         Checkpoint.load_objects(_objects(trainer, model, optimizer),
                                 read_checkpoint(checkpoint_file))
-''', r"after resume rank 0 at iteration 6 .* rank 1 at iteration 0 .* EVERY rank must load"),
+''', r"after resume rank 0 at iteration 7 .* rank 1 at iteration 0 .* EVERY rank must load"),
     ("07", "the optimizer is not saved", '''
 def _objects(trainer, model, optimizer):
     return {"trainer": trainer, "model": model}
 ''', r"the optimizer has lost its momentum"),
     ("07", "how many files to keep ignored", [("        n_saved=2,\n", "")],
-     r"1 checkpoint file in the folder after 6 iterations .*keep the last 2 \(n_saved=2\)"),
+     r"1 checkpoint file in the folder after 7 iterations .*keep the last 2 \(n_saved=2\)"),
     ("07", "a folder that must be empty", [("require_empty=False, ", "")],
      r"attach_checkpointing raised .*already present.* the folder may already hold "
      r"checkpoints: DiskSaver\(dirname, require_empty=False\)"),
@@ -309,6 +451,31 @@ def attach_checkpointing(trainer, model, optimizer, dirname):
      [("lambda engine, _: engine.state.iteration", "lambda engine: engine.state.iteration")],
      r"rank 0 raised TypeError: .*takes 1 positional argument but 2 were given\n"
      r"no line of your file was running: it was raised in ignite/handlers/checkpoint\.py:\d+"),
+    ("07", "a checkpoint every 2 iterations",
+     [("Events.ITERATION_COMPLETED, checkpoint", "Events.ITERATION_COMPLETED(every=2), checkpoint")],
+     r"the run stopped after iteration 7, but its newest checkpoint holds iteration 6.*save "
+     r"after EVERY iteration"),
+    ("07", "a checkpoint every 3 iterations",
+     [("Events.ITERATION_COMPLETED, checkpoint", "Events.ITERATION_COMPLETED(every=3), checkpoint")],
+     r"newest checkpoint holds iteration 6, so it would be resumed from iteration 6"),
+    ("07", "every rank writes the checkpoint files",
+     [("DiskSaver(dirname, require_empty=False, atomic=True)",
+       "DiskSaver(dirname, require_empty=False, atomic=True, save_on_rank=idist.get_rank())")],
+     r"rank [01] raised FileNotFoundError while the Checkpoint saved or removed a file .*more than "
+     r"one rank writes the same checkpoint files"),
+    ("07", "only the model is loaded", '''
+def resume(trainer, model, optimizer, checkpoint_file):
+    Checkpoint.load_objects({"model": model}, read_checkpoint(checkpoint_file))
+''', r"after resume the trainer starts again at iteration 0, but the run stopped after "
+     r"iteration 7: save and load the trainer too"),
+    ("07", "the state dicts loaded by hand into the DDP model", '''
+def resume(trainer, model, optimizer, checkpoint_file):
+    state = read_checkpoint(checkpoint_file)
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    trainer.load_state_dict(state["trainer"])
+''', r"rank [01] raised RuntimeError: Error\(s\) in loading state_dict for DistributedDataParallel:"
+     r"\n\s+Missing key\(s\) in state_dict: \"module\.1\.weight\""),
     # 08 gradient accumulation
     ("08", "no no_sync: one exchange per micro-batch",
      [('        if last or not hasattr(model, "no_sync"):', "        if True:")],
@@ -336,6 +503,54 @@ def attach_checkpointing(trainer, model, optimizer, dirname):
      [('        if last or not hasattr(model, "no_sync"):',
        '        if not hasattr(model, "no_sync"):')],
      r"rank 0 and rank 1 hold different weights .*the gradients were never exchanged"),
+    ("08", "every backward inside no_sync, then an all_reduce per parameter", '''
+def accumulation_step(model, optimizer, loss_fn, micro_batches):
+    optimizer.zero_grad()
+    n = len(micro_batches)
+    context = model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+    with context:
+        for x, y in micro_batches:
+            (loss_fn(model(x), y) / n).backward()
+    for p in model.parameters():
+        p.grad = idist.all_reduce(p.grad) / idist.get_world_size()
+    optimizer.step()
+''', r"rank 0 ran 4 all_reduce call\(s\) of its own per step, beside DDP's 0 exchange\(s\).*"
+     r"Remove the manual all-reduce"),
+    ("08", "torch.distributed.all_reduce per parameter after no_sync", '''
+def accumulation_step(model, optimizer, loss_fn, micro_batches):
+    import torch.distributed as dist
+    optimizer.zero_grad()
+    n = len(micro_batches)
+    for x, y in micro_batches:
+        context = model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+        with context:
+            (loss_fn(model(x), y) / n).backward()
+    if dist.is_available() and dist.is_initialized():
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+            p.grad /= dist.get_world_size()
+    optimizer.step()
+''', r"rank 0 ran 4 all_reduce call\(s\) of its own per step"),
+    ("08", "DDP's exchange and a manual one on top",
+     [("    optimizer.step()\n",
+       "    for p in model.parameters():\n"
+       "        p.grad = idist.all_reduce(p.grad) / idist.get_world_size()\n"
+       "    optimizer.step()\n")],
+     r"rank 0 ran 4 all_reduce call\(s\) of its own per step, beside DDP's 1 exchange\(s\)"),
+    ("08", "one flat all_reduce by hand", '''
+def accumulation_step(model, optimizer, loss_fn, micro_batches):
+    optimizer.zero_grad()
+    n = len(micro_batches)
+    context = model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+    with context:
+        for x, y in micro_batches:
+            (loss_fn(model(x), y) / n).backward()
+    grads = [p.grad for p in model.parameters()]
+    flat = idist.all_reduce(torch.cat([g.reshape(-1) for g in grads])) / idist.get_world_size()
+    for g, new in zip(grads, torch.split(flat, [g.numel() for g in grads])):
+        g.copy_(new.reshape(g.shape))
+    optimizer.step()
+''', r"rank 0 ran 1 all_reduce call\(s\) of its own per step, beside DDP's 0 exchange\(s\)"),
     # 09 pipeline
     ("09", "the micro-batch losses are not scaled",
      [("loss = F.cross_entropy(stage(a), y) / n", "loss = F.cross_entropy(stage(a), y)")],
@@ -413,6 +628,31 @@ def predict_bytes_per_rank(num_params, world_size, strategy):
     ("10", "the model not returned", [("    fully_shard(model)  # the root\n    return model",
                                        "    fully_shard(model)  # the root")],
      r"shard\(model\) returned NoneType, not the model"),
+    ("10", "layers kept whole after their forward",
+     [("fully_shard(layer)  #", "fully_shard(layer, reshard_after_forward=False)  #")],
+     r"while the model ran its forward, rank 0 held 3 layers' whole weights at once \(7456 bytes; "
+     r"the largest layer alone is 4224\).*reshard_after_forward=False"),
+    ("10", "layers and root kept whole after their forward",
+     [("fully_shard(layer)  #", "fully_shard(layer, reshard_after_forward=False)  #"),
+      ("    fully_shard(model)  # the root", "    fully_shard(model, reshard_after_forward=False)")],
+     r"rank 0 held 3 layers' whole weights at once"),
+    ("10", "only the first layer resharded after its forward", '''
+def shard(model):
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    for i, layer in enumerate(layers):
+        fully_shard(layer, reshard_after_forward=(i == 0))
+    fully_shard(model)
+    return model
+''', r"rank 0 held 2 layers' whole weights at once"),
+    ("10", "one partial with reshard_after_forward=False for every unit", '''
+def shard(model):
+    import functools
+    shard_unit = functools.partial(fully_shard, reshard_after_forward=False)
+    for layer in model.modules():
+        if isinstance(layer, nn.Linear):
+            shard_unit(layer)
+    return shard_unit(model)
+''', r"rank 0 held 3 layers' whole weights at once"),
     # 11 pipeline bubble
     ("11", "(p-1)/m", [("return (stages - 1) / (microbatches + stages - 1)", "return (stages - 1) / microbatches")],
      r"you predicted a bubble of 0\.5 for 2 stages and 2 micro-batches; measured: .*\(p-1\)/m leaves "
@@ -429,6 +669,22 @@ def predict_bytes_per_rank(num_params, world_size, strategy):
     ("11", "a tensor returned",
      [("return torch.stack(losses).mean().item()", "return torch.stack(losses).mean()")],
      r"the last stage returned 'tensor\(.*return the mean of the micro-batch losses as a Python float"),
+    ("11", "a hard-coded 4 micro-batches",
+     [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "ScheduleGPipe(stage, n_microbatches=4,")],
+     r"in the timed step with n_microbatches=2, rank 0 sent 4 activation tensor\(s\) of shape "
+     r"\(8, 8\), not 2: .*not a fixed number"),
+    ("11", "micro-batches of 4 samples, whatever n_microbatches says",
+     [("ScheduleGPipe(stage, n_microbatches=n_microbatches,",
+       "ScheduleGPipe(stage, n_microbatches=(inputs if inputs is not None else targets).shape[0] // 4,")],
+     r"in the timed step with n_microbatches=2, rank 0 sent 8 activation tensor\(s\)"),
+    ("11", "the loss divided by the number of micro-batches",
+     [("loss_fn=F.mse_loss", "loss_fn=lambda out, y: F.mse_loss(out, y) / n_microbatches")],
+     r"stage 0's gradients are 1/4 of the whole model's on the whole batch: ScheduleGPipe already "
+     r"scales each micro-batch's backward by 1/n_microbatches"),
+    ("11", "the micro-batch gradients summed",
+     [("loss_fn=F.mse_loss", "loss_fn=F.mse_loss, scale_grads=False")],
+     r"stage 0's gradients are 4x those of the whole model on the whole batch: the micro-batches' "
+     r"gradients were summed"),
 ]
 
 
@@ -523,9 +779,9 @@ def test_distkit_check_runs_one_exercise_and_shows_hints(capfd, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     code, out, _ = distkit(capfd, "check", "06", "--solutions")  # = pytest exercises -m ex06
-    assert code == 0 and re.search(r"2 passed, \d+ deselected", out), out[-3000:]
+    assert code == 0 and re.search(r"3 passed, \d+ deselected", out), out[-3000:]
     code, out, _ = distkit(capfd, "check", "6")
-    assert code == 1 and "exercise 06 is not solved yet" in out and "2 failed" in out, out[-3000:]
+    assert code == 1 and "exercise 06 is not solved yet" in out and "3 failed" in out, out[-3000:]
     code, out, _ = distkit(capfd, "check", "06", "--hint")
     assert code == 0 and out.startswith("## 06") and "## 07" not in out
     code, out, _ = distkit(capfd, "check", "06", "--solution")

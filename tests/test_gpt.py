@@ -190,6 +190,7 @@ def _results(out, tmp_path):
     return json.loads(found[0].read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_train_text_gpt_reports_tokens_per_second_mfu_and_a_sample(run_cli, tmp_path, strategy):
     peak = ["--peak-flops", "1e11"] if strategy == "fsdp" else []  # ddp measures its own
@@ -213,6 +214,7 @@ def test_train_text_gpt_reports_tokens_per_second_mfu_and_a_sample(run_cli, tmp_
     assert f"sample: {sample!r}" in out.stdout and "tokens/s" in out.stdout and "MFU" in out.stdout
 
 
+@pytest.mark.slow
 def test_gpt_learns_below_the_unigram_entropy(tmp_path):
     """The text task's own loss, metrics, optimizer and data through the kit's training
     function, with a smaller GPT (2 layers, d_model 64: about 1/9 of the default's FLOPs)

@@ -47,6 +47,29 @@ def test_expected_counts(n, world, b, drop_last, per_rank, padding, seen_per_ran
 
 @pytest.mark.parametrize("n, world, b, drop_last", [
     (100, 4, 5, False), (101, 2, 10, False), (101, 2, 10, True), (7, 3, 2, False),
+    (50, 3, 4, True), (50, 3, 16, True), (1000, 8, 16, True)])
+def test_expected_duplicates_and_unseen_match_the_reference(n, world, b, drop_last):
+    # Under the loader's drop_last the padding duplicate may be what is dropped (101 on 2
+    # ranks, batches of 10: rank 1's 51st sample is the repeat): the report must not
+    # expect a duplicate then, and must count exactly the samples nobody sees.
+    shards = reference_shards(n, world, b, drop_last)
+    seen = [i for s in shards for i in s]
+    exp = expected_counts(n, world, b, drop_last)
+    assert exp["padding_seen"] == len(seen) - len(set(seen))
+    assert exp["unseen"] == n - len(set(seen))
+
+
+def test_report_under_drop_last_expects_no_duplicate():
+    shards = reference_shards(101, 2, 10, True)
+    text = format_report(shard_report(record([shards], 101, 2, 10, drop_last=True)))
+    assert "1 padding duplicate(s) of which the loader's drop_last drops 1 (0 seen), 1 sample(s) unseen" \
+        in text, text
+    text = format_report(shard_report(record([reference_shards(101, 2, 10, False)], 101, 2, 10)))
+    assert "expected: 51 samples per rank, 1 padding duplicate(s), 0 sample(s) unseen" in text, text
+
+
+@pytest.mark.parametrize("n, world, b, drop_last", [
+    (100, 4, 5, False), (101, 2, 10, False), (101, 2, 10, True), (7, 3, 2, False),
     (1, 4, 1, False), (50, 3, 4, True)])
 def test_correct_shards_pass(n, world, b, drop_last):
     shards = reference_shards(n, world, b, drop_last)

@@ -27,9 +27,23 @@ def test_auto_backend_on_this_cpu_machine_is_gloo_with_two_processes():
 
 
 def test_preflight_fills_in_backend_processes_and_a_free_port():
-    cfg = preflight(Config(), spawning=True)
+    cfg, launch = preflight(Config(), spawning=True)
     assert (cfg.backend, cfg.nproc_per_node) == ("gloo", 2)
-    check_port_free(cfg.master_port)  # does not raise: the port it chose is free
+    assert (launch.backend, launch.nproc_per_node, launch.world_size) == ("gloo", 2, 2)
+    check_port_free(launch.master_port)  # does not raise: the port it chose is free
+    assert cfg.master_port is None  # the port is the launch's, not a setting of the run
+
+
+def test_launch_checks_need_no_training_settings():
+    """launch_function and run_per_rank have no global batch: the launch checks do not
+    ask for one (a batch of 64 does not divide by 3 processes)."""
+    from distkit.preflight import check_launch
+
+    launch = check_launch(Config(backend="gloo", nproc_per_node=3).validate_processes(),
+                          spawning=True)
+    assert (launch.world_size, launch.spawning) == (3, True) and launch.master_port
+    with pytest.raises(DistkitError, match="does not divide"):
+        Config(backend="gloo", nproc_per_node=3).validate()  # a training run must split it
 
 
 def test_preflight_does_not_change_the_callers_config():

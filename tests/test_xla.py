@@ -133,7 +133,7 @@ def test_distkit_train_runs_on_xla_and_learns(xla_python, tmp_path):
 def test_import_distkit_applies_every_shim_and_the_pitfalls_show(xla_python, tmp_path):
     code = """
         import json, distkit, ignite.distributed as idist, torch_xla
-        from distkit.lessons.collectives import run_per_rank
+        from distkit.runner import run_per_rank
         from distkit.compat import APPLIED
         from distkit.config import Config
         from distkit.errors import DistkitError

@@ -147,18 +147,128 @@ def run_ranks(target, *args, nproc: int = NPROC) -> list:
                 reports = _read_reports(reports_dir, nproc)
                 if attempt < 2 and _port_taken(reports, error):
                     continue  # another program grabbed the port between bind and use
-                failure = _rank_failure(reports, error)
+                failure = _rank_failure(reports, error, _finished(reports_dir, nproc))
             raise failure  # outside the except block: no exception chain in the report
         finally:
             shutil.rmtree(reports_dir, ignore_errors=True)
     raise AssertionError("unreachable")
 
 
+def run_nodes(target, *args, nnodes: int = 2, nproc_per_node: int = 2) -> list:
+    """Run ``target(*args)`` as ``nnodes`` "nodes" of ``nproc_per_node`` processes each, on
+    127.0.0.1; return what each rank returned (index = global rank).
+
+    Each process gets the environment torchrun gives a rank of such a run (``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``,
+    ``MASTER_PORT``) and joins it with ``idist.initialize("gloo")``, as a training script
+    launched by ``torchrun --nnodes 2`` does. So the world size (4) differs from the
+    processes per node (2) and the global rank from the local rank: an answer that uses
+    ``idist.get_nproc_per_node()`` or ``idist.get_local_rank()`` where the world size or
+    the rank belongs shows it here, and not on one node."""
+    world = nnodes * nproc_per_node
+    for attempt in range(3):
+        reports_dir = Path(tempfile.mkdtemp(prefix="distkit-check-nodes-"))
+        try:
+            failed = _start_nodes(target, args, nnodes, nproc_per_node, reports_dir)
+            reports = _read_reports(reports_dir, world)
+            if not failed and not reports:
+                return _read_results(reports_dir, world)
+            error = RuntimeError(failed or "a rank failed")
+            if attempt < 2 and _port_taken(reports, error):
+                continue
+            failure = _rank_failure(reports, error, _finished(reports_dir, world))
+            raise failure
+        finally:
+            shutil.rmtree(reports_dir, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir) -> str:
+    """Start every rank of every node, wait for them; '' when all ended well, else what
+    went wrong. A rank that fails gets the others stopped within a few seconds."""
+    import multiprocessing
+    import time
+
+    context = multiprocessing.get_context(start_method())
+    port, world = _free_port(), nnodes * nproc_per_node
+    processes = []
+    for node in range(nnodes):
+        for local in range(nproc_per_node):
+            env = {"RANK": str(node * nproc_per_node + local), "LOCAL_RANK": str(local),
+                   "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc_per_node),
+                   "GROUP_RANK": str(node), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                   "OMP_NUM_THREADS": "1"}
+            p = context.Process(target=_node_rank_main,
+                                args=(env, target, str(reports_dir), args), daemon=True)
+            p.start()
+            processes.append(p)
+    deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S + 60
+    failed_at = None
+    while any(p.is_alive() for p in processes):
+        codes = [p.exitcode for p in processes]
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = time.monotonic()  # the others get a moment to write their reports
+        if (failed_at is not None and time.monotonic() > failed_at + 3) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+        p.join(5)
+    bad = [(rank, p.exitcode) for rank, p in enumerate(processes) if p.exitcode != 0]
+    return ", ".join(f"rank {rank} ended with exit code {code}" for rank, code in bad)
+
+
+def _node_rank_main(env, check, reports_dir, check_args):
+    from datetime import timedelta
+
+    os.environ.update(env)
+    import ignite.distributed as idist
+    import torch
+
+    torch.set_num_threads(1)
+    logging.getLogger("ignite.distributed.utils").setLevel(logging.WARNING)
+    idist.initialize("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    try:
+        value = _rank_main(int(env["LOCAL_RANK"]), check, reports_dir, check_args)
+        path = os.path.join(reports_dir, f"rank{env['RANK']}.pkl")
+        with open(path + ".tmp", "wb") as f:
+            pickle.dump(value, f)
+        os.replace(path + ".tmp", path)
+    except BaseException:
+        os._exit(1)  # reported by _rank_main; do not wait on the others in finalize
+    idist.finalize()
+
+
+def _read_results(reports_dir: Path, world: int) -> list:
+    values = []
+    for rank in range(world):
+        with open(reports_dir / f"rank{rank}.pkl", "rb") as f:
+            values.append(pickle.load(f))
+    return values
+
+
+def _finished(reports_dir: Path, world: int) -> list:
+    """The ranks whose check function returned."""
+    return [r for r in range(world) if (reports_dir / f"done{r}").exists()]
+
+
 def _rank_main(local_rank, check, reports_dir, check_args):
     import ignite.distributed as idist
 
     try:
-        return check(*check_args)
+        value = check(*check_args)
+        # The parent reads this to tell a rank that finished from one still in a collective.
+        open(os.path.join(reports_dir, f"done{idist.get_rank()}"), "w").close()
+        return value
     except BaseException as error:
         # The parent reads this to tell the learner what went wrong, and where.
         with open(os.path.join(reports_dir, f"error{idist.get_rank()}.pkl"), "wb") as f:
@@ -217,34 +327,53 @@ def _port_taken(reports, error) -> bool:
     return "EADDRINUSE" in text or "address already in use" in text.lower()
 
 
-def _rank_failure(reports: dict, error: Exception) -> ExerciseFailure:
+def _rank_failure(reports: dict, error: Exception, finished=()) -> ExerciseFailure:
     for kind in ("failure", "todo", "error"):
-        for rank, rep in sorted(reports.items()):
+        # A rank that raised is the cause; a rank that then lost its connection to it in a
+        # collective is only a consequence: report the cause first.
+        for rank, rep in sorted(reports.items(), key=lambda item: (_is_comm_error(item[1]), item[0])):
             if rep["kind"] != kind:
                 continue
             if kind == "failure":
                 return ExerciseFailure(rep["message"])
             if kind == "todo":
                 return NotSolved(not_solved_message_from(rep["where"], rep["type"]))
-            return ExerciseFailure(_explain_error(rank, rep))
+            return ExerciseFailure(_explain_error(rank, rep, list(finished)))
     return ExerciseFailure(f"a process of the check died without a Python error "
                           f"({type(error).__name__}: {str(error).strip()[:300]})")
 
 
-def _explain_error(rank: int, rep: dict) -> str:
-    message = rep["message"].strip().splitlines()
-    first = (message[0] if message else "")[:300]
-    lowered = rep["message"].lower()
-    other = "the other rank" if NPROC == 2 else "another rank"
-    if "timed out" in lowered or "timeout" in lowered:
-        text = (f"rank {rank} waited {COLLECTIVE_TIMEOUT_S:.0f} s in a collective that {other} "
-                "never joined: every rank must call the same collectives, in the same order. ")
-    elif "connection closed by peer" in lowered or "connection reset" in lowered:
-        text = (f"rank {rank} was still in a collective when {other} had already finished: "
-                "every rank must call the same collectives, in the same order. ")
-    else:
-        text = ""
-    return f"{text}rank {rank} raised {rep['type']}: {first}\n{rep['traceback']}"
+def _is_comm_error(rep: dict) -> bool:
+    lowered = str(rep["message"]).lower()
+    return any(text in lowered for text in ("timed out", "timeout", "connection closed by peer",
+                                            "connection reset", "broken pipe"))
+
+
+# The whole error, not only its first line (a state-dict error lists its keys after it),
+# but bounded: a learner reads it in a terminal.
+MAX_ERROR_LINES, MAX_ERROR_CHARS = 40, 4000
+
+
+def _explain_error(rank: int, rep: dict, finished=()) -> str:
+    lines = rep["message"].strip().splitlines()
+    text = "\n".join(lines[:MAX_ERROR_LINES])[:MAX_ERROR_CHARS]
+    if len(lines) > MAX_ERROR_LINES or len(text) == MAX_ERROR_CHARS:
+        text += "\n(...)"
+    if _is_comm_error(rep):
+        # No other rank raised an error of its own (that one would have been reported
+        # first): the others had finished, or were in another collective.
+        done = [r for r in finished if r != rank]
+        who = (" and ".join(f"rank {r}" for r in done) + " had already finished") if done \
+            else "the other ranks had stopped taking part"
+        lowered = rep["message"].lower()
+        waited = (f" for {COLLECTIVE_TIMEOUT_S:.0f} s" if "timed out" in lowered or "timeout" in lowered
+                  else "")
+        return (f"rank {rank} was still waiting{waited} in a collective when {who}: every rank "
+                f"must call the same collectives, in the same order. A barrier or all_reduce "
+                f"that only some ranks reach (inside `if rank == 0:` or `if local_rank == 0:`) is "
+                f"the usual cause; idist.one_rank_first() makes the others wait correctly.\n"
+                f"{rep['traceback']}")
+    return f"rank {rank} raised {rep['type']}: {text}\n{rep['traceback']}"
 
 
 # --- small helpers the checks share ---------------------------------------------------

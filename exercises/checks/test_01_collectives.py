@@ -10,11 +10,18 @@ pytestmark = pytest.mark.ex01
 VALUES = [1.0, 4.0]  # rank r passes VALUES[r]: mean 2.5, sum 5.0, distinct from both
 
 
-def on_rank():
+NODE_VALUES = [1.0, 4.0, 2.0, 9.0]  # on 2 nodes of 2 processes: mean 4.0, sum 16.0
+
+
+def on_rank(values=VALUES):
     import ignite.distributed as idist
+    from distkit.lessons.sharded import CommCounter
 
     ex = harness.load("01")
-    return ex.average_across_ranks(VALUES[idist.get_rank()])
+    with CommCounter() as comm:  # which collectives the answer ran
+        got = ex.average_across_ranks(values[idist.get_rank()])
+    return {"value": got, "collectives": dict(comm.calls),
+            "nproc_per_node": idist.get_nproc_per_node(), "local_rank": idist.get_local_rank()}
 
 
 def explain(rank, got, values):
@@ -56,16 +63,56 @@ def test_one_process_returns_its_value():
         raise harness.ExerciseFailure(f"with a single process (world size 1): {problem}")
 
 
-def test_every_rank_gets_the_average():
-    results = harness.run_ranks(on_rank)
-    problems = [explain(rank, got, VALUES) for rank, got in enumerate(results)]
+def check_ranks(results, values, where=""):
+    got = [r["value"] for r in results]
+    problems = [explain(rank, g, values) for rank, g in enumerate(got)]
     right = [rank for rank, problem in enumerate(problems) if problem is None]
     if right and len(right) < len(results):
         wrong = next(rank for rank, problem in enumerate(problems) if problem)
+        mean = sum(values) / len(values)
+        calls = results[wrong]["collectives"]
+        if "reduce" in calls and "all_reduce" not in calls:
+            raise harness.ExerciseFailure(
+                f"{where}rank {right[0]} got the average {mean}, but {problems[wrong]}: the "
+                f"result must reach EVERY rank, so use all_reduce, not reduce (which leaves it "
+                f"on one rank only)")
+        if isinstance(got[wrong], (int, float)) and math.isclose(got[wrong], sum(values)):
+            raise harness.ExerciseFailure(
+                f"{where}rank {right[0]} got the average {mean}, but rank {wrong} returned "
+                f"{got[wrong]}, the SUM: only some ranks divided it; every rank must divide "
+                f"what all_reduce returned by idist.get_world_size()")
         raise harness.ExerciseFailure(
-            f"rank {right[0]} got the average {sum(VALUES) / len(VALUES)}, but "
-            f"{problems[wrong]}: the result must reach EVERY rank, so use all_reduce, not "
-            f"reduce (which leaves it on one rank only)")
-    for problem in problems:
+            f"{where}rank {right[0]} got the average {mean}, but {problems[wrong]}: the result "
+            f"must reach EVERY rank, and every rank must return it")
+    for rank, problem in enumerate(problems):
+        calls = results[rank]["collectives"]
+        if problem and "broadcast" in calls and "all_reduce" not in calls:
+            raise harness.ExerciseFailure(
+                f"{where}rank {rank} returned {got[rank]!r}: a broadcast copies ONE rank's value "
+                f"to every rank; all_reduce sums them all, then divide by the world size")
+        if problem and not results[rank]["collectives"] and isinstance(got[rank], (int, float)) \
+                and math.isclose(got[rank], values[rank]):
+            raise harness.ExerciseFailure(f"{where}{problem}; no collective ran")
         if problem:
-            raise harness.ExerciseFailure(problem)
+            raise harness.ExerciseFailure(where + problem)
+
+
+def test_every_rank_gets_the_average():
+    check_ranks(harness.run_ranks(on_rank), VALUES)
+
+
+def test_every_rank_of_two_nodes_gets_the_average():
+    # 2 nodes x 2 processes: the world size (4) is not the processes per node (2).
+    results = harness.run_nodes(on_rank, NODE_VALUES)
+    where = "on 2 nodes of 2 processes each (world size 4): "
+    mean = sum(NODE_VALUES) / len(NODE_VALUES)
+    for rank, r in enumerate(results):
+        got = r["value"]
+        if isinstance(got, (int, float)) and math.isclose(got, sum(NODE_VALUES) / r["nproc_per_node"]) \
+                and not math.isclose(got, mean):
+            raise harness.ExerciseFailure(
+                f"{where}rank {rank} returned {got}, the sum {sum(NODE_VALUES)} divided by "
+                f"{r['nproc_per_node']}, the processes of ONE node (idist.get_nproc_per_node()): "
+                f"the average is over every process of every node, so divide by "
+                f"idist.get_world_size() ({len(NODE_VALUES)})")
+    check_ranks(results, NODE_VALUES, where)

@@ -4,9 +4,13 @@ Each rank trains on a dataset that records which samples it hands out, in which 
 then reports them with its final weights; the parent compares the ranks and the epochs.
 The check also notes whether ``idist.auto_optim`` was called (ignite's own function
 still runs): on CPUs it returns the optimizer unchanged, so nothing else would show it."""
+import copy
+import functools
+
 import pytest
 import torch
 from distkit.data import synthetic_dataset
+from torch.utils.data.distributed import DistributedSampler
 
 import harness
 
@@ -45,13 +49,31 @@ def on_rank():
 
     ex = harness.load("02")
     auto_optim_calls = []
+    steps = {"given": 0, "returned": 0}
     real_auto_optim = idist.auto_optim
 
     def recording_auto_optim(optimizer, **kwargs):
         auto_optim_calls.append(type(optimizer).__name__)
-        return real_auto_optim(optimizer, **kwargs)
+        returned = real_auto_optim(optimizer, **kwargs)
+        if returned is optimizer:
+            # On TPUs and with Horovod auto_optim returns ANOTHER optimizer, whose step is
+            # the distributed one; on CPUs the same object. Hand back a twin (same params,
+            # same state) so that the check sees which one the training steps.
+            returned = copy.copy(optimizer)
+        step = type(optimizer).step
+        optimizer.step = functools.partial(_counted_step, step, optimizer, steps, "given")
+        returned.step = functools.partial(_counted_step, step, returned, steps, "returned")
+        return returned
+
+    set_epoch_calls = []
+    real_set_epoch = DistributedSampler.set_epoch
+
+    def recording_set_epoch(sampler, epoch):
+        set_epoch_calls.append((epoch, sampler.shuffle))
+        return real_set_epoch(sampler, epoch)
 
     idist.auto_optim = recording_auto_optim
+    DistributedSampler.set_epoch = recording_set_epoch
     dataset = RecordingDataset()
     torch.manual_seed(0)
     initial_loss = full_loss(ex.make_model(), dataset)
@@ -60,6 +82,7 @@ def on_rank():
         returned = ex.training(idist.get_local_rank(), config)
     finally:
         idist.auto_optim = real_auto_optim
+        DistributedSampler.set_epoch = real_set_epoch
     if not (isinstance(returned, tuple) and len(returned) == 2):
         raise harness.ExerciseFailure(
             f"training returned {type(returned).__name__}; return the pair (model, train_loader)")
@@ -72,7 +95,14 @@ def on_rank():
         "initial_loss": initial_loss,
         "final_loss": full_loss(model, dataset),
         "auto_optim": auto_optim_calls,
+        "steps": steps,
+        "set_epoch": set_epoch_calls,
     }
+
+
+def _counted_step(step, optimizer, steps, which, *args, **kwargs):
+    steps[which] += 1
+    return step(optimizer, *args, **kwargs)
 
 
 def test_training_shards_data_and_keeps_replicas_equal():
@@ -103,6 +133,13 @@ def test_training_shards_data_and_keeps_replicas_equal():
     for rank, r in enumerate(ranks):
         orders = [r["fetched"][e * per_rank:(e + 1) * per_rank] for e in range(EPOCHS)]
         repeats = [e + 1 for e in range(1, EPOCHS) if orders[e] == orders[e - 1]]
+        if repeats and r["set_epoch"] and not any(shuffle for _, shuffle in r["set_epoch"]):
+            raise harness.ExerciseFailure(
+                f"rank {rank} read the same samples in the same order in epochs "
+                f"{repeats[0] - 1} and {repeats[0]} ({harness.short_list(orders[0], 5)}), although "
+                f"set_epoch was called: the sampler never shuffles. Pass shuffle=True to "
+                f"idist.auto_dataloader (its DistributedSampler then draws a new permutation "
+                f"every epoch)")
         if repeats:
             raise harness.ExerciseFailure(
                 f"rank {rank} read the same samples in the same order in epochs "
@@ -126,6 +163,18 @@ def test_training_shards_data_and_keeps_replicas_equal():
             raise harness.ExerciseFailure(
                 f"rank {rank} built a {r['auto_optim'][0]} optimizer: the task asks for "
                 f"torch.optim.SGD(model.parameters(), lr=config['lr'])")
+    for rank, r in enumerate(ranks):
+        if r["steps"]["returned"] == 0 and r["steps"]["given"] == 0:
+            raise harness.ExerciseFailure(
+                f"on rank {rank} the optimizer idist.auto_optim returned never stepped: the "
+                f"trainer stepped another optimizer. Give the trainer the one auto_optim "
+                f"returned: optimizer = idist.auto_optim(torch.optim.SGD(...))")
+        if r["steps"]["returned"] == 0 and r["steps"]["given"] > 0:
+            raise harness.ExerciseFailure(
+                f"on rank {rank} the optimizer that stepped is the one you passed to "
+                f"idist.auto_optim, not the one it returned: on TPUs and with Horovod auto_optim "
+                f"returns a new optimizer whose step is the distributed one. Use what it returns: "
+                f"optimizer = idist.auto_optim(torch.optim.SGD(...)), and give THAT to the trainer")
     r = ranks[0]
     if not r["final_loss"] < 0.8 * r["initial_loss"]:
         raise harness.ExerciseFailure(

@@ -10,16 +10,21 @@ import harness
 
 pytestmark = pytest.mark.ex05
 
-STEP_S = 0.03  # the process function sleeps this long
-DATA_S = 0.06  # fetching a batch sleeps this long
+# The process function sleeps STEPS_S[i] at the i-th step of an epoch: unequal, and the last
+# one far below the mean, so a timer that keeps only the last step cannot pass.
+STEPS_S = [0.05, 0.03, 0.04, 0.02, 0.05, 0.03, 0.02, 0.006]
+ITERS = len(STEPS_S)  # per epoch: a total over the epoch is far from one step
+DATA_S = 0.04  # fetching a batch sleeps this long ...
+FIRST_DATA_S = 0.20  # ... and the first batch of each epoch this long (a DataLoader starts
+#                      its workers then): a Timer that runs from EPOCH_STARTED counts it
 HANDLER_S = 0.20  # a handler at every EPOCH_COMPLETED ("validation") sleeps this long
-LOG_S = 0.10  # a handler at every ITERATION_COMPLETED ("logging"): far from DATA_S, so the
-#               check can tell which of the two a timer counted
-ITERS = 8  # per epoch: a total over the epoch (0.24 s) is far from a step + a batch (0.09 s)
+LOG_S = 0.08  # a handler at every ITERATION_COMPLETED ("logging")
+EPOCHS = 2
 
 
 class SlowData:
-    """A data source that takes DATA_S to produce each batch, and notes how long it took."""
+    """A data source that takes FIRST_DATA_S for the first batch of an epoch and DATA_S
+    for the others, and notes how long each took."""
 
     def __init__(self):
         self.took = []
@@ -27,12 +32,65 @@ class SlowData:
     def __iter__(self):
         for i in range(ITERS):
             start = time.perf_counter()
-            time.sleep(DATA_S)
+            time.sleep(FIRST_DATA_S if i == 0 else DATA_S)
             self.took.append(time.perf_counter() - start)
             yield i
 
     def __len__(self):
         return ITERS
+
+
+class Probe:
+    """Notes what the learner's timer counted during each batch fetch and each other
+    handler. Its handlers run after the learner's of the same event, so they see the timer
+    as the learner left it. Time counted during a fetch that a later reset threw away (a
+    timer restarted at ITERATION_STARTED) does not count."""
+
+    def __init__(self, timer):
+        self.timer = timer
+        self.pending = []  # (what, seconds counted during it, the timer's count right after)
+        self.counted = []  # what the timer counted and kept: "fetch 1.1" (epoch 1, batch 1), ...
+        self.fetch_start = 0.0
+
+    def count(self):
+        t = self.timer
+        total = float(getattr(t, "total", 0.0))
+        if getattr(t, "running", False) and hasattr(t, "_elapsed"):
+            total += t._elapsed()
+        return total
+
+    def attach(self, trainer, log, validate):
+        trainer.add_event_handler(Events.GET_BATCH_STARTED, self.fetch_started)
+        trainer.add_event_handler(Events.GET_BATCH_COMPLETED, self.fetch_completed)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, self.around, "logging", log, LOG_S)
+        trainer.add_event_handler(Events.EPOCH_COMPLETED, self.around, "validation", validate,
+                                  HANDLER_S)
+        trainer.add_event_handler(Events.COMPLETED, lambda _: self.resolve())
+
+    def resolve(self):
+        now = self.count()
+        for what, during, after in self.pending:
+            if now >= after - 1e-9:  # no reset since: the time is still in the count
+                self.counted.append(what)
+        self.pending = []
+
+    def fetch_started(self, engine):
+        self.fetch_start = self.count()
+
+    def fetch_completed(self, engine):
+        during = self.count() - self.fetch_start
+        position = engine.state.iteration % ITERS  # iterations done before this batch
+        nominal = FIRST_DATA_S if position == 0 else DATA_S
+        if during >= 0.5 * nominal:
+            self.pending.append((f"fetch {engine.state.epoch}.{position}", during, self.count()))
+
+    def around(self, engine, what, work, nominal):
+        self.resolve()
+        before = self.count()
+        work()
+        during = self.count() - before
+        if during >= 0.5 * nominal:
+            self.pending.append((what, during, self.count()))
 
 
 def test_timer_measures_only_the_step():
@@ -41,78 +99,151 @@ def test_timer_measures_only_the_step():
 
     def step(engine, batch):
         start = time.perf_counter()
-        time.sleep(STEP_S)
+        time.sleep(STEPS_S[batch])
         steps.append(time.perf_counter() - start)
 
     logged = []
 
-    def log(engine):
+    def log():
         start = time.perf_counter()
         time.sleep(LOG_S)
         logged.append(time.perf_counter() - start)
 
     trainer = Engine(step)
     timer = ex.attach_step_timer(trainer)
-    # Attached after the learner's timer, like logging and validation in a real script.
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, log)
-    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda _: time.sleep(HANDLER_S))
-    data = SlowData()
-    trainer.run(data, max_epochs=2)
     if timer is None or not hasattr(timer, "value"):
         raise harness.ExerciseFailure(
             f"attach_step_timer returned {timer!r}: return the ignite.handlers.Timer")
+    probe = Probe(timer)
+    # Attached after the learner's timer, like logging and validation in a real script.
+    probe.attach(trainer, log, lambda: time.sleep(HANDLER_S))
+    data = SlowData()
+    trainer.run(data, max_epochs=EPOCHS)
     got = timer.value()
-    # Compare with what the step and the data took in this run (a busy machine sleeps
+    # Compare with what the steps and the data took in this run (a busy machine sleeps
     # longer than asked), not with the nominal times.
-    step_s, data_s = sum(steps) / len(steps), sum(data.took) / len(data.took)
+    step_s = sum(steps) / len(steps)
+    last_s = steps[-1]
+    first_fetch = [t for i, t in enumerate(data.took) if i % ITERS == 0]
+    data_s = sum(data.took) / len(data.took)
     log_s = sum(logged) / len(logged)
-    told = (f"your timer says {got:.3f} s, but one step took {step_s:.3f} s, fetching a batch "
-            f"{data_s:.3f} s, a logging handler after each step {log_s:.3f} s, and a handler at "
-            f"the end of each epoch {HANDLER_S:.2f} s")
+    told = (f"your timer says {got:.3f} s, but the {ITERS} steps of an epoch took {step_s:.3f} s "
+            f"on average (the last one {last_s:.3f} s), fetching a batch {data_s:.3f} s on "
+            f"average (the first of each epoch {max(first_fetch):.3f} s), a logging handler "
+            f"after each step {log_s:.3f} s, and a handler at the end of each epoch "
+            f"{HANDLER_S:.2f} s")
     if got >= 0.8 * ITERS * step_s:
         raise harness.ExerciseFailure(
             f"{told}: that looks like a total, not an average; use Timer(average=True) and "
             f"step it at ITERATION_COMPLETED, so value() divides by the number of steps")
+    fetches = [w for w in probe.counted if w.startswith("fetch")]
+    if len(fetches) > EPOCHS:
+        raise harness.ExerciseFailure(
+            f"{told}: it also counts fetching the batch (it ran during {len(fetches)} of the "
+            f"{EPOCHS * ITERS} fetches); resume the timer at ITERATION_STARTED (after the batch "
+            f"arrived) and pause it at ITERATION_COMPLETED")
+    if fetches:
+        which = "of each epoch" if len(fetches) == EPOCHS else "of the first epoch"
+        raise harness.ExerciseFailure(
+            f"{told}: it also counts the first batch fetch {which} (it was running while that "
+            f"batch was fetched). A Timer RUNS from its start event on: reset() starts the "
+            f"clock, and resume() does nothing to a running timer. Pause it right after it "
+            f"starts, e.g. trainer.add_event_handler(Events.EPOCH_STARTED, timer.pause)")
+    handlers = sorted({w for w in probe.counted if not w.startswith("fetch")})
+    if handlers:
+        raise harness.ExerciseFailure(
+            f"{told}: it also counts time outside the step, the other handlers' (it was "
+            f"still running in the {' and the '.join(handlers)} handler); pause the timer at "
+            f"ITERATION_COMPLETED, where the step ends, not at a later event")
     outside = got - step_s
-    if outside >= 0.5 * data_s and abs(outside - data_s) <= 0.3 * data_s:
+    if outside >= 0.5 * DATA_S:
         raise harness.ExerciseFailure(
-            f"{told}: it also counts fetching the batch; resume the timer at "
-            f"ITERATION_STARTED (after the batch arrived) and pause it at ITERATION_COMPLETED")
-    if outside >= 0.5 * data_s:
+            f"{told}: it also counts {outside:.3f} s per step outside the step; resume the "
+            f"timer at ITERATION_STARTED and pause it at ITERATION_COMPLETED")
+    if got < 0.85 * step_s and abs(got - last_s) < 0.25 * step_s:
         raise harness.ExerciseFailure(
-            f"{told}: it also counts time outside the step, the other handlers' (logging, "
-            f"validation); pause the timer at ITERATION_COMPLETED, where the step ends, not "
-            f"at a later event")
+            f"{told}: that is the LAST step's time, not the average over the steps: use "
+            f"Timer(average=True), reset it at EPOCH_STARTED (not at every iteration) and "
+            f"step it at ITERATION_COMPLETED")
     if got < 0.9 * step_s:
         raise harness.ExerciseFailure(
             f"{told}: it misses part of the step (or divides by too much); resume at "
             f"ITERATION_STARTED, pause at ITERATION_COMPLETED, step at ITERATION_COMPLETED")
 
 
-STEP_TIMES = [0.25, 0.75]  # rank r's step time
+# Rank r's step time, in two rounds: first rank 0 is the slowest, so a reduce to rank 0
+# (right there, wrong elsewhere) cannot pass; then rank 1, so copying rank 0's time
+# (a broadcast) cannot pass either.
+ROUNDS = ([0.75, 0.25], [0.25, 0.6])
 
 
 def on_rank():
     import ignite.distributed as idist
+    from distkit.lessons.sharded import CommCounter
 
     ex = harness.load("05")
-    return ex.slowest_rank(STEP_TIMES[idist.get_rank()])
+    reports = []
+    for times in ROUNDS:
+        with CommCounter() as comm:  # which collectives the answer ran
+            got = ex.slowest_rank(times[idist.get_rank()])
+        reports.append({"value": got, "collectives": dict(comm.calls)})
+    return reports
+
+
+def _close(value, target):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isclose(value, target, rel_tol=1e-6)
+
+
+def explain_slowest(rank, report, values, times):
+    """What rank ``rank`` got wrong, or None; ``values``: what every rank returned."""
+    import torch
+
+    got, calls = report["value"], report["collectives"]
+    if isinstance(got, torch.Tensor):
+        return (f"rank {rank} returned a tensor ({got!r}), not a Python float: all_reduce "
+                f"hands back what it was given, so pass it float(seconds), or return .item()")
+    if not isinstance(got, (int, float)) or isinstance(got, bool):
+        return f"rank {rank} returned {got!r} ({type(got).__name__}); return a Python float"
+    if _close(got, max(times)):
+        return None
+    common = (f"the ranks' step times are {times} and every rank must get the largest, "
+              f"{max(times)}")
+    if not calls:
+        return (f"rank {rank} returned {got!r} (its own time: nothing was combined across "
+                f"ranks, no collective ran), but {common}")
+    if "reduce" in calls and "all_reduce" not in calls:
+        return (f"rank {rank} returned {got!r}: reduce leaves the result on one rank only; "
+                f"use all_reduce, which hands it to EVERY rank ({common})")
+    if "broadcast" in calls and "all_reduce" not in calls:
+        return (f"rank {rank} returned {got!r}, the time of the rank that broadcast it: a "
+                f"broadcast copies ONE rank's value, whichever is slowest; all_reduce with "
+                f"op='MAX' combines them all ({common})")
+    if all(_close(v, min(times)) for v in values):
+        return (f"rank {rank} returned {got!r}, the SMALLEST time (every rank got it): the "
+                f"step waits for the slowest rank; ask for op='MAX', not 'MIN' ({common})")
+    if all(_close(v, sum(times)) for v in values):
+        return (f"rank {rank} returned {got!r} (the SUM: all_reduce adds by default; ask for "
+                f"op='MAX'), but {common}")
+    if all(_close(v, sum(times) / len(times)) for v in values):
+        return (f"rank {rank} returned {got!r} (the MEAN of the ranks' times; the step waits "
+                f"for the slowest rank: all_reduce with op='MAX'), but {common}")
+    right = [k for k, v in enumerate(values) if _close(v, max(times))]
+    if right:
+        return (f"rank {right[0]} got the largest time {max(times)}, but rank {rank} "
+                f"returned {got!r}: the result must reach EVERY rank, and every rank must "
+                f"return what the collective gave it ({common})")
+    if _close(got, times[rank]):
+        return (f"rank {rank} returned {got!r} (its own time: what all_reduce returned was "
+                f"not used), but {common}")
+    return f"rank {rank} returned {got!r}, but {common}"
 
 
 def test_every_rank_learns_the_slowest_time():
-    import torch
-
-    for rank, got in enumerate(harness.run_ranks(on_rank)):
-        if isinstance(got, torch.Tensor):
-            raise harness.ExerciseFailure(
-                f"rank {rank} returned a tensor ({got!r}), not a Python float: all_reduce "
-                f"hands back what it was given, so pass it float(seconds), or return .item()")
-        if not isinstance(got, (int, float)) or not math.isclose(got, max(STEP_TIMES)):
-            hint = ""
-            if isinstance(got, (int, float)) and math.isclose(got, STEP_TIMES[rank]):
-                hint = " (its own time: nothing was combined across ranks)"
-            elif isinstance(got, (int, float)) and math.isclose(got, sum(STEP_TIMES)):
-                hint = " (the SUM: all_reduce adds by default; ask for op='MAX')"
-            raise harness.ExerciseFailure(
-                f"rank {rank} returned {got!r}{hint}, but the ranks' step times are "
-                f"{STEP_TIMES} and every rank must get the largest, {max(STEP_TIMES)}")
+    results = harness.run_ranks(on_rank)
+    for index, times in enumerate(ROUNDS):
+        values = [reports[index]["value"] for reports in results]
+        for rank, reports in enumerate(results):
+            problem = explain_slowest(rank, reports[index], values, times)
+            if problem:
+                raise harness.ExerciseFailure(problem)

@@ -40,7 +40,8 @@ def recorded_schedule():
     trainer = Engine(lambda engine, batch: seen.append(optimizer.param_groups[0]["lr"]))
     trainer.add_event_handler(Events.ITERATION_STARTED, scheduler)
     trainer.run(range(TOTAL), max_epochs=1)
-    return {"world_size": idist.get_world_size(), "lrs": seen}
+    return {"world_size": idist.get_world_size(), "nproc_per_node": idist.get_nproc_per_node(),
+            "lrs": seen}
 
 
 def explain(result):
@@ -90,3 +91,20 @@ def test_two_processes_scale_the_lr_and_warm_up():
         problem = explain(result)
         if problem:
             raise harness.ExerciseFailure(problem)
+
+
+def test_two_nodes_scale_by_the_world_size():
+    # 2 nodes x 2 processes: the world size (4) is not the processes per node (2).
+    for rank, result in enumerate(harness.run_nodes(recorded_schedule)):
+        top = max(result["lrs"]) if result["lrs"] else None
+        per_node = result["nproc_per_node"]
+        if top is not None and math.isclose(top, BASE_LR * per_node, rel_tol=1e-6):
+            raise harness.ExerciseFailure(
+                f"on 2 nodes of {per_node} processes each (world size {result['world_size']}), "
+                f"rank {rank}'s highest learning rate is {top:g}, base_lr x {per_node}: that "
+                f"counts the processes of ONE node (idist.get_nproc_per_node()) or the nodes "
+                f"(idist.get_nnodes()), but the global batch grows with EVERY process: scale by "
+                f"idist.get_world_size() = {result['world_size']}")
+        problem = explain(result)
+        if problem:
+            raise harness.ExerciseFailure(f"on 2 nodes, rank {rank}: {problem}")

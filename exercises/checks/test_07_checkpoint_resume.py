@@ -15,7 +15,7 @@ pytestmark = pytest.mark.ex07
 
 EPOCHS = 3
 ITERS_PER_EPOCH = 4  # 32 samples, global batch 8, 2 processes: 4 steps of 4 per epoch
-STOP = 6  # in the middle of epoch 2
+STOP = 7  # in the middle of epoch 2, and odd: a checkpoint every 2 iterations misses it
 TOTAL = EPOCHS * ITERS_PER_EPOCH
 
 
@@ -60,7 +60,15 @@ def on_rank(dirname):
     trainer, model, optimizer, loader = setup(seed=0)
     checkpoint = ex.attach_checkpointing(trainer, model, optimizer, dirname)
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=STOP), lambda e: e.terminate())
-    trainer.run(loader, max_epochs=EPOCHS)
+    try:
+        trainer.run(loader, max_epochs=EPOCHS)
+    except (FileNotFoundError, FileExistsError) as error:
+        raise harness.ExerciseFailure(
+            f"rank {idist.get_rank()} raised {type(error).__name__} while the Checkpoint saved or "
+            f"removed a file ({error}): more than one rank writes the same checkpoint files, and "
+            f"one deleted a file that another had already deleted. Create the Checkpoint on "
+            f"every rank but let ONE rank write: DiskSaver writes on rank 0 by default, so do "
+            f"not pass it save_on_rank=idist.get_rank()") from None
     stopped_weights, stopped_momentum = harness.flat_weights(model), momentum(optimizer)
     report["returned"] = type(checkpoint).__name__
     last = checkpoint.last_checkpoint if isinstance(checkpoint, Checkpoint) else None

@@ -71,8 +71,11 @@ def counting_allreduce(state, bucket):
     return allreduce_hook(None, bucket)
 
 
-def accumulate(ex, model, rank, world_size):
-    """The weights after each accumulated step, and how often each call stepped."""
+def accumulate(ex, model, rank, world_size, collectives=None):
+    """The weights after each accumulated step, and how often each call stepped;
+    ``collectives`` (a dict) gets the collectives the learner's code ran itself."""
+    from distkit.lessons.sharded import CommCounter
+
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     stepped = []
     optimizer.register_step_post_hook(lambda *_: stepped.append(1))  # counts optimizer.step()
@@ -80,7 +83,11 @@ def accumulate(ex, model, rank, world_size):
     for step in range(STEPS):
         micro, _ = batches(rank, world_size, step)
         before = len(stepped)
-        ex.accumulation_step(model, optimizer, nn.CrossEntropyLoss(), micro)
+        with CommCounter() as comm:  # the learner's own collectives (DDP's run in its hooks)
+            ex.accumulation_step(model, optimizer, nn.CrossEntropyLoss(), micro)
+        if collectives is not None:
+            for kind, n in comm.calls.items():
+                collectives[kind] = collectives.get(kind, 0) + n
         steps_per_call.append(len(stepped) - before)
         after.append(harness.flat_weights(model))
     return after, steps_per_call
@@ -102,8 +109,10 @@ def on_rank():
     model = idist.auto_model(make_model())  # DistributedDataParallel
     counter = {"exchanges": 0}
     model.register_comm_hook(counter, counting_allreduce)  # before the first backward
-    weights, steps = accumulate(ex, model, idist.get_rank(), idist.get_world_size())
-    return {"weights": weights, "steps": steps, "exchanges": counter["exchanges"]}
+    collectives = {}
+    weights, steps = accumulate(ex, model, idist.get_rank(), idist.get_world_size(), collectives)
+    return {"weights": weights, "steps": steps, "exchanges": counter["exchanges"],
+            "collectives": collectives}
 
 
 def compare(weights, world_size, where):
@@ -161,6 +170,17 @@ def test_two_processes_exchange_once_and_match_a_large_batch():
             f"{diff:.3g}): the gradients were never exchanged; run the LAST micro-batch's "
             f"backward outside model.no_sync(), so DDP all-reduces the accumulated gradients")
     exchanges = ranks[0]["exchanges"] / STEPS
+    # DDP's exchange runs dist.all_reduce in its hook too: the rest are the learner's own.
+    own = (ranks[0]["collectives"].get("all_reduce", 0) - ranks[0]["exchanges"]) / STEPS
+    others = sorted(k for k in ranks[0]["collectives"] if k not in ("all_reduce", "broadcast"))
+    if own > 0 or others:
+        what = f"{own:g} all_reduce call(s)" if own > 0 else f"{others[0]} calls"
+        raise harness.ExerciseFailure(
+            f"rank 0 ran {what} of its own per step, beside DDP's {exchanges:g} exchange(s) of "
+            f"all the gradients at once (a bucket): DDP already averages the gradients when the "
+            f"LAST micro-batch's backward runs outside model.no_sync(); exchanging them again by "
+            f"hand, one tensor at a time, sends them twice and much slower. Remove the manual "
+            f"all-reduce")
     if exchanges > 1:
         raise harness.ExerciseFailure(
             f"DDP exchanged the gradients {exchanges:g} times per step for {MICRO} "

@@ -47,7 +47,27 @@ def on_rank():
     report["whole"] = [name for name, p in sharded.named_parameters() if not isinstance(p, DTensor)]
     report["root_unit"] = isinstance(sharded, FSDPModule)
     report["linear_units"] = [isinstance(m, FSDPModule) for m in sharded.modules() if isinstance(m, nn.Linear)]
+    # While the model runs: before each layer's forward, the bytes of the weights that are
+    # whole (gathered) on this rank at that moment. FSDP gathers a layer just before its
+    # forward and, by default (reshard_after_forward=True), frees it right after.
+    whole_in_forward = []
+
+    def before_layer(module, args):
+        layers = [m for m in sharded.modules() if isinstance(m, nn.Linear)]
+        whole = [i for i, m in enumerate(layers)
+                 if any(not isinstance(p, DTensor) for p in m.parameters(recurse=False))]
+        nbytes = sum(p.numel() * p.element_size() for i in whole
+                     for p in layers[i].parameters(recurse=False))
+        whole_in_forward.append((len(whole), nbytes))
+
+    hooks = [m.register_forward_pre_hook(before_layer) for m in sharded.modules()
+             if isinstance(m, nn.Linear)]
     out, report["fsdp"] = one_adam_step(sharded)
+    for hook in hooks:
+        hook.remove()
+    report["whole_in_forward"] = max(whole_in_forward, default=(0, 0))
+    report["largest_layer"] = max(4 * sum(p.numel() for p in m.parameters())
+                                  for m in make_model().modules() if isinstance(m, nn.Linear))
     report["same_output"] = torch.allclose(out, reference_out, rtol=0, atol=1e-6)
     return report
 
@@ -96,6 +116,14 @@ def test_predicted_bytes_match_the_measured_ones():
         raise harness.ExerciseFailure(
             "the model itself is not sharded: after the layers, call fully_shard(model) on the "
             "root too (it runs the hooks that gather and free each layer's weights)")
+    layers, nbytes = r["whole_in_forward"]
+    if layers > 1:
+        raise harness.ExerciseFailure(
+            f"while the model ran its forward, rank 0 held {layers} layers' whole weights at "
+            f"once ({nbytes} bytes; the largest layer alone is {r['largest_layer']}): FSDP "
+            f"gathers each layer just before its forward, and with reshard_after_forward=False "
+            f"keeps it whole until the backward, so the peak grows to the whole model. Leave "
+            f"fully_shard's default (reshard_after_forward=True): one layer whole at a time")
     if not r["same_output"]:
         raise harness.ExerciseFailure(
             "the sharded model computes other outputs than the plain one with the same weights: "

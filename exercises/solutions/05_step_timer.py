@@ -17,6 +17,10 @@ def attach_step_timer(trainer: Engine) -> Timer:
     # start=EPOCH_STARTED resets it every epoch, so value() is this epoch's average.
     timer.attach(trainer, start=Events.EPOCH_STARTED, resume=Events.ITERATION_STARTED,
                  pause=Events.ITERATION_COMPLETED, step=Events.ITERATION_COMPLETED)
+    # A Timer RUNS from its start event on (reset() starts the clock), and resume() does
+    # nothing to a running timer: without this pause it would also count the first batch
+    # fetch of every epoch, often the slowest one (a DataLoader starts its workers then).
+    trainer.add_event_handler(Events.EPOCH_STARTED, timer.pause)
     return timer
 
 

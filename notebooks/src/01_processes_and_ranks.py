@@ -29,6 +29,7 @@ import torch
 from distkit import plots
 from distkit.machine import free_port
 from distkit.lessons import collectives
+from distkit.runner import run_per_rank
 
 logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)  # its INFO lines
 cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -70,7 +71,7 @@ with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) a
 
 # %%
 for n in (1, 2, 4):
-    seen = collectives.run_per_rank(collectives.process_info, nproc_per_node=n)
+    seen = run_per_rank(collectives.process_info, nproc_per_node=n)
     for info in seen:
         print({k: info[k] for k in ("rank", "local_rank", "world_size", "backend", "device", "pid")})
     assert [i["rank"] for i in seen] == list(range(n))          # ranks are 0 .. N-1
@@ -128,14 +129,38 @@ with idist.Parallel(backend="gloo", nproc_per_node=N, master_port=free_port()) a
     parallel.run(exchange)
 
 # %% [markdown]
-# `idist.all_gather` and `idist.broadcast` also take Python objects (a string, a
-# dict), which training uses to share a run folder's name. The same function, through `run_per_rank`, hands its return values to this kernel:
+# The same function, through `run_per_rank`, hands its return values to this kernel:
 
 # %%
-seen = collectives.run_per_rank(exchange, N)
+seen = run_per_rank(exchange, N)
 for s in seen:
     print(s)
 assert [s["sum"] for s in seen] == [N * (N + 1) / 2] * N
+
+# %% [markdown]
+# Beyond tensors and numbers, the two differ. `idist.all_gather` takes any Python object
+# that pickles (a dict here; `all_gather_object` underneath) and returns the list of every
+# rank's. `idist.broadcast` takes a tensor, a number or a string (training uses a string
+# to share a run folder's name), but not a dict: it raises `TypeError`.
+
+# %%
+def objects(local_rank):
+    rank = idist.get_rank()
+    everyone = idist.all_gather({"rank": rank})  # a dict from every rank, as a list
+    folder = idist.broadcast("runs/ddp-gloo-2" if rank == 0 else "", src=0)  # a string: fine
+    try:
+        idist.broadcast({"folder": folder}, src=0)
+        refused = None
+    except TypeError as error:
+        refused = f"{type(error).__name__}: {error}"
+    return everyone, folder, refused
+
+
+for rank, (everyone, folder, refused) in enumerate(run_per_rank(objects, 2)):
+    print(f"rank {rank}: all_gather -> {everyone}, broadcast of a string -> {folder!r}, "
+          f"broadcast of a dict -> {refused}")
+    assert everyone == [{"rank": 0}, {"rank": 1}] and folder == "runs/ddp-gloo-2"
+    assert refused == "TypeError: Unhandled input type <class 'dict'>"
 
 # %% [markdown]
 # Training uses exactly these: DistributedDataParallel **all-reduces the gradients**
@@ -170,7 +195,7 @@ def download_once(local_rank, folder):
 
 
 with tempfile.TemporaryDirectory() as folder:
-    seen = collectives.run_per_rank(download_once, 4, "gloo", folder)
+    seen = run_per_rank(download_once, 4, "gloo", folder)
 t0 = seen[0]["entered_at"]
 for s in seen:
     print(f"rank {s['rank']}: in the block from +{s['entered_at'] - t0:.2f} s to "
@@ -232,7 +257,7 @@ print("output:", done.stdout.strip())
 assert done.returncode == 0 and "sum over 2 spawned ranks: 3.0" in done.stdout, done.stderr[-2000:]
 
 # %% [markdown]
-# ## 4. More processes than cores
+# ## 5. More processes than cores
 #
 # Each process needs a core to run. Below, N processes each do the same fixed work
 # (matrix products, one thread each) starting at the same moment; we time the first

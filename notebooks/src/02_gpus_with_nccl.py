@@ -24,6 +24,7 @@ from distkit.lessons import collectives
 from distkit.config import Config
 from distkit.errors import DistkitError
 from distkit.preflight import preflight
+from distkit.runner import run_per_rank
 
 gpus = torch.cuda.device_count()  # asks the driver (NVML); CUDA itself stays untouched here
 backend, nproc = ("nccl", gpus) if gpus else ("gloo", 2)
@@ -36,7 +37,7 @@ else:
 # **One rule first.** In a notebook, `idist.Parallel` starts the processes by *forking*
 # this kernel. A forked process cannot use CUDA if its parent already did, so this
 # notebook never touches the GPU in the kernel itself: every measurement runs inside the
-# processes. (`distkit.lessons.collectives.run_per_rank` refuses to fork once CUDA is
+# processes. (`distkit.runner.run_per_rank` refuses to fork once CUDA is
 # initialised here, and says so.)
 #
 # ## 1. One process per GPU
@@ -44,7 +45,7 @@ else:
 # Same function as in notebook 01; only the backend changed.
 
 # %%
-seen = collectives.run_per_rank(collectives.process_info, nproc, backend)
+seen = run_per_rank(collectives.process_info, nproc, backend)
 for info in seen:
     print({k: info[k] for k in ("rank", "local_rank", "world_size", "backend", "device", "device_name")})
 expected_devices = [f"cuda:{r}" for r in range(nproc)] if gpus else ["cpu"] * nproc
@@ -87,7 +88,7 @@ def place(local_rank):
     }
 
 
-for r in collectives.run_per_rank(place, nproc, backend):
+for r in run_per_rank(place, nproc, backend):
     print(r)
     assert r["param_device"] == r["batch_device"] == r["device"]  # model and data on one device
     assert r["per_process_batch"] == 16 // nproc                  # the global batch, divided
@@ -113,7 +114,7 @@ for r in collectives.run_per_rank(place, nproc, backend):
 
 # %%
 rows = []
-for r in collectives.run_per_rank(collectives.rank_copy_bandwidth, nproc, backend):
+for r in run_per_rank(collectives.rank_copy_bandwidth, nproc, backend):
     for row in r["rows"]:
         rows.append(row)
         print(f"rank {r['rank']} {row['device']:>6} {'pinned' if row['pinned'] else 'pageable':8} "
@@ -172,7 +173,7 @@ def exchange(local_rank):
             "gathered": gathered.tolist(), "broadcast": received.item()}
 
 
-for s in collectives.run_per_rank(exchange, nproc, backend):
+for s in run_per_rank(exchange, nproc, backend):
     print(s)
     assert s["sum"] == nproc * (nproc + 1) / 2 and s["broadcast"] == 100.0
     assert s["gathered"] == [10.0 * r for r in range(nproc)]

@@ -62,7 +62,8 @@ if ON_TPU:
 
 import distkit
 from distkit.lessons import xla_pitfalls
-from distkit.lessons.collectives import process_info, run_per_rank
+from distkit.lessons.collectives import process_info
+from distkit.runner import run_per_rank
 
 print("shims applied by import distkit:", distkit.compat.APPLIED)
 if ON_TPU:

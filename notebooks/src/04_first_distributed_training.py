@@ -29,6 +29,7 @@ from ignite.utils import manual_seed, setup_logger
 import distkit
 from distkit import plots
 from distkit.data import digits_dataset, split
+from distkit.lessons import cores
 from distkit.machine import free_port, quiet_ignite_logs, threads_per_process
 from distkit.models import get_model
 
@@ -314,13 +315,15 @@ torchrun_results = read_results(re.search(r"plots in (\S+)", done.stdout).group(
 # ## 5. Learning curves and the single-process comparison
 #
 # Now the same config in one process, twice, with two seeds: the difference between the
-# two seeds is the noise any comparison has to beat. Each of the spawned processes above
-# had one CPU thread (cores / processes); the single process gets one too, so the
-# comparison asks what a second process, on a second core, buys.
+# two seeds is the noise any comparison has to beat. The single process gets as many
+# CPU threads as each spawned process had (`threads_per_process`: the cores divided by
+# the processes), so the comparison asks what a second process, on cores of its own, buys:
 
 # %%
-single = run(kit_config.replace(nproc_per_node=1, threads_per_process=1))
-single_seed1 = run(kit_config.replace(nproc_per_node=1, threads_per_process=1, seed=1))
+threads = threads_per_process(spawned["world_size"])
+print(cores.threads_sentence(spawned["world_size"], threads))
+single = run(kit_config.replace(nproc_per_node=1, threads_per_process=threads))
+single_seed1 = run(kit_config.replace(nproc_per_node=1, threads_per_process=threads, seed=1))
 runs = {f"{backend} x{spawned['world_size']} (spawned)": spawned,
         f"{tr_backend} x{torchrun_results['world_size']} (torchrun)": torchrun_results,
         f"{single['backend']} x1, seed 0": single, f"{single['backend']} x1, seed 1": single_seed1}

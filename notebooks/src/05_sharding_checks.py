@@ -158,6 +158,7 @@ for e, ep in enumerate(dropped["epochs"], 1):
     print(f"epoch {e}: {ep['per_rank']} samples per rank, {ep['missing']} unseen, {ep['duplicates']} seen twice")
 assert all(ep["per_rank"] == [50, 50] for ep in dropped["epochs"]) and dropped["ok"]
 assert all(ep["missing"] == 1 and ep["duplicates"] == 0 for ep in dropped["epochs"])
+assert dropped["expected"]["padding_seen"] == 0 and dropped["expected"]["unseen"] == 1  # as printed
 
 # %% [markdown]
 # Then the sampler's, which needs no processes: build the two samplers directly.

@@ -161,9 +161,10 @@ print(profiling.format_summary(profile, top=10))
 #   many ranks ran it. A handler that runs a collective (a metric that all-reduces, the
 #   validation, which all-reduces its counts) also absorbs the time it waits there for
 #   the slowest rank: that is what a gap between min and max often means. The trainer
-#   has no ignite metric: `create_trainer` sums the batch losses itself and
-#   all-reduces the sum once, in `mean_train_loss` at the epoch's end (what an
-#   `Average` computes, as section 1 measured, without its per-step bookkeeping).
+#   has no ignite metric: `create_trainer` sums the batch losses itself and, once per
+#   epoch, in `mean_train_loss` at the epoch's end, makes two all-reduces: the number
+#   of steps and the sum of the losses (`src/distkit/training.py`; what an `Average`
+#   computes, as section 1 measured, without its per-step bookkeeping).
 # - The last lines: the verdict (data- or compute-bound) and whether the `Timer`s agree
 #   with the profiler (notebook 07 looks at those).
 #

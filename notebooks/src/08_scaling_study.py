@@ -10,8 +10,9 @@
 # - **weak scaling** keeps the batch *per process* (16): the global batch grows to 16 N,
 #   so an epoch has N times fewer steps. More data per second, but fewer, larger steps:
 #   learning per epoch suffers unless the learning rate grows too. The **linear scaling
-#   rule** with warm-up (Goyal et al. 2017: lr x N, reached linearly over the first
-#   epoch) is run beside the unchanged lr.
+#   rule** with warm-up (Goyal et al. 2017: lr x N, reached linearly over the first 5
+#   epochs of their 90-epoch runs; this short study warms up over its first epoch) is
+#   run beside the unchanged lr.
 #
 # Every run uses ignite's `EarlyStopping` on the validation loss and runs once (its
 # time per epoch is the median over its epochs after the first, which pays for
@@ -33,7 +34,7 @@ from ignite.engine import Events
 from ignite.handlers import EarlyStopping, PiecewiseLinear
 
 from distkit import plots
-from distkit.lessons import scaling
+from distkit.lessons import cores, scaling
 from distkit.config import Config
 from distkit.machine import quiet_ignite_logs
 
@@ -130,9 +131,13 @@ assert min(val_losses[:-1]) - val_losses[-1] <= 0.1                     # the la
 assert all(a - b > 0.1 for a, b in zip(val_losses[:-2], val_losses[1:-1]))  # ... every earlier one by more
 
 # %% [markdown]
-# `distkit.training` makes the same `EarlyStopping` call from `Config.early_stopping_*`,
-# scoring the negated validation loss its validation handler just recorded, and
-# attaches the `PiecewiseLinear` above to the trainer's `ITERATION_STARTED`.
+# `distkit.training` stops the same way but wires it differently (see
+# `src/distkit/training.py`): from `Config.early_stopping_*` it builds
+# `EarlyStopping(patience=..., min_delta=..., score_function=..., trainer=trainer)`, with
+# `min_delta`, the older name of `threshold`, and attaches it to the **trainer's**
+# `EPOCH_COMPLETED`, after its own validation handler, scoring the negated validation
+# loss that handler just recorded. It also attaches the `PiecewiseLinear` above to the
+# trainer's `ITERATION_STARTED`.
 #
 # Now the study: `scaling.scaling_study` starts each world size once with
 # `idist.Parallel` (through `distkit.runner.run_per_rank`), calls
@@ -161,7 +166,7 @@ row = {(r["mode"], r["lr_rule"], r["world_size"]): r for r in study["summary"]}
 for mode, rule in sorted({(m, r) for m, r, _ in row}):
     effs = ", ".join(f"N={n}: {row[(mode, rule, n)]['efficiency']:.2f}" for n in sizes if n > 1)
     print(f"{mode:6} scaling, {rule:17} efficiency {effs}")
-print(f"this machine has {scaling.cores()} cores: N=4 processes share them, 2 per core")
+print(cores.sharing_sentence(max(sizes), scaling.cores()))
 
 # %% [markdown]
 # ## 3. Why scaling is not linear: one step, taken apart
@@ -189,7 +194,8 @@ print(f"\nevery step of N > 1 processes all-reduces {grad_bytes:,} bytes "
 #
 # - **Compute per step** follows the batch per process: strong scaling shrinks it
 #   (64 → 32 → 16 per process); weak scaling keeps it. Unless processes outnumber the
-#   cores: then they share cores, and each one's compute takes longer (N=4 on 2 cores).
+#   cores: then they share cores, and each one's compute takes longer (the sentence
+#   printed after the efficiencies above says whether they do on this machine).
 # - **Communication per step** does not shrink: the same bytes every step, and with a
 #   ring all-reduce each process sends 2 (N-1)/N of them, *more* as N grows.
 # - So the share of a step spent communicating grows with N, most of all in strong

@@ -7,7 +7,8 @@
 #
 # 1. prints, from inside the processes, what each launcher tells them: torchrun,
 #    `idist.Parallel(nnodes=2, node_rank=...)`, and SLURM (as ignite reads it);
-# 2. trains the unchanged `distkit train` on 2 nodes, once with torchrun and once with
+# 2. trains the unchanged `distkit train` on 2 nodes, once with torchrun (on two hosts
+#    made of network namespaces where it can: Linux, root) and once with
 #    `idist.Parallel`, and checks that both end with the *same* weights;
 # 3. kills one rank with SIGKILL mid-epoch: the job must end within seconds, naming it;
 # 4. lets `torchrun --max-restarts` restart the job, which resumes from the newest
@@ -97,19 +98,54 @@ for procid in range(4):
 # %% [markdown]
 # ## 2. Training on two nodes, unchanged
 #
-# The same `distkit train` command on both "nodes", under torchrun. Rank 0 lives on
+# The same `distkit train` command on both nodes, under torchrun. Rank 0 lives on
 # node 0: it writes the results; node 1's process trains and writes nothing.
+#
+# Where it can (Linux, as root), the two nodes are **two hosts**: network namespaces
+# made by `distkit.lessons.hosts`, each with its own network stack, its own address
+# (198.18.x.1 and .2, the benchmarking range, on a virtual cable between them) and its
+# own hostname that resolves to nothing, as on many clusters and cloud VMs. There gloo
+# cannot find its own address from the hostname (it would fall back to 127.0.0.1, which
+# the other host cannot reach), so in every process the kit sets `GLOO_SOCKET_IFNAME`
+# to the interface whose address routes to the master (`distkit.machine.socket_interface`,
+# what `distkit doctor` shows). Elsewhere both nodes run on 127.0.0.1, and the cell says so.
+
+# %%
+import contextlib
+
+from distkit.lessons.hosts import NamespaceHosts, unavailable
+from distkit.machine import socket_interface
+
+stack = contextlib.ExitStack()  # closed at the end of this section: the hosts go away
+why_not = unavailable()
+hosts = stack.enter_context(NamespaceHosts()) if why_not is None else None
+master = hosts.addresses[0] if hosts else "127.0.0.1"
+if hosts:
+    print(f"two hosts: {hosts.hostnames[0]} ({hosts.addresses[0]}) and {hosts.hostnames[1]} "
+          f"({hosts.addresses[1]}), network namespaces joined by a veth pair")
+    for r in (0, 1):
+        ask = (f"import socket; from distkit.machine import socket_interface as s; "
+               f"print(socket.gethostname(), s('gloo', {master!r}))")
+        print(" ", subprocess.run(hosts.command(r, [sys.executable, "-c", ask]), text=True,
+                                  capture_output=True, env=multinode.clean_env()).stdout.strip())
+else:
+    print(f"two 'nodes' on 127.0.0.1 of this machine: no namespace hosts here ({why_not})")
 
 # %%
 port = free_port()
 out_dir = workdir / "torchrun-2nodes"
-cmds = [multinode.torchrun_node(r, 2, port, ["train", *TRAIN, "--output-dir", out_dir]) for r in (0, 1)]
+cmds = [multinode.torchrun_node(r, 2, port, ["train", *TRAIN, "--output-dir", out_dir], addr=master)
+        for r in (0, 1)]
 print("$", " ".join(["torchrun", *cmds[0][3:]]))
-nodes = multinode.run_nodes(cmds, timeout=180)
+if hosts:  # the same command, started on each host
+    cmds = [hosts.command(r, cmd) for r, cmd in enumerate(cmds)]
+nodes = multinode.run_nodes(cmds, timeout=300)
 for r, node in enumerate(nodes):
     print(f"--- node {r}: exit code {node['returncode']} after {node['seconds']:.0f} s")
     print(multinode.log_tail(node["output"], 5) or "(nothing: only rank 0 logs)")
 assert [n["returncode"] for n in nodes] == [0, 0]
+assert not any("loopback address as fallback" in n["output"] for n in nodes)
+stack.close()
 
 # %%
 res = json.loads(next(out_dir.glob("*/results.json")).read_text())

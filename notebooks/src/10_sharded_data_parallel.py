@@ -131,8 +131,10 @@ print("trained:", ", ".join(f"{s} on {n} rank(s)" for s, n in results))
 # `state_bytes(model, optimizer)` adds up the bytes this rank actually holds: each
 # parameter (for a sharded parameter, `param.to_local()`: only the local shard), each
 # gradient, and Adam's two moments (`exp_avg`, `exp_avg_sq`). In fp32 with Adam, with Ψ
-# parameters in the model, ZeRO's accounting is **4Ψ + 4Ψ + 8Ψ = 16Ψ bytes**: DDP holds
-# all of it on every rank, ZeRO-3 holds **16Ψ / N**.
+# parameters in the model, that is **4Ψ + 4Ψ + 8Ψ = 16Ψ bytes** (weights, gradients, two
+# moments): DDP holds all of it on every rank, ZeRO-3 holds **16Ψ / N**. (ZeRO's paper
+# also counts 16Ψ, but for mixed precision: 2Ψ fp16 weights + 2Ψ fp16 gradients + 12Ψ of
+# fp32 optimizer state, master weights and two moments. The same total, split otherwise.)
 
 # %%
 psi = count_params(make_model())
@@ -151,13 +153,27 @@ for (strategy, n), per_rank in results.items():
 print(format_table(rows, list(rows[0])))
 
 # %% [markdown]
-# Every rank's measurement equals the formula **exactly** (asserted, for parameters,
-# gradients and optimizer state separately): under DDP each rank holds 16Ψ whatever N
+# Every rank's measurement equals the formula **exactly** for what it counts (asserted,
+# for parameters, gradients and Adam's moments separately): under DDP each rank holds 16Ψ whatever N
 # is; under FSDP each of N ranks holds 16Ψ/N, so 4 ranks hold a quarter each, and the
 # N shards add up to one model, with nothing duplicated. (Exactly, because every
 # layer's first dimension divides by 4 here; otherwise FSDP pads the last rank's shard.)
 #
-# What the formula leaves out: while a layer runs, FSDP has all-gathered its **full**
+# The formula leaves out Adam's step counters: one 0-d tensor per parameter tensor,
+# which `state_bytes` skips (a few bytes, printed here for one unsharded model):
+
+# %%
+adam = torch.optim.Adam(make_model().parameters())
+for p in adam.param_groups[0]["params"]:
+    p.grad = torch.zeros_like(p)
+adam.step()
+counters = [v for state in adam.state.values() for k, v in state.items() if torch.is_tensor(v) and v.dim() == 0]
+print(f"Adam's step counters: {len(counters)} tensors of 0 dimensions, "
+      f"{sum(v.numel() * v.element_size() for v in counters)} bytes, against 16Ψ = {16 * psi:,} bytes")
+assert len(counters) == len(adam.param_groups[0]["params"])
+
+# %% [markdown]
+# What the formula leaves out too: while a layer runs, FSDP has all-gathered its **full**
 # weight. A forward hook on layer 0 saw its weight's shape during the forward; between
 # steps the rank holds only its rows:
 
@@ -234,9 +250,9 @@ plt.show()
 # %% [markdown]
 # The two curves lie on top of each other: over these 8 steps the losses differ by at
 # most 1e-5 (asserted; the printed gaps show how much smaller they are here). Each step
-# sees the same batch and the same initial weights, and FSDP's reduce-scatter sums the
-# same gradients DDP's all-reduce does; only the order of floating-point sums may
-# differ.
+# sees the same batch and the same initial weights, and FSDP's reduce-scatter averages
+# the same gradients over the ranks that DDP's all-reduce averages (each rank keeps only
+# its shard of the mean); only the order of floating-point sums may differ.
 #
 # ## 5. A distributed checkpoint: saved by 2 ranks, loaded by 4
 #

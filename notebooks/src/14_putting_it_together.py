@@ -280,8 +280,10 @@ assert reference["losses"][-1] < reference["losses"][0] - 0.5  # and it learns
 #
 # ## 6. Every strategy, on the same model and batches
 #
-# For the table, the same training with every strategy of notebooks 10–14 that splits the
-# model or the batch, on 2 processes, and the two meshes above on 4:
+# For the table, the same training with every strategy of notebooks 10–12 that splits the
+# model's weights or the batch, on 2 processes, and the two meshes above on 4. (Sequence
+# and context parallel, notebooks 12 and 13, split the *activations* along the sequence:
+# they pay off for long sequences, and are measured in those notebooks on the same block.)
 #
 # - DDP: `idist.auto_model` (DistributedDataParallel), each rank half the batch;
 # - FSDP: `fully_shard` on every block, then on the model (notebook 10);

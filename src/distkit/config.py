@@ -106,8 +106,6 @@ class Config:
     """Experiment tracker, on rank 0: none, tensorboard or mlflow (see ``distkit.tracking``)."""
     output_dir: str = "runs"
     """Parent folder: every run gets a fresh sub-folder, never overwriting another run."""
-    run_dir: Optional[str] = None
-    """Set by the launcher; leave None."""
     checkpoint_every: int = 0
     """Also checkpoint every N iterations (a checkpoint is always saved at each epoch end)."""
     resume_from: Optional[str] = None
@@ -117,11 +115,36 @@ class Config:
     """The machine's peak FLOP/s (all processes together) that MFU is measured against.
     None: measured at the start of the run, a large matmul on every process at once."""
 
+    def validate_processes(self) -> "Config":
+        """Check the settings of the processes alone (backend, counts, node, port,
+        timeout, threads): all that ``launch_function`` and ``run_per_rank`` have."""
+        _choice("backend", self.backend, BACKENDS)
+        for name, low, high in _WHOLE_NUMBERS:
+            if name in PROCESS_FIELDS:
+                _whole(name, getattr(self, name), low, high)
+        for name, low, low_open, high, high_open in _REAL_NUMBERS:
+            if name in PROCESS_FIELDS:
+                _real(name, getattr(self, name), low, low_open, high, high_open)
+        if self.nnodes > 1:
+            if self.master_addr is None:
+                raise DistkitError(
+                    f"--nnodes {self.nnodes} needs --master-addr: pass the address of the node "
+                    "with --node-rank 0 (the same on every node)")
+            if self.node_rank is None:
+                raise DistkitError(
+                    f"--nnodes {self.nnodes} needs --node-rank: pass 0 on the first node, "
+                    f"1..{self.nnodes - 1} on the others")
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
+            raise DistkitError(
+                f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes}: "
+                f"use a value from 0 to {self.nnodes - 1}")
+        return self
+
     def validate(self) -> "Config":
         """Check every field that can be checked without touching the hardware: choices,
         and every number finite and in range (``nan <= 0`` is False, so a plain ``<= 0``
         test lets NaN through)."""
-        _choice("backend", self.backend, BACKENDS)
+        self.validate_processes()
         _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
         if self.task is None and (self.dataset, self.model) not in builtin_pairs():
@@ -138,27 +161,16 @@ class Config:
             raise DistkitError(f"Config.task_settings must be a dict {{name: value}}, got "
                                f"{self.task_settings!r}: e.g. task_settings={{'hidden': 64}}")
         for name, low, high in _WHOLE_NUMBERS:
-            _whole(name, getattr(self, name), low, high)
+            if name not in PROCESS_FIELDS:
+                _whole(name, getattr(self, name), low, high)
         for name, low, low_open, high, high_open in _REAL_NUMBERS:
-            _real(name, getattr(self, name), low, low_open, high, high_open)
+            if name not in PROCESS_FIELDS:
+                _real(name, getattr(self, name), low, low_open, high, high_open)
         if self.peak_flops is not None:
             _real("peak_flops", self.peak_flops, 0.0, True, None, False)
         if self.warmup_epochs > self.epochs:
             raise DistkitError(f"--warmup-epochs {self.warmup_epochs} is longer than --epochs "
                                f"{self.epochs}: use --warmup-epochs {self.epochs} or less")
-        if self.nnodes > 1:
-            if self.master_addr is None:
-                raise DistkitError(
-                    f"--nnodes {self.nnodes} needs --master-addr: pass the address of the node "
-                    "with --node-rank 0 (the same on every node)")
-            if self.node_rank is None:
-                raise DistkitError(
-                    f"--nnodes {self.nnodes} needs --node-rank: pass 0 on the first node, "
-                    f"1..{self.nnodes - 1} on the others")
-        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
-            raise DistkitError(
-                f"--node-rank {self.node_rank} is out of range for --nnodes {self.nnodes}: "
-                f"use a value from 0 to {self.nnodes - 1}")
         if self.nproc_per_node is not None:
             self.check_batch_fits(self.nproc_per_node * self.nnodes)
         return self
@@ -203,6 +215,9 @@ def check_strategy(strategy: str, backend: str) -> None:
             f"--backend {backend} has none: use --backend gloo or nccl, or --strategy ddp")
 
 
+# The fields of the processes (Config.validate_processes); the rest are training's.
+PROCESS_FIELDS = {"nproc_per_node", "nnodes", "node_rank", "master_port", "threads_per_process",
+                  "timeout_s"}
 # Whole-number fields: (name, lowest, highest or None). None values of the Optional
 # fields mean "choose for me" and are not checked.
 _WHOLE_NUMBERS = (

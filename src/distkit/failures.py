@@ -139,21 +139,23 @@ def default_folder() -> str:
 
 
 class Reporter:
-    """What a worker needs to report its failure: the config whose ``run_dir`` the run
-    sets (read at failure time: under torchrun and on node 1 it is set inside training),
-    a folder for runs without one, and ``verbose`` (print the traceback too)."""
+    """What a worker needs to report its failure: the run folder the launcher made (if
+    any; an exception raised inside :func:`distkit.training.training` carries its own as
+    ``distkit_run_dir``, which is how torchrun's ranks and node 1 know it), a folder for
+    runs without one, ``verbose`` (print the traceback too) and the launch's
+    ``timeout_s`` (named when a peer is lost)."""
 
-    def __init__(self, config=None, folder: str | None = None, verbose: bool = False):
-        self.config, self.folder, self.verbose = config, folder, verbose
+    def __init__(self, run_dir: str | None = None, folder: str | None = None,
+                 verbose: bool = False, timeout_s: float | None = None):
+        self.run_dir, self.folder, self.verbose, self.timeout_s = run_dir, folder, verbose, timeout_s
 
-    def traceback_folder(self) -> str:
-        run_dir = getattr(self.config, "run_dir", None)
+    def traceback_folder(self, run_dir: str | None = None) -> str:
         if run_dir and os.path.isdir(run_dir):
             return os.path.join(run_dir, TRACEBACKS)
         return self.folder or default_folder()
 
-    def checkpoint_words(self) -> str:
-        run_dir = getattr(self.config, "run_dir", None)
+    @staticmethod
+    def checkpoint_words(run_dir: str | None) -> str:
         if not run_dir:
             return ""
         from distkit.checkpoint import latest_checkpoint_in
@@ -163,16 +165,19 @@ class Reporter:
                 else "; no checkpoint had been written yet")
 
     def failure(self, error: Exception, rank: int, local_rank: int) -> RankFailed:
-        path = write_traceback(self.traceback_folder(), rank, error)
+        run_dir = getattr(error, "distkit_run_dir", None) or self.run_dir
+        path = write_traceback(self.traceback_folder(run_dir), rank, error)
         if self.verbose:
             sys.stderr.write("".join(traceback.format_exception(type(error), error,
                                                                 error.__traceback__)))
             sys.stderr.flush()
         where = f"; full traceback in {path}" if path else ""
-        lost = lost_nodes(error, getattr(self.config, "timeout_s", None))
+        lost = lost_nodes(error, self.timeout_s)
         what = f"{lost}: {cause(error)}" if lost else f"raised {cause(error)}"
-        return RankFailed(f"rank {rank} (local rank {local_rank}{_node_words()}) {what}{where}"
-                          f"{self.checkpoint_words()}", path)
+        failed = RankFailed(f"rank {rank} (local rank {local_rank}{_node_words()}) {what}{where}"
+                            f"{self.checkpoint_words(run_dir)}", path)
+        failed.distkit_run_dir = run_dir
+        return failed
 
 
 _PEER_LOST = re.compile(r"Timed out waiting \d+ms|Connection closed by peer|Connection reset by "

@@ -15,15 +15,19 @@ import ctypes
 import json
 import multiprocessing
 import os
+import pickle
 import re
 import signal
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import fields, is_dataclass
 from datetime import timedelta
 
 import ignite.distributed as idist
 import torch
+import torch.distributed as dist
 
 from distkit.checkpoint import (check_output_dir, latest_checkpoint_in, make_run_dir,
                                 remove_run_dir_if_empty)
@@ -33,7 +37,7 @@ from distkit.failures import (RankFailed, Reporter, default_folder, for_function
                               report_from_worker, run_reporting)
 from distkit.machine import (in_ipython, inside_launch, launched_externally, ranks_on_this_host,
                              set_ignite_verbosity, socket_interface, threads_per_process)
-from distkit.preflight import check_picklable, default_nproc, preflight, resolve_backend
+from distkit.preflight import Launch, check_launch, check_picklable, preflight
 from distkit.tasks import resolve_task
 from distkit.training import training
 
@@ -55,27 +59,27 @@ def run(config, task=None) -> dict | None:
     try:
         task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
         config = task.configure(config)  # its own settings (--set), complete and typed
-        spawning = config.nproc_per_node is not None or not launched_externally()
-        config = preflight(config, spawning, task)
+        config, launch = preflight(config, task=task)  # launch checks, then training checks
         check_output_dir(config.output_dir)
     except DistkitError as e:
         e.every_rank = True  # under torchrun every rank fails here alike: one of them says so
         raise
-    if not spawning:
-        return _join(config, Reporter(config, verbose=config.verbose), _training_everywhere,
-                     config, task)
-    if config.backend == "none":
-        config.run_dir = make_run_dir(config.output_dir, "none", 1)
-        return training(0, config, task)
-
-    check_picklable("the task", task)
-    if _fork_is_safe(config):
-        config = fork_threads(config)
-    world_size = config.nproc_per_node * config.nnodes
-    if config.nnodes == 1 or config.node_rank == 0:
-        config.run_dir = make_run_dir(config.output_dir, config.backend, world_size)
-    _spawn(config, Reporter(config, verbose=config.verbose), training, config, task)
-    return read_results(config.run_dir) if config.run_dir else None
+    if not launch.spawning:  # the run folder: rank 0's training makes it, tells the others
+        return start(launch, Reporter(verbose=launch.verbose, timeout_s=launch.timeout_s), _training_everywhere, config, task)
+    if launch.backend != "none":
+        check_picklable("the task", task)
+    launch = prepare_fork(launch)
+    config = config.replace(threads_per_process=launch.threads_per_process)
+    # The launcher makes the run folder where it can (one process, or node 0 of a spawn)
+    # and passes it to training; on node 1 training learns it from rank 0.
+    run_dir = None
+    if launch.nnodes == 1 or launch.node_rank == 0:
+        run_dir = make_run_dir(config.output_dir, launch.backend, launch.world_size)
+    value = start(launch, Reporter(run_dir, verbose=launch.verbose, timeout_s=launch.timeout_s), training, config, task,
+                  run_dir, run_dir=run_dir)
+    if launch.backend == "none":
+        return value
+    return read_results(run_dir) if run_dir else None
 
 
 def launch_function(fn, *args, backend: str = "auto", nproc_per_node: int | None = None,
@@ -123,33 +127,27 @@ def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, maste
     spawning = not inside_launch() and (nproc_per_node is not None or not launched_externally())
     if not spawning:
         nproc_per_node = None  # torchrun / srun started the processes: join them
-    nproc = nproc_per_node
-    if spawning and nproc is None:
-        nproc = default_nproc(resolve_backend(backend))
-    # fn has no global batch: give the config the smallest one preflight's batch check passes.
-    world = nproc * nnodes if spawning else int(os.environ.get("WORLD_SIZE", "1"))
-    config = preflight(Config(backend=backend, nproc_per_node=nproc_per_node, nnodes=nnodes,
-                              node_rank=node_rank, master_addr=master_addr,
-                              master_port=master_port, timeout_s=timeout_s,
-                              threads_per_process=threads_per_process, verbose=verbose,
-                              batch_size=max(1, world)),
-                       spawning)
+    # the launch checks only: fn has no global batch, dataset or checkpoint to check
+    launch = check_launch(Config(backend=backend, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                                 node_rank=node_rank, master_addr=master_addr,
+                                 master_port=master_port, timeout_s=timeout_s,
+                                 threads_per_process=threads_per_process,
+                                 verbose=verbose).validate_processes(), spawning)
     if not spawning:
-        return _join(config, Reporter(verbose=verbose), _shared_result, fn,
-                     config.threads_per_process, all_ranks, *args)
-    if config.backend == "none":
-        value = _pinned(0, fn, config.threads_per_process, *args)
+        return start(launch, Reporter(verbose=verbose, timeout_s=launch.timeout_s), _shared_result, fn,
+                     launch.threads_per_process, all_ranks, *args)
+    if launch.backend == "none":
+        value = start(launch, Reporter(verbose=verbose, timeout_s=launch.timeout_s), pinned, fn,
+                      launch.threads_per_process, *args)
         return [value] if all_ranks else value
     check_picklable("the training function and its arguments", (fn, args))
-    if _fork_is_safe(config):
-        config = fork_threads(config)
-    import tempfile
-
+    launch = prepare_fork(launch)
     with tempfile.TemporaryDirectory(prefix="distkit-results-") as folder:
         # no run folder here: the ranks' tracebacks go to one temporary folder of this launch
-        _spawn(config, Reporter(folder=default_folder(), verbose=verbose), _recorded, fn,
-               config.threads_per_process, folder, all_ranks, *args)
-        return _read_recorded(folder, config, all_ranks)
+        start(launch, Reporter(folder=default_folder(), verbose=verbose,
+                       timeout_s=launch.timeout_s), _recorded, fn,
+              launch.threads_per_process, folder, all_ranks, *args)
+        return _read_recorded(folder, launch, all_ranks)
 
 
 def _training_everywhere(local_rank, config, task):
@@ -165,11 +163,9 @@ def _training_everywhere(local_rank, config, task):
 
 def _shared_result(local_rank, fn, threads, all_ranks, *args):
     """``fn`` in a joined rank; rank 0's value (or every rank's) handed to every rank."""
-    value = _pinned(local_rank, fn, threads, *args)
+    value = pinned(local_rank, fn, threads, *args)
     if idist.get_world_size() == 1 or idist.backend() == "xla-tpu":  # XLA: no object collectives
         return [value] if all_ranks else value
-    import torch.distributed as dist
-
     if all_ranks:
         values = [None] * idist.get_world_size()
         dist.all_gather_object(values, value)
@@ -181,9 +177,7 @@ def _shared_result(local_rank, fn, threads, all_ranks, *args):
 
 def _recorded(local_rank, fn, threads, folder, all_ranks, *args):
     """``fn`` in a spawned rank; its value written to ``folder`` (rank 0's, or every rank's)."""
-    import pickle
-
-    value = _pinned(local_rank, fn, threads, *args)
+    value = pinned(local_rank, fn, threads, *args)
     if all_ranks or idist.get_rank() == 0:
         path = os.path.join(folder, f"rank{idist.get_rank()}.pkl")
         with open(path + ".tmp", "wb") as f:
@@ -192,9 +186,7 @@ def _recorded(local_rank, fn, threads, folder, all_ranks, *args):
     return value
 
 
-def _read_recorded(folder, config, all_ranks):
-    import pickle
-
+def _read_recorded(folder, launch, all_ranks):
     def read(rank):
         path = os.path.join(folder, f"rank{rank}.pkl")
         if not os.path.exists(path):
@@ -203,33 +195,81 @@ def _read_recorded(folder, config, all_ranks):
             return pickle.load(f)
 
     if all_ranks:
-        first = (config.node_rank or 0) * config.nproc_per_node
-        mine = range(first, first + config.nproc_per_node)
-        return [read(r) if r in mine else None for r in range(config.nproc_per_node * config.nnodes)]
+        first = (launch.node_rank or 0) * launch.nproc_per_node
+        mine = range(first, first + launch.nproc_per_node)
+        return [read(r) if r in mine else None for r in range(launch.world_size)]
     return read(0)
 
 
-def _pinned(local_rank, fn, threads, *args):
-    """``fn`` in this process, with this process's share of the cores."""
+def prepare_fork(launch: Launch, start_method: str | None = None) -> Launch:
+    """``launch`` as it will fork (:func:`fork_threads`), or as it is where it spawns."""
+    if start_method == "fork" or (start_method is None and _fork_is_safe(launch)):
+        return fork_threads(launch)
+    return launch
+
+
+def pinned(local_rank, fn, threads, *args):
+    """``fn`` in this process, with ``threads`` torch threads, else its share of the cores
+    (the one rule: the cores divided by the ranks on this host)."""
     torch.set_num_threads(threads or threads_per_process(ranks_on_this_host()))
     return fn(local_rank, *args)
 
 
-def _spawn(config, reporter, fn, *args) -> None:
-    """``fn(local_rank, *args)`` in ``config.nproc_per_node`` spawned processes of this
+def start(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = None,
+          start_method: str | None = None):
+    """The one process-start core: ``run``, ``launch_function`` and
+    ``distkit.runner.run_per_rank`` are thin callers of it. ``fn(local_rank, *args)`` on
+    every rank of ``launch`` (:func:`distkit.preflight.check_launch` made it): collectives
+    bounded by ``launch.timeout_s``, a failed rank reported in one line by ``reporter``.
+
+    - joining torchrun / SLURM (``launch.spawning`` False): this process is one rank;
+      returns ``fn``'s value.
+    - backend ``none``: ``fn(0, *args)`` in this process; returns its value.
+    - else ``launch.nproc_per_node`` processes with ``idist.Parallel``, forked where safe
+      (``start_method`` overrides); returns None.
+
+    ``run_dir``: the run folder this launcher made, removed if the run leaves it empty."""
+    if not launch.spawning:
+        return _join(launch, reporter, fn, *args)
+    if launch.backend == "none":
+        try:
+            return fn(0, *args)
+        except BaseException:
+            _discard_if_empty(run_dir)
+            raise
+    _spawn(launch, reporter, fn, *args, run_dir=run_dir, start_method=start_method)
+    return None
+
+
+def _timeout(launch: Launch) -> dict:
+    """The process group's bound on every collective (gloo and nccl take one)."""
+    if launch.backend in ("gloo", "nccl"):
+        return {"timeout": timedelta(seconds=launch.timeout_s)}
+    return {}
+
+
+def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = None,
+           start_method: str | None = None) -> None:
+    """``fn(local_rank, *args)`` in ``launch.nproc_per_node`` spawned processes of this
     node; a failed rank becomes one line naming it (``reporter``: where a rank that
     raises writes its traceback, see :mod:`distkit.failures`)."""
+    config = launch  # the process fields, under the names Config gives them
     # Spawned processes inherit this: one thread pool per process, never oversubscribed.
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads(config)))
-    spawn_kwargs = {}
-    if config.backend in ("gloo", "nccl"):
-        spawn_kwargs["timeout"] = timedelta(seconds=config.timeout_s)
-    if _fork_is_safe(config):
+    spawn_kwargs = _timeout(launch)
+    if start_method is None and _fork_is_safe(config):
         # Forked workers start with torch, ignite and the kit already imported: the
         # workers were ready 3.5 s after the command started instead of 13.7 s with
         # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
-        spawn_kwargs["start_method"] = "fork"
-    elif not in_ipython():  # ignite forks under IPython; elsewhere spawned workers import fn
+        start_method = "fork"
+    if start_method is not None:
+        spawn_kwargs["start_method"] = start_method
+    forking = start_method == "fork" or (start_method is None and in_ipython())
+    if forking and torch.cuda.is_available() and torch.cuda.is_initialized():
+        raise DistkitError("CUDA is already initialised in this process, and a forked child cannot "
+                           "use it: restart the kernel and start the processes before any cell "
+                           "touches the GPU")
+    if not forking:  # ignite forks under IPython; elsewhere spawned workers import fn
         check_spawned_can_import("the training function", (fn, args))
     interface = None
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
@@ -249,7 +289,7 @@ def _spawn(config, reporter, fn, *args) -> None:
         # workers are non-daemonic, so without this they train on to the last epoch while
         # the interpreter's exit waits for them.
         stopped = stop_workers(set(multiprocessing.active_children()) - before)
-        raise KeyboardInterrupt(interrupted_message(config, stopped)) from None
+        raise KeyboardInterrupt(interrupted_message(run_dir, stopped)) from None
     except Exception as e:
         watchdog.finish()
         first = (config.node_rank or 0) * config.nproc_per_node
@@ -268,7 +308,7 @@ def _spawn(config, reporter, fn, *args) -> None:
         watchdog.finish()
         logs.restore()  # a notebook's own ignite calls log as before
         restore_environment(interface)
-        _discard_if_empty(config.run_dir)
+        _discard_if_empty(run_dir)
 
 
 def _own_session(local_rank, reporter, fn, *args):
@@ -383,9 +423,9 @@ def stop_workers(children, grace_s: float = 3.0) -> int:
     return len(children)
 
 
-def interrupted_message(config, stopped: int) -> str:
+def interrupted_message(run_dir: str | None, stopped: int) -> str:
     """What an interrupt left behind, and how to go on from it."""
-    newest = latest_checkpoint_in(config.run_dir) if config.run_dir else None
+    newest = latest_checkpoint_in(run_dir) if run_dir else None
     kept = (f"resume from the last complete checkpoint with --resume-from {newest}"
             if newest else "no checkpoint had been written yet, so nothing is left behind")
     return f"stopped {stopped} worker process(es); {kept}"
@@ -423,8 +463,6 @@ def fork_threads(config):
     notebook may have, which :func:`openmp_pool_forks_cleanly` finds out."""
     if _threads(config) == 1 or openmp_pool_forks_cleanly():
         return config
-    import sys
-
     sys.stderr.write(
         f"distkit: this process already runs OpenMP threads, which a forked worker cannot use: "
         f"each worker runs 1 thread instead of {_threads(config)} (start the launch before "
@@ -436,9 +474,6 @@ def openmp_pool_forks_cleanly(timeout_s: float = 5.0) -> bool:
     """Fork a child that runs one parallel region on 2 threads: True if it ends within
     ``timeout_s`` (this process's OpenMP pool was never started, or survives a fork),
     False if it hangs (it is killed). About 10 ms when it ends."""
-    import signal
-    import time
-
     pid = os.fork()
     if pid == 0:  # the child: one OpenMP region, then leave without any clean-up
         code = 1
@@ -463,13 +498,9 @@ def check_spawned_can_import(what: str, objects) -> None:
     """Spawned processes import the functions they run by module and name; a function of
     ``python -c``, of standard input or of an interactive session has no module file to
     import. Refuse in one line before any process starts (forked processes need none)."""
-    import sys
-
     main = sys.modules.get("__main__")
     if getattr(main, "__file__", None) and os.path.exists(main.__file__):
         return
-    from dataclasses import fields, is_dataclass
-
     def callables(obj):
         if is_dataclass(obj) and not isinstance(obj, type):
             for f in fields(obj):
@@ -513,28 +544,25 @@ def restore_environment(previous: dict | None) -> None:
             os.environ[name] = value
 
 
-def _join(config, reporter, fn, *args):
+def _join(launch: Launch, reporter: Reporter, fn, *args):
     """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
     that raises prints one line (the first of its node) and records it for torchrun's
     summary (:func:`distkit.failures.report_from_worker`)."""
-    kwargs = {}
-    if config.backend in ("gloo", "nccl"):
-        kwargs["timeout"] = timedelta(seconds=config.timeout_s)
     several_nodes = int(os.environ.get("WORLD_SIZE", "1")) > int(
         os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
     if several_nodes:
         try:
-            bind_to_interface_of_master(config, os.environ.get("MASTER_ADDR"))
+            bind_to_interface_of_master(launch, os.environ.get("MASTER_ADDR"))
         except DistkitError as e:  # the same on every rank of this node: one line per node
             raise report_from_worker(e) from None
-    idist.initialize(config.backend, **kwargs)
+    idist.initialize(launch.backend, **_timeout(launch))
     try:
         return run_reporting(reporter, fn, idist.get_local_rank(), *args)
     except RankFailed as e:
         raise report_from_worker(e) from None
-    except BaseException:
-        if idist.get_rank() == 0:  # training set config.run_dir; the folder is rank 0's
-            _discard_if_empty(config.run_dir)
+    except BaseException as e:
+        if idist.get_rank() == 0:  # the folder is rank 0's; a failure in training names it
+            _discard_if_empty(getattr(e, "distkit_run_dir", None))
         raise
     finally:
         idist.finalize()

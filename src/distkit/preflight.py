@@ -4,19 +4,25 @@ process count, the master address and port, memory for the synthetic set, a chec
 to resume from, a dataset to download. A wrong input ends here in one line, within
 seconds, with nothing started and nothing half-written.
 
-``distkit.launch`` calls :func:`preflight` before it starts or joins processes;
-notebooks call it to show a refusal::
+Two kinds of check, kept apart: :func:`check_launch` (backend, process count, address,
+port; it returns the :class:`Launch` the process-start core runs) and
+:func:`check_training` (strategy, memory, batch, checkpoint, download). ``distkit.launch``
+runs both before :func:`~distkit.launch.run` starts or joins processes, only the first
+for :func:`~distkit.launch.launch_function` and ``run_per_rank``; notebooks call
+:func:`preflight` to show a refusal::
 
     >>> from distkit.config import Config
     >>> from distkit.preflight import preflight
-    >>> cfg = preflight(Config(backend="gloo"), spawning=True)
-    >>> cfg.backend, cfg.nproc_per_node, cfg.master_port is not None
-    ('gloo', 2, True)
+    >>> cfg, launch = preflight(Config(backend="gloo"), spawning=True)
+    >>> cfg.backend, cfg.nproc_per_node, launch.world_size, launch.master_port is not None
+    ('gloo', 2, 2, True)
 """
 from __future__ import annotations
 
 import os
 import pickle
+import dataclasses
+from dataclasses import dataclass
 
 import ignite.distributed as idist
 import torch
@@ -27,7 +33,8 @@ from distkit.config import check_strategy
 from distkit.data import VAL_SIZE, fetch_torchvision
 from distkit.errors import DistkitError
 from distkit.machine import (available_memory, check_address_resolves, check_port_free, free_port,
-                             in_ipython, inside_launch, local_world_size, tpu_available)
+                             in_ipython, inside_launch, launched_externally, local_world_size,
+                             tpu_available)
 
 CPU_DEFAULT_NPROC = 2
 
@@ -90,20 +97,49 @@ def check_synthetic_fits_in_memory(config, processes: int | None) -> None:
             f"are available: use --dataset-size {fits} or less")
 
 
-def preflight(config, spawning: bool, task=None):
-    """Resolve the backend and the process count and check everything that can be checked
-    before a process starts (a checkpoint to resume from against ``task``'s model).
-    Returns a new, complete config."""
-    config = config.replace().validate()
-    if config.nproc_per_node is not None and inside_launch():
+@dataclass
+class Launch:
+    """How the processes of a run start, settled by :func:`check_launch` before any does:
+    what the process-start core of :mod:`distkit.launch` needs, and nothing of training."""
+
+    backend: str
+    """Resolved: nccl, xla-tpu, gloo or none (never auto)."""
+    spawning: bool
+    """True: this launcher starts ``nproc_per_node`` processes; False: join torchrun/SLURM."""
+    nproc_per_node: int | None = None
+    nnodes: int = 1
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    timeout_s: float = 120.0
+    threads_per_process: int | None = None
+    verbose: bool = False
+
+    def replace(self, **changes) -> "Launch":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def world_size(self) -> int:
+        if self.spawning:
+            return self.nproc_per_node * self.nnodes
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_launch(config, spawning: bool | None = None) -> Launch:
+    """The launch checks: the backend (``auto`` resolved), the process count, the master
+    address and port (a free one picked on a single node). Reads only the process fields
+    of ``config`` (``Config`` or any object with them); changes nothing in it.
+    ``spawning`` None: spawn unless torchrun / SLURM launched this process (and no
+    ``nproc_per_node`` was asked for)."""
+    nproc = config.nproc_per_node
+    if spawning is None:
+        spawning = nproc is not None or not launched_externally()
+    if nproc is not None and inside_launch():
         raise DistkitError(
-            f"--nproc-per-node {config.nproc_per_node} inside a torchrun/SLURM launch, which "
+            f"--nproc-per-node {nproc} inside a torchrun/SLURM launch, which "
             "starts the processes itself: drop --nproc-per-node (torchrun's --nproc_per_node "
             "sets the count), or run distkit train without torchrun")
     backend = resolve_backend(config.backend)
-    if config.backend == "auto":  # validate() checked the strategy against a named backend
-        check_strategy(config.strategy, backend)
-    nproc = config.nproc_per_node
     if spawning and nproc is None:
         nproc = default_nproc(backend)
     if backend == "nccl" and nproc is not None and nproc > torch.cuda.device_count():
@@ -117,26 +153,50 @@ def preflight(config, spawning: bool, task=None):
                            "--backend gloo to start several")
     if config.master_addr is not None:
         check_address_resolves(config.master_addr)
-    check_synthetic_fits_in_memory(config, nproc if spawning else local_world_size())
-    if not spawning and "WORLD_SIZE" in os.environ:
-        config.check_batch_fits(int(os.environ["WORLD_SIZE"]))
+    port = config.master_port
     if spawning:
-        if config.nproc_per_node is None:  # else validate() checked it
-            config.check_batch_fits(nproc * config.nnodes)
-        if config.nnodes == 1 and config.master_port is None:
-            config.master_port = free_port()
-        elif config.node_rank in (None, 0) and config.master_port is not None:
-            check_port_free(config.master_port)
+        if config.nnodes == 1 and port is None:
+            port = free_port()
+        elif config.node_rank in (None, 0) and port is not None:
+            check_port_free(port)
+    return Launch(backend=backend, spawning=spawning, nproc_per_node=nproc, nnodes=config.nnodes,
+                  node_rank=config.node_rank, master_addr=config.master_addr, master_port=port,
+                  timeout_s=config.timeout_s, threads_per_process=config.threads_per_process,
+                  verbose=config.verbose)
+
+
+def check_training(config, launch: Launch, task=None):
+    """The training checks, once the launch is known: the strategy on the resolved
+    backend, memory for the synthetic set, the global batch on the world size (where
+    ``validate`` could not), a checkpoint to resume from against ``task``'s model, a
+    dataset to download. Returns the config as it will train: backend and process count
+    resolved, ``--resume-from latest`` replaced by the file it means."""
+    if config.backend == "auto":  # validate() checked the strategy against a named backend
+        check_strategy(config.strategy, launch.backend)
+    check_synthetic_fits_in_memory(
+        config, launch.nproc_per_node if launch.spawning else local_world_size())
+    if not launch.spawning and "WORLD_SIZE" in os.environ:
+        config.check_batch_fits(launch.world_size)
+    if launch.spawning and config.nproc_per_node is None:  # else validate() checked it
+        config.check_batch_fits(launch.world_size)
+    config = config.replace(backend=launch.backend, nproc_per_node=launch.nproc_per_node)
     if config.resume_from == "latest":  # the newest checkpoint under --output-dir, if any
         config = resolve_resume_from(config)
     if config.resume_from:
-        world_size = nproc * config.nnodes if spawning else \
-            int(os.environ.get("WORLD_SIZE", "1"))
-        check_checkpoint_fits(config.resume_from, config, task, world_size)
-    if spawning and config.dataset in ("mnist", "cifar10"):
+        check_checkpoint_fits(config.resume_from, config, task, launch.world_size)
+    if launch.spawning and config.dataset in ("mnist", "cifar10"):
         # Download once here, before any process starts, so an offline machine fails fast.
         fetch_torchvision(config.dataset, config.data_dir)
-    return config.replace(backend=backend, nproc_per_node=nproc)
+    return config
+
+
+def preflight(config, spawning: bool | None = None, task=None):
+    """Every check before a process starts: the settings (``validate``), the launch
+    (:func:`check_launch`) and the training (:func:`check_training`). Returns the config
+    as it will train and the :class:`Launch`; the caller's config is left as it was."""
+    config = config.replace().validate()
+    launch = check_launch(config, spawning)
+    return check_training(config, launch, task), launch
 
 
 def check_picklable(what: str, obj) -> None:

@@ -24,13 +24,14 @@ from __future__ import annotations
 import os
 import pickle
 import tempfile
-from datetime import timedelta
 
 import ignite.distributed as idist
-import torch
 
-from distkit.errors import DistkitError
-from distkit.machine import free_port, in_ipython, quiet_ignite_logs, threads_per_process
+from distkit.config import Config
+from distkit.failures import Reporter, default_folder
+from distkit.launch import pinned, prepare_fork, start
+from distkit.machine import quiet_ignite_logs
+from distkit.preflight import check_launch
 
 
 def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
@@ -38,30 +39,19 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
     """Run ``fn(local_rank, *args, **kwargs)`` in ``nproc_per_node`` fresh processes on
     this machine and return the list of what each rank returned (index = rank).
 
-    Returned values must pickle. Collectives are bounded by ``timeout_s``. Under IPython the processes are forked
-    (ignite's default there), so ``fn`` may be defined in a notebook cell; elsewhere they
-    are spawned and ``fn`` must be importable (defined in a module), unless
-    ``start_method="fork"``."""
-    from distkit.config import Config
-    from distkit.preflight import preflight
-
-    if backend in ("nccl", "xla-tpu"):  # one line, before any process starts
-        preflight(Config(backend=backend, nproc_per_node=nproc_per_node,
-                         batch_size=max(64, nproc_per_node)), spawning=True)
-    spawn_kwargs = {"start_method": start_method} if start_method else {}
-    if backend in ("gloo", "nccl"):
-        spawn_kwargs["timeout"] = timedelta(seconds=timeout_s)
-    forking = start_method == "fork" or (start_method is None and in_ipython())
-    if forking and torch.cuda.is_available() and torch.cuda.is_initialized():
-        raise DistkitError("CUDA is already initialised in this process, and a forked child cannot "
-                           "use it: restart the kernel and start the processes before any cell "
-                           "touches the GPU")
-    threads = threads_per_process(nproc_per_node)
-    # ignite's launcher logs here, its auto_* helpers in the ranks: the caller prints what matters
-    with quiet_ignite_logs(), tempfile.TemporaryDirectory() as folder:
-        with idist.Parallel(backend=backend, nproc_per_node=nproc_per_node,
-                            master_port=free_port(), **spawn_kwargs) as parallel:
-            parallel.run(_record_worker, fn, folder, threads, args, kwargs)
+    Returned values must pickle. Processes start as every launcher of the kit starts them
+    (:func:`distkit.launch.start`): checked first (backend, port), threads pinned to each
+    process's share of the cores, collectives bounded by ``timeout_s``, a failed rank
+    reported in one line. They are forked where that is safe or under IPython (ignite's
+    default there), so ``fn`` may be defined in a notebook cell; elsewhere they may be
+    spawned and ``fn`` must be importable (defined in a module). ``start_method``
+    ("fork", "spawn") overrides."""
+    launch = check_launch(Config(backend=backend, nproc_per_node=nproc_per_node,
+                                 timeout_s=timeout_s).validate_processes(), spawning=True)
+    launch = prepare_fork(launch, start_method)
+    with tempfile.TemporaryDirectory() as folder:
+        start(launch, Reporter(folder=default_folder(), timeout_s=timeout_s), pinned, _record_worker,
+              launch.threads_per_process, fn, folder, args, kwargs, start_method=start_method)
         return _read_per_rank(folder, nproc_per_node)
 
 
@@ -73,8 +63,7 @@ def _read_per_rank(folder, nproc_per_node):
     return values
 
 
-def _record_worker(local_rank, fn, folder, threads, args, kwargs):
-    torch.set_num_threads(threads)  # never more threads than this process's share of cores
+def _record_worker(local_rank, fn, folder, args, kwargs):
     with quiet_ignite_logs():  # a spawned rank starts with ignite's default levels
         value = fn(local_rank, *args, **kwargs)
     # One file per rank (every backend can do that on one machine; XLA cannot gather objects).

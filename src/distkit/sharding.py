@@ -273,8 +273,16 @@ def expected_counts(dataset_size: int, world_size: int, per_rank_batch_size: int
     padding = max(0, per_rank * w - n)
     sampler_dropped = max(0, n - per_rank * w)
     per_rank_seen = (per_rank // b) * b if drop_last else per_rank
+    # Rank r reads positions r, r + w, ... of the padded list; the padding is its last
+    # ``padding`` positions, and the loader's drop_last drops each rank's last ones. A
+    # padding position that is dropped is a duplicate that never reaches the model; a
+    # real position that is dropped is a sample nobody sees.
+    dropped = [p for p in range(per_rank * w) if p // w >= per_rank_seen]
+    padding_seen = padding - sum(1 for p in dropped if p >= n)
+    unseen = sampler_dropped + sum(1 for p in dropped if p < n)
     return {"samples_per_rank": per_rank, "padding": padding, "sampler_dropped": sampler_dropped,
-            "seen_per_rank": per_rank_seen, "loader_dropped_per_rank": per_rank - per_rank_seen}
+            "seen_per_rank": per_rank_seen, "loader_dropped_per_rank": per_rank - per_rank_seen,
+            "padding_seen": padding_seen, "unseen": unseen}
 
 
 def shard_report(record: dict) -> dict:
@@ -335,6 +343,13 @@ def shard_report(record: dict) -> dict:
 _SET_EPOCH = {True: "called", False: "NOT called", None: "left to on_epoch"}
 
 
+def _expected_padding(exp: dict) -> str:
+    if exp["padding_seen"] == exp["padding"]:
+        return f"{exp['padding']} padding duplicate(s)"
+    return (f"{exp['padding']} padding duplicate(s) of which the loader's drop_last drops "
+            f"{exp['padding'] - exp['padding_seen']} ({exp['padding_seen']} seen)")
+
+
 def format_report(report: dict) -> str:
     """The report in plain words, a few lines."""
     exp = report["expected"]
@@ -342,8 +357,8 @@ def format_report(report: dict) -> str:
              f"{report['batch_size']} ({report['per_rank_batch_size']} per rank), drop_last="
              f"{report['drop_last']}, {report['sampler']} shuffle={report['shuffle']}, "
              f"set_epoch={_SET_EPOCH[report['set_epoch']]}",
-             f"expected: {exp['samples_per_rank']} samples per rank, {exp['padding']} padding "
-             f"duplicate(s), up to {exp['allowed_missing']} sample(s) dropped"]
+             f"expected: {exp['samples_per_rank']} samples per rank, " + _expected_padding(exp)
+             + f", {exp['unseen']} sample(s) unseen"]
     for ep in report["epochs"]:
         verdict = "ok" if ep["ok"] else "FAIL"
         line = (f"epoch {ep['epoch']}: per rank {ep['per_rank']}, coverage {ep['coverage']:.1%} "

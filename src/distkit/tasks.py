@@ -441,7 +441,7 @@ def load_task(spec: str) -> Task:
     if not sep or not module_name or not attr:
         raise DistkitError(f"--task {spec!r} is not module:attr: pass e.g. --task course:task "
                            "(course.py in the current folder) or --task path/to/course.py:task")
-    module = _import(spec, module_name)
+    module = import_spec(spec, module_name)
     if not hasattr(module, attr):
         raise DistkitError(f"--task {spec!r}: module {module.__name__!r} has no attribute {attr!r}: "
                            "name a Task defined at its top level")
@@ -470,7 +470,7 @@ def _named(task: Task, module=None, attr: str | None = None) -> Task:
     return task
 
 
-def _import(spec: str, module_name: str):
+def import_spec(spec: str, module_name: str):
     if module_name.endswith(".py") or os.sep in module_name or "/" in module_name:
         path = Path(module_name).expanduser().resolve()
         if not path.is_file():

@@ -371,10 +371,10 @@ def create_evaluator(model, criterion, config, task: Task | None = None):
         amp_mode="amp" if config.amp and idist.device().type == "cuda" else None)
 
 
-def resolve_run_dir(config) -> str:
-    """The launcher made the run folder already (spawn); under torchrun rank 0 makes it
-    and tells the others."""
-    run_dir = config.run_dir or ""
+def resolve_run_dir(config, run_dir: str | None = None) -> str:
+    """The run folder: ``run_dir`` if the launcher made it already (spawn, on node 0),
+    else rank 0 makes one under ``config.output_dir``; every rank learns its name."""
+    run_dir = run_dir or ""
     if idist.get_rank() == 0 and not run_dir:
         run_dir = make_run_dir(config.output_dir, idist.backend() or "none", idist.get_world_size())
     # Every rank takes part, even where the launcher set run_dir: with --nnodes 2 only
@@ -400,11 +400,13 @@ def replica_digests(model) -> list:
     return list(idist.all_gather(param_digest(model)))
 
 
-def training(local_rank: int, config, task: Task | None = None) -> dict | None:
+def training(local_rank: int, config, task: Task | None = None,
+             run_dir: str | None = None) -> dict | None:
     """Train ``task`` (default: ``config.task``, else the built-in task of
     ``config.dataset`` x ``config.model``) in this process, as one of
     ``idist.get_world_size()`` replicas. Returns the results on rank 0 (also written to
-    ``<run_dir>/results.json``), ``None`` on the other ranks.
+    ``<run_dir>/results.json``), ``None`` on the other ranks. ``run_dir``: the run folder
+    a launcher made for it (None: rank 0 makes one under ``config.output_dir``).
 
     Launchers call it; to start it yourself use :func:`distkit.launch.run`, which spawns
     processes or joins torchrun/SLURM. In one plain process (no process group)::
@@ -419,8 +421,19 @@ def training(local_rank: int, config, task: Task | None = None) -> dict | None:
         ['epoch', 'epoch_time_s', 'lr', 'train_loss', 'train_loss_iterations', 'val_accuracy', 'val_loss']
     """
     task = resolve_task(task if task is not None else config)
-    config.task_settings = task.configure(config).task_settings  # in place: launchers read config.run_dir
-    results = _train(local_rank, config, task)
+    config = task.configure(config)  # the task's own settings, complete and typed
+    config.check_batch_fits(idist.get_world_size())
+    run_dir = resolve_run_dir(config, run_dir)
+    try:
+        results = _train(local_rank, config, task, run_dir)
+    except BaseException as e:
+        # The failure says where it happened: the launcher's one line names the run's last
+        # checkpoint and puts the traceback there, and an empty folder is removed.
+        try:
+            e.distkit_run_dir = run_dir
+        except AttributeError:  # an exception type that takes no attributes
+            pass
+        raise
     # Free the trainer, the DDP model and the loaders (held by reference cycles) now, while
     # the interpreter and the process group are alive: left to the interpreter's exit,
     # gloo's pending work objects can abort a process that has finished its work
@@ -430,13 +443,10 @@ def training(local_rank: int, config, task: Task | None = None) -> dict | None:
     return results
 
 
-def _train(local_rank: int, config, task: Task) -> dict | None:
+def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     rank, world_size = idist.get_rank(), idist.get_world_size()
     show_bar = tracking.console(config)  # a bar only where someone watches; ignite's INFO lines if verbose
     torch.set_num_threads(config.threads_per_process or threads_per_process(ranks_on_this_host()))
-    config.check_batch_fits(world_size)
-    # kept on the config too: under torchrun the launcher removes it if the run fails empty
-    run_dir = config.run_dir = resolve_run_dir(config)
 
     train_loader, val_loader = get_dataflow(config, task.datasets(config), task.collate_fn)
     model, optimizer, criterion = initialize(config, task)

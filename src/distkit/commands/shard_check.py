@@ -107,14 +107,14 @@ def resolve(spec: str, flag: str):
     before any process starts. Returns ``(object, what it gave here)``."""
     from torch.utils.data import DataLoader, Dataset
 
-    from distkit.tasks import _import  # the same import rules as --task
+    from distkit.tasks import import_spec  # the same import rules as --task
 
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise DistkitError(f"{flag} {spec!r} is not module:attr: pass e.g. {flag} course:attr "
                            f"(course.py in the current folder) or {flag} path/to/course.py:attr")
     try:
-        module = _import(spec, module_name)
+        module = import_spec(spec, module_name)
     except DistkitError as e:
         raise DistkitError(str(e).replace("--task", flag)) from None
     if not hasattr(module, attr):

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from distkit.config import (BACKENDS, DATASET_DEFAULTS, DATASETS, LOGGERS, MODELS, STRATEGIES,
                             Config)
@@ -134,7 +135,8 @@ def main(args) -> int:
     # on one thread it never starts an OpenMP pool, so its workers fork safely at any count.
     torch.set_num_threads(1)
     results = run(config_from_args(args))
-    if results is not None:
+    # under torchrun / SLURM every rank gets rank 0's results: one summary, from rank 0
+    if results is not None and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
         if results.get("profile"):
             from distkit.profiling import write_csv
 

@@ -1,7 +1,5 @@
 """What each process sees and what processes cost: the helpers behind notebooks 01 and 02.
 
-- :func:`distkit.runner.run_per_rank` (re-exported here) starts N processes with
-  ``idist.Parallel`` and hands back what each rank returned, in rank order.
 - :func:`process_info`: what ``idist`` tells a process about itself. The collectives,
   ``one_rank_first`` and the ``auto_*`` helpers are typed in the notebooks' own cells.
 - :func:`oversubscription`: the cost of more busy processes than cores, measured.
@@ -9,7 +7,8 @@
 
 Example::
 
-    from distkit.lessons.collectives import run_per_rank, process_info
+    from distkit.lessons.collectives import process_info
+    from distkit.runner import run_per_rank
     seen = run_per_rank(process_info, nproc_per_node=2)
     assert [s["rank"] for s in seen] == [0, 1]
 """
@@ -22,7 +21,6 @@ import time
 import ignite.distributed as idist
 import torch
 
-from distkit.runner import run_per_rank  # noqa: F401  (notebooks import it from here)
 
 
 # --------------------------------------------------------------------------- per rank

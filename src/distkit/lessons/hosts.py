@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import weakref
 
 
 def unavailable() -> str | None:
@@ -31,6 +32,12 @@ def unavailable() -> str | None:
     if missing:
         return f"{' and '.join(missing)} not installed"
     return None
+
+
+def _remove(namespaces) -> None:
+    for ns in namespaces:  # deleting a namespace deletes its end of the pair
+        _ip("netns", "del", ns, check=False)
+        shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
 
 
 def _ip(*args, check=True):
@@ -53,6 +60,9 @@ class NamespaceHosts:
         why = unavailable()
         if why:
             raise RuntimeError(why)
+        # removed at the latest when this object goes or the interpreter exits (a failed
+        # notebook cell that never reaches close() leaves no namespaces behind)
+        self._finalizer = weakref.finalize(self, _remove, list(self.namespaces))
         try:
             for ns in self.namespaces:
                 _ip("netns", "add", ns)
@@ -74,9 +84,7 @@ class NamespaceHosts:
         self.close()
 
     def close(self) -> None:
-        for ns in self.namespaces:  # deleting a namespace deletes its end of the pair
-            _ip("netns", "del", ns, check=False)
-            shutil.rmtree(f"/etc/netns/{ns}", ignore_errors=True)
+        _remove(self.namespaces)
 
     def command(self, host: int, argv: list) -> list:
         """``argv`` run on ``host`` (0 or 1): in its namespace, under its own hostname."""

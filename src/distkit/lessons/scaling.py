@@ -94,7 +94,7 @@ def job_config(base: Config, job: Job, warmup_epochs: float, threads: int = 1) -
         batch_size=job.per_process_batch * job.world_size,
         scale_lr=job.scale_lr, warmup_epochs=warmup_epochs if job.scale_lr else 0.0,
         threads_per_process=threads,
-        progress_bar=False, nproc_per_node=job.world_size, run_dir=None)
+        progress_bar=False, nproc_per_node=job.world_size)
 
 
 # --- the cost of one step --------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The three XLA pitfalls of notebook 03, each as a function that produces its evidence.
 
-Run them in every rank (``distkit.lessons.collectives.run_per_rank(fn, n, backend)``);
+Run them in every rank (``distkit.runner.run_per_rank(fn, n, backend)``);
 :func:`initial_weights` runs on any backend, the other two need an XLA device.
 
 1. :func:`initial_weights`: replicas must start from identical weights. On gloo/nccl,

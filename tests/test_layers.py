@@ -197,3 +197,14 @@ def test_machine_module_imports_no_torch_or_ignite():
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_launch_imports_at_the_top():
+    """launch.py sits above everything it uses: nothing to dodge, so no import hides in a
+    function (there were 15, each dodging an import circle)."""
+    path = SRC / "distkit" / "launch.py"
+    tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
+    hidden = [f"src/distkit/launch.py:{node.lineno}" for node in ast.walk(tree)
+              if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top]
+    assert not hidden, f"imports inside functions: {hidden}"

@@ -15,15 +15,19 @@ import ctypes
 import json
 import multiprocessing
 import os
+import pickle
 import re
 import signal
 import sys
+import tempfile
 import threading
 import time
+from dataclasses import fields, is_dataclass
 from datetime import timedelta
 
 import ignite.distributed as idist
 import torch
+import torch.distributed as dist
 
 from distkit.checkpoint import (check_output_dir, latest_checkpoint_in, make_run_dir,
                                 remove_run_dir_if_empty)
@@ -138,8 +142,6 @@ def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, maste
         return [value] if all_ranks else value
     check_picklable("the training function and its arguments", (fn, args))
     launch = prepare_fork(launch)
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="distkit-results-") as folder:
         # no run folder here: the ranks' tracebacks go to one temporary folder of this launch
         start(launch, Reporter(folder=default_folder(), verbose=verbose,
@@ -164,8 +166,6 @@ def _shared_result(local_rank, fn, threads, all_ranks, *args):
     value = pinned(local_rank, fn, threads, *args)
     if idist.get_world_size() == 1 or idist.backend() == "xla-tpu":  # XLA: no object collectives
         return [value] if all_ranks else value
-    import torch.distributed as dist
-
     if all_ranks:
         values = [None] * idist.get_world_size()
         dist.all_gather_object(values, value)
@@ -177,8 +177,6 @@ def _shared_result(local_rank, fn, threads, all_ranks, *args):
 
 def _recorded(local_rank, fn, threads, folder, all_ranks, *args):
     """``fn`` in a spawned rank; its value written to ``folder`` (rank 0's, or every rank's)."""
-    import pickle
-
     value = pinned(local_rank, fn, threads, *args)
     if all_ranks or idist.get_rank() == 0:
         path = os.path.join(folder, f"rank{idist.get_rank()}.pkl")
@@ -189,8 +187,6 @@ def _recorded(local_rank, fn, threads, folder, all_ranks, *args):
 
 
 def _read_recorded(folder, launch, all_ranks):
-    import pickle
-
     def read(rank):
         path = os.path.join(folder, f"rank{rank}.pkl")
         if not os.path.exists(path):
@@ -467,8 +463,6 @@ def fork_threads(config):
     notebook may have, which :func:`openmp_pool_forks_cleanly` finds out."""
     if _threads(config) == 1 or openmp_pool_forks_cleanly():
         return config
-    import sys
-
     sys.stderr.write(
         f"distkit: this process already runs OpenMP threads, which a forked worker cannot use: "
         f"each worker runs 1 thread instead of {_threads(config)} (start the launch before "
@@ -480,9 +474,6 @@ def openmp_pool_forks_cleanly(timeout_s: float = 5.0) -> bool:
     """Fork a child that runs one parallel region on 2 threads: True if it ends within
     ``timeout_s`` (this process's OpenMP pool was never started, or survives a fork),
     False if it hangs (it is killed). About 10 ms when it ends."""
-    import signal
-    import time
-
     pid = os.fork()
     if pid == 0:  # the child: one OpenMP region, then leave without any clean-up
         code = 1
@@ -507,13 +498,9 @@ def check_spawned_can_import(what: str, objects) -> None:
     """Spawned processes import the functions they run by module and name; a function of
     ``python -c``, of standard input or of an interactive session has no module file to
     import. Refuse in one line before any process starts (forked processes need none)."""
-    import sys
-
     main = sys.modules.get("__main__")
     if getattr(main, "__file__", None) and os.path.exists(main.__file__):
         return
-    from dataclasses import fields, is_dataclass
-
     def callables(obj):
         if is_dataclass(obj) and not isinstance(obj, type):
             for f in fields(obj):

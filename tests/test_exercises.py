@@ -461,7 +461,7 @@ def attach_checkpointing(trainer, model, optimizer, dirname):
     ("07", "every rank writes the checkpoint files",
      [("DiskSaver(dirname, require_empty=False, atomic=True)",
        "DiskSaver(dirname, require_empty=False, atomic=True, save_on_rank=idist.get_rank())")],
-     r"rank [01] raised FileNotFoundError while the Checkpoint saved or removed a file .*more than "
+     r"rank [01] raised File(NotFound|Exists)Error while the Checkpoint saved or removed a file .*more than "
      r"one rank writes the same checkpoint files"),
     ("07", "only the model is loaded", '''
 def resume(trainer, model, optimizer, checkpoint_file):

@@ -58,17 +58,17 @@ def on_rank(dirname):
     report["uninterrupted"] = harness.flat_weights(model)
 
     trainer, model, optimizer, loader = setup(seed=0)
-    checkpoint = ex.attach_checkpointing(trainer, model, optimizer, dirname)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=STOP), lambda e: e.terminate())
     try:
+        checkpoint = ex.attach_checkpointing(trainer, model, optimizer, dirname)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=STOP), lambda e: e.terminate())
         trainer.run(loader, max_epochs=EPOCHS)
     except (FileNotFoundError, FileExistsError) as error:
         raise harness.ExerciseFailure(
             f"rank {idist.get_rank()} raised {type(error).__name__} while the Checkpoint saved or "
-            f"removed a file ({error}): more than one rank writes the same checkpoint files, and "
-            f"one deleted a file that another had already deleted. Create the Checkpoint on "
-            f"every rank but let ONE rank write: DiskSaver writes on rank 0 by default, so do "
-            f"not pass it save_on_rank=idist.get_rank()") from None
+            f"removed a file ({error}): more than one rank writes the same checkpoint files "
+            f"(and folder), and one created or deleted what another just had. Create the "
+            f"Checkpoint on every rank but let ONE rank write: DiskSaver writes on rank 0 by "
+            f"default, so do not pass it save_on_rank=idist.get_rank()") from None
     stopped_weights, stopped_momentum = harness.flat_weights(model), momentum(optimizer)
     report["returned"] = type(checkpoint).__name__
     last = checkpoint.last_checkpoint if isinstance(checkpoint, Checkpoint) else None

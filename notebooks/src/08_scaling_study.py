@@ -133,10 +133,9 @@ assert all(a - b > 0.1 for a, b in zip(val_losses[:-2], val_losses[1:-1]))  # ..
 # %% [markdown]
 # `distkit.training` stops the same way but wires it differently (see
 # `src/distkit/training.py`): from `Config.early_stopping_*` it builds
-# `EarlyStopping(patience=..., min_delta=..., score_function=..., trainer=trainer)`, with
-# `min_delta`, the older name of `threshold`, and attaches it to the **trainer's**
-# `EPOCH_COMPLETED`, after its own validation handler, scoring the negated validation
-# loss that handler just recorded. It also attaches the `PiecewiseLinear` above to the
+# `EarlyStopping(patience=..., threshold=..., score_function=..., trainer=trainer)` and
+# attaches it to the **evaluator's** `COMPLETED` (as ignite's examples do), scoring the
+# negated validation loss in `evaluator.state.metrics`. It also attaches the `PiecewiseLinear` above to the
 # trainer's `ITERATION_STARTED`.
 #
 # Now the study: `scaling.scaling_study` starts each world size once with

@@ -498,7 +498,7 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     # ignite's examples attach them: they cannot run before the validation they judge.
     if config.early_stopping_patience > 0:
         stopper = EarlyStopping(
-            patience=config.early_stopping_patience, min_delta=config.early_stopping_min_delta,
+            patience=config.early_stopping_patience, threshold=config.early_stopping_min_delta,
             score_function=score, trainer=trainer)
         evaluator.add_event_handler(Events.COMPLETED, stopper)
 

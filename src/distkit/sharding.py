@@ -274,12 +274,13 @@ def expected_counts(dataset_size: int, world_size: int, per_rank_batch_size: int
     sampler_dropped = max(0, n - per_rank * w)
     per_rank_seen = (per_rank // b) * b if drop_last else per_rank
     # Rank r reads positions r, r + w, ... of the padded list; the padding is its last
-    # ``padding`` positions, and the loader's drop_last drops each rank's last ones. A
-    # padding position that is dropped is a duplicate that never reaches the model; a
-    # real position that is dropped is a sample nobody sees.
-    dropped = [p for p in range(per_rank * w) if p // w >= per_rank_seen]
-    padding_seen = padding - sum(1 for p in dropped if p >= n)
-    unseen = sampler_dropped + sum(1 for p in dropped if p < n)
+    # ``padding`` positions, and the loader's drop_last drops each rank's last ones: the
+    # positions [per_rank_seen * w, per_rank * w). A padding position (>= n) that is
+    # dropped is a duplicate that never reaches the model; a real position (< n) that is
+    # dropped is a sample nobody sees. Counted, not listed: a billion samples cost nothing.
+    first_dropped, end = per_rank_seen * w, per_rank * w
+    padding_seen = padding - max(0, end - max(n, first_dropped))
+    unseen = sampler_dropped + max(0, min(n, end) - first_dropped)
     return {"samples_per_rank": per_rank, "padding": padding, "sampler_dropped": sampler_dropped,
             "seen_per_rank": per_rank_seen, "loader_dropped_per_rank": per_rank - per_rank_seen,
             "padding_seen": padding_seen, "unseen": unseen}

@@ -1,5 +1,12 @@
 """Checks for exercise 08: two accumulated steps on 2 processes against two plain steps
-on the whole global batch, and the number of gradient exchanges DDP made."""
+on the whole global batch in one process, bit for bit, and the number of gradient
+exchanges DDP made.
+
+The weights must EQUAL the single-process reference (``torch.equal`` in fp32, as university
+autograders for distributed training compare), not merely come close: the check chooses its
+model, loss, data and learning rate so that every number on the way is a dyadic rational
+with few bits, which fp32 holds exactly, so the order in which the ranks, DDP and the
+micro-batches add things up cannot change a single bit. See ``make_model``."""
 import pytest
 import torch
 import torch.nn as nn
@@ -11,21 +18,55 @@ pytestmark = pytest.mark.ex08
 MICRO = 4  # micro-batches per process and step
 MICRO_SIZE = 2
 STEPS = 2
+OUT = 4  # outputs per sample: the MSE's mean divides by MICRO_SIZE * OUT, a power of two
+LR = 0.25  # a power of two: the update lr * gradient adds no bits
 
 
-def make_model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+def make_model(dtype=torch.float32):
+    """One linear layer with weights k/8 (k = -4..4). Why not a hidden layer with a Tanh
+    and cross-entropy (as this check had): tanh and softmax round (their results have no
+    short binary form), and a step's gradient is a sum over the samples that the ranks and
+    the micro-batches add up in another order than one process does, so the weights
+    differed in the last bits (1.5e-8 after step 1, 3e-8 after step 2, replayed on one
+    machine). A product of two trained weights (a second layer) would need about twice the
+    bits after one step, more than fp32's 24. Linear in its weights, with integer inputs
+    and targets, an MSE over a power-of-two count and a power-of-two learning rate, the
+    weights after two steps are multiples of 2**-19 below 2 (measured: 17 fractional bits
+    for the right answer, 19 for a replayed mistake), so no product or sum on the way
+    needs more than fp32's 24 bits and none rounds, in any order: the same steps in float64
+    give the same weights (``reference_weights`` asserts it)."""
+    g = torch.Generator().manual_seed(0)
+    model = nn.Linear(6, OUT).to(dtype)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randint(-4, 5, p.shape, generator=g) / 8)
+    return model
 
 
-def batches(rank, world_size, step):
+def batches(rank, world_size, step, dtype=torch.float32):
     """This rank's micro-batches for ``step``; the same seed on every rank, so every rank
-    can also build the global batch."""
+    can also build the global batch. Integer inputs and targets in -2..2 (see
+    ``make_model``)."""
     g = torch.Generator().manual_seed(1000 + step)
-    x = torch.randn(world_size * MICRO * MICRO_SIZE, 6, generator=g)
-    y = torch.randint(0, 3, (len(x),), generator=g)
+    x = torch.randint(-2, 3, (world_size * MICRO * MICRO_SIZE, 6), generator=g).to(dtype)
+    y = torch.randint(-2, 3, (len(x), OUT), generator=g).to(dtype)
     mine = range(rank * MICRO * MICRO_SIZE, (rank + 1) * MICRO * MICRO_SIZE, MICRO_SIZE)
     return [(x[i:i + MICRO_SIZE], y[i:i + MICRO_SIZE]) for i in mine], (x, y)
+
+
+def _plain_steps(world_size, mistake, dtype):
+    model = make_model(dtype)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    factor = {"unscaled": MICRO, "per_process": 1 / world_size}.get(mistake, 1)
+    after = []
+    for step in range(STEPS):
+        _, (x, y) = batches(0, world_size, step, dtype)
+        if mistake != "not_zeroed":
+            optimizer.zero_grad()
+        (factor * nn.functional.mse_loss(model(x), y)).backward()
+        optimizer.step()
+        after.append(harness.flat_weights(model))
+    return after
 
 
 def reference_weights(world_size, mistake=None):
@@ -36,17 +77,13 @@ def reference_weights(world_size, mistake=None):
     number: the gradient is MICRO times the mean's), ``"per_process"`` (divided by the
     number of processes too, which DDP already averages over), ``"not_zeroed"`` (the
     previous step's gradients added in)."""
-    model = make_model()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    factor = {"unscaled": MICRO, "per_process": 1 / world_size}.get(mistake, 1)
-    after = []
-    for step in range(STEPS):
-        _, (x, y) = batches(0, world_size, step)
-        if mistake != "not_zeroed":
-            optimizer.zero_grad()
-        (factor * nn.functional.cross_entropy(model(x), y)).backward()
-        optimizer.step()
-        after.append(harness.flat_weights(model))
+    after = _plain_steps(world_size, mistake, torch.float32)
+    # The bitwise comparison is fair only if fp32 rounded nothing: the same steps in
+    # float64 must give the same numbers (a change of model, data or lr that breaks it
+    # fails here, in the check, not in the learner's answer).
+    exact = _plain_steps(world_size, mistake, torch.float64)
+    assert all(torch.equal(a.double(), b) for a, b in zip(after, exact)), \
+        f"check bug: the reference steps ({mistake or 'right'}) are not exact in fp32"
     return after
 
 
@@ -76,7 +113,7 @@ def accumulate(ex, model, rank, world_size, collectives=None):
     ``collectives`` (a dict) gets the collectives the learner's code ran itself."""
     from distkit.lessons.sharded import CommCounter
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     stepped = []
     optimizer.register_step_post_hook(lambda *_: stepped.append(1))  # counts optimizer.step()
     after, steps_per_call = [], []
@@ -84,7 +121,7 @@ def accumulate(ex, model, rank, world_size, collectives=None):
         micro, _ = batches(rank, world_size, step)
         before = len(stepped)
         with CommCounter() as comm:  # the learner's own collectives (DDP's run in its hooks)
-            ex.accumulation_step(model, optimizer, nn.CrossEntropyLoss(), micro)
+            ex.accumulation_step(model, optimizer, nn.MSELoss(), micro)
         if collectives is not None:
             for kind, n in comm.calls.items():
                 collectives[kind] = collectives.get(kind, 0) + n
@@ -116,23 +153,24 @@ def on_rank():
 
 
 def compare(weights, world_size, where):
-    """``weights``: the learner's weights after each step."""
+    """``weights``: the learner's weights after each step; they must equal the reference's
+    bit for bit (see the module's docstring)."""
     reference = reference_weights(world_size)
     for step, (got, want) in enumerate(zip(weights, reference)):
-        diff = (got - want).abs().max().item()
-        if diff <= 1e-5:
+        if torch.equal(got, want):
             continue
+        diff = (got - want).abs().max().item()
         why = ""
         for mistake, explanation in MISTAKES.items():
             if mistake == "per_process" and world_size == 1:
                 continue  # the same as the right answer in one process
             replay = reference_weights(world_size, mistake)
-            if all((a - b).abs().max().item() <= 1e-5 for a, b in zip(weights, replay)):
+            if all(torch.equal(a, b) for a, b in zip(weights, replay)):
                 why = " " + explanation
                 break
         else:
             before = harness.flat_weights(make_model()) if step == 0 else reference[step - 1]
-            if (got - before).abs().max().item() == 0:
+            if torch.equal(got, before):
                 why = (" The weights did not change: call optimizer.step() after the backward "
                        "passes.")
             else:
@@ -141,7 +179,8 @@ def compare(weights, world_size, where):
                        "every micro-batch of the list is used.")
         raise harness.ExerciseFailure(
             f"{where}, the weights after accumulated step {step + 1} differ from those after "
-            f"one step on the whole batch at once (largest difference {diff:.3g}).{why}")
+            f"one step on the whole batch at once in one process (largest difference "
+            f"{diff:.3g}; with this check's numbers fp32 is exact, so they must be EQUAL).{why}")
 
 
 def test_one_process_plain_model():
@@ -163,8 +202,8 @@ def test_one_process_plain_model():
 def test_two_processes_exchange_once_and_match_a_large_batch():
     ranks = harness.run_ranks(on_rank)
     check_steps(ranks[0]["steps"], "with 2 processes")
-    diff = (ranks[0]["weights"][-1] - ranks[1]["weights"][-1]).abs().max().item()
-    if diff > 1e-6:
+    if not torch.equal(ranks[0]["weights"][-1], ranks[1]["weights"][-1]):
+        diff = (ranks[0]["weights"][-1] - ranks[1]["weights"][-1]).abs().max().item()
         raise harness.ExerciseFailure(
             f"after the steps, rank 0 and rank 1 hold different weights (largest difference "
             f"{diff:.3g}): the gradients were never exchanged; run the LAST micro-batch's "

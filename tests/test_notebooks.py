@@ -40,7 +40,8 @@ REQUIRED_CALLS = {
            "PrepareModuleInput", "CommDebugMode"],
     "13": ["dist.batch_isend_irecv", "dist.P2POp", "F.scaled_dot_product_attention", "FlopCounterMode"],
     "14": ["init_device_mesh", "parallelize_module", "ColwiseParallel", "RowwiseParallel", "PipelineStage",
-           "ScheduleGPipe", "fully_shard", "idist.auto_model", "Engine", "engine.run", "dist.all_reduce"],
+           "ScheduleGPipe", "fully_shard", "idist.auto_model", "Engine", "engine.run", "dist.all_reduce",
+           "SequenceParallel", "PrepareModuleInput", "full_tensor"],
 }
 # Notebooks whose cells leave files behind (runs, checkpoints, CSVs, in temporary folders
 # of their own): each must run twice in the same folder with the same outcome. (01 writes

@@ -270,8 +270,8 @@ class SampleCount(Metric):
     def compute(self):
         return int(self._count.item())
 
-
-torch.manual_seed(0)
+# %%
+torch.manual_seed(0)  # the small model with BatchNorm, trained for a moment in this process
 net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
                           torch.nn.ReLU(), torch.nn.Linear(32, 10))
 opt = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -283,6 +283,8 @@ for step in range(40):  # a few plain steps: a model that is right about 80-90% 
     torch.nn.functional.cross_entropy(net(train_x[batch]), train_y[batch]).backward()
     opt.step()
 net.eval()
+
+# %%
 val101 = Subset(digits, range(101))
 
 

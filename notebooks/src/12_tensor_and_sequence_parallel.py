@@ -143,7 +143,7 @@ def split_block(local_rank):
                              if p in ("attn.q.weight", "attn.proj.weight", "mlp.fc.weight", "mlp.proj.weight")}}
     return out
 
-
+# %%
 ranks = run_per_rank(split_block, TP, "gloo")
 TOL = 1e-5  # float32: the split sums in another order than one matrix product does
 for rank, r in enumerate(ranks):

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from ignite.engine import Engine, Events
 
 from distkit.data import text_datasets, text_vocab
+from distkit.lessons.pipeline import ActivationMeter
 from distkit.lessons.sharded import CommCounter, format_table, state_bytes
 from distkit.models import GPT
 from distkit.runner import run_per_rank
@@ -81,11 +82,12 @@ def train(step, model, optimizer):
         times.append(time.perf_counter() - engine.state.t0)
         losses.append(engine.state.output)
 
-    with CommCounter() as comm:
+    with CommCounter() as comm, ActivationMeter(model.parameters()) as kept:
         engine.run(BATCHES, max_epochs=1)
     return {"losses": losses, "step_s": statistics.median(times[1:]),  # the first step warms up
             "comm_calls": {k: v / STEPS for k, v in comm.calls.items()},
-            "comm_bytes": comm.total() / STEPS, "state": state_bytes(model, optimizer)["total"]}
+            "comm_bytes": comm.total() / STEPS, "state": state_bytes(model, optimizer)["total"],
+            "activations": kept.peak}
 
 
 criterion = TokenCrossEntropy()  # cross entropy over (B*T, vocabulary)
@@ -151,7 +153,7 @@ def average_gradients(model, group):
         dist.all_reduce(grad, group=group)
         grad /= size
 
-
+# %%
 def data_tensor(local_rank, shape=(2, 2)):
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("data", "tensor"))
     data, mine = mesh["data"].get_group(), mesh["data"].get_local_rank()
@@ -208,7 +210,7 @@ def pipeline_stage(model, index):
         model.tok_emb = model.pos_emb = None
     return model
 
-
+# %%
 def data_pipeline(local_rank, shape=(2, 2)):
     mesh = init_device_mesh("cpu", shape, mesh_dim_names=("data", "pipeline"))
     data, mine = mesh["data"].get_group(), mesh["data"].get_local_rank()
@@ -280,10 +282,10 @@ assert reference["losses"][-1] < reference["losses"][0] - 0.5  # and it learns
 #
 # ## 6. Every strategy, on the same model and batches
 #
-# For the table, the same training with every strategy of notebooks 10–12 that splits the
-# model's weights or the batch, on 2 processes, and the two meshes above on 4. (Sequence
-# and context parallel, notebooks 12 and 13, split the *activations* along the sequence:
-# they pay off for long sequences, and are measured in those notebooks on the same block.)
+# For the table, the same training with every strategy of notebooks 10–13 on 2
+# processes, and the two meshes above on 4. Sequence and context parallel (notebooks 12
+# and 13) split the *activations* along the sequence; here they train the whole GPT,
+# and their loss curves are checked against one process like the others.
 #
 # - DDP: `idist.auto_model` (DistributedDataParallel), each rank half the batch;
 # - FSDP: `fully_shard` on every block, then on the model (notebook 10);
@@ -315,13 +317,130 @@ def data_parallel(local_rank, strategy):
 
     return train(step, model, optimizer)
 
+# %% [markdown]
+# - TP + SP: notebook 12's plan (norms `SequenceParallel`, the attention's and MLP's
+#   inputs all-gathered, their outputs reduce-scattered), plus the two ends of the
+#   sequence-parallel region, on the whole model: block 0 takes its rank's half of the
+#   tokens of the embeddings' output, and `ln_f` all-gathers them back for the head.
 
+# %%
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+
+GATHER = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+SEQUENCE_PLAN = TENSOR_PLAN | {"ln1": SequenceParallel(), "ln2": SequenceParallel(), "attn": GATHER, "mlp": GATHER,
+                               "attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+                               "mlp.proj": RowwiseParallel(output_layouts=Shard(1))}
+ENDS = {"blocks.0": PrepareModuleInput(input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),),
+                                       use_local_output=True),
+        "ln_f": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                   use_local_output=True)}
+
+
+def sequence_parallel(local_rank):
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = make_gpt()
+    for block in model.blocks.values():
+        parallelize_module(block, mesh, SEQUENCE_PLAN)
+    parallelize_module(model, mesh, ENDS)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+
+    def step(batch):
+        x, y = batch  # every rank the whole batch; the blocks see their rank's tokens only
+        loss = criterion(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return train(step, model, optimizer)
+
+# %% [markdown]
+# - CP: every layer on the rank's own positions, notebook 13's zig-zag split (rank r
+#   keeps chunks r and 2N − 1 − r of 2N); the attention's keys and values are
+#   all-gathered from every rank (the rotation torch's own `context_parallel` uses by
+#   default; notebook 13's ring passes the same blocks point to point, forward only).
+#   As a `DTensor` sharded on the sequence, `full_tensor()` is that all-gather, and
+#   `grad_placements=[Partial()]` says what its gradient is: each rank's queries add
+#   their part to every key's gradient, so the backward reduce-scatters the parts back
+#   to the rank that holds the key. The weights see only their rank's tokens, so their
+#   gradients are averaged as data parallel's are.
+
+# %%
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor, Partial
+
+
+def zigzag(rank, n, seq):
+    size = seq // (2 * n)
+    return torch.cat([torch.arange(rank * size, (rank + 1) * size),
+                      torch.arange((2 * n - 1 - rank) * size, (2 * n - rank) * size)])
+
+
+class ContextParallelAttention(torch.nn.Module):
+    """A block's attention (its own q, k, v, proj) for the queries at positions ``mine``,
+    against the keys and values of every rank, gathered in rank order (``order``)."""
+
+    def __init__(self, attn, mesh, mine, order):
+        super().__init__()
+        self.attn, self.mesh, self.mine, self.order = attn, mesh, mine, order
+
+    def gather(self, t):  # (B, T/N, D) on each rank -> (B, T, D); backward: reduce-scatter
+        return DTensor.from_local(t, self.mesh, [Shard(1)]).full_tensor(grad_placements=[Partial()])
+
+    def forward(self, x):
+        a, (B, T, _) = self.attn, x.shape
+
+        def heads(t):
+            return t.view(B, t.shape[1], -1, a.head_dim).transpose(1, 2)
+
+        k, v = self.gather(a.k(x)), self.gather(a.v(x))
+        causal = self.order[None, :] <= self.mine[:, None]  # key position ≤ query position
+        y = F.scaled_dot_product_attention(heads(a.q(x)), heads(k), heads(v), attn_mask=causal)
+        return a.proj(y.transpose(1, 2).reshape(B, T, -1))
+
+# %%
+def context_parallel(local_rank):
+    rank, n = dist.get_rank(), dist.get_world_size()
+    mesh = init_device_mesh("cpu", (n,))
+    mine = zigzag(rank, n, SEQ)
+    order = torch.cat([zigzag(r, n, SEQ) for r in range(n)])
+    model = make_gpt()
+    for block in model.blocks.values():
+        block.attn = ContextParallelAttention(block.attn, mesh, mine, order)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+
+    def forward(x):  # the GPT's forward, on this rank's positions
+        h = model.tok_emb(x) + model.pos_emb(mine)
+        for block in model.blocks.values():
+            h = block(h)
+        return model.head(model.ln_f(h))
+
+    def step(batch):
+        x, y = (t[:, mine] for t in batch)
+        loss = criterion(forward(x), y)  # the mean over this rank's tokens
+        optimizer.zero_grad()
+        loss.backward()
+        average_gradients(model, dist.group.WORLD)
+        optimizer.step()
+        return idist.all_reduce(loss.item()) / n
+
+    return train(step, model, optimizer)
+
+# %%
 runs = {"one process": [reference],
         "DDP": run_per_rank(data_parallel, 2, "gloo", "DDP"),
         "FSDP": run_per_rank(data_parallel, 2, "gloo", "FSDP"),
         "TP": run_per_rank(data_tensor, 2, "gloo", (1, 2)),
+        "TP + SP": run_per_rank(sequence_parallel, 2, "gloo"),
+        "CP (zig-zag)": run_per_rank(context_parallel, 2, "gloo"),
         "PP (GPipe, 2 micro-batches)": run_per_rank(data_pipeline, 2, "gloo", (1, 2)),
         "data × tensor (2 × 2)": dp_tp, "data × pipeline (2 × 2)": dp_pp}
+for name in ("TP + SP", "CP (zig-zag)"):
+    for rank, r in enumerate(runs[name]):
+        diff = max(abs(a - b) for a, b in zip(r["losses"], reference["losses"]))
+        print(f"{name}, rank {rank}: max |loss − one process's| over {STEPS} steps = {diff:.1e}")
+        assert diff <= LOSS_TOL, (name, diff)
 
 # %%
 def kib(b):
@@ -333,6 +452,8 @@ PICK = {
     "DDP": "the model, its gradients and optimizer state fit on every device: the simplest, one all-reduce of 4Ψ a step",
     "FSDP": "that state does not fit: 1/N of it per rank, for more traffic (weights all-gathered, gradients reduce-scattered)",
     "TP": "one layer is too big or too slow for a device; fast links (an all-reduce of activations every block, forward and backward)",
+    "TP + SP": "wherever TP is used: TP's weights, and the norms' activations split too, for more (smaller) collectives",
+    "CP (zig-zag)": "sequences too long for one rank's activations: its positions only, for moving keys, values and gradients",
     "PP (GPipe, 2 micro-batches)": "the layers do not fit on one device and links are slow: only activations at the cut cross, but stages idle in the bubble",
     "data × tensor (2 × 2)": "TP inside a node (fast links), data parallel across nodes",
     "data × pipeline (2 × 2)": "PP across nodes or slow links, data parallel over the copies",
@@ -342,7 +463,8 @@ for name, ranks in runs.items():
     r0 = ranks[0]
     table.append({"strategy": name, "processes": len(ranks),
                   "state / rank (largest)": kib(max(r["state"] for r in ranks)),
-                  "sent+received / step (rank 0)": kib(r0["comm_bytes"]),
+                  "activations / rank (largest)": kib(max(r["activations"] for r in ranks)),
+                  "collective payload / step (rank 0)": kib(r0["comm_bytes"]),
                   "collectives / step": f"{sum(r0['comm_calls'].values()):.1f}",
                   "step time": f"{1000 * max(r['step_s'] for r in ranks):.0f} ms",
                   "pick it when": PICK[name]})
@@ -350,8 +472,11 @@ print(format_table(table, list(table[0])))
 
 # %% [markdown]
 # The columns: the largest state any rank holds (parameters, gradients and AdamW's two
-# moments, fp32: 16 bytes per parameter it holds); the payload of rank 0's collectives
-# and sends per step, and how many there were; the slowest rank's median step time (on 4
+# moments, fp32: 16 bytes per parameter it holds); the most bytes autograd held for the
+# backward at once on any rank (`ActivationMeter`, as in notebook 12; the parameters it
+# is given are not counted, so FSDP's all-gathered weights, which its layers save for
+# the backward, are); the payload of rank 0's collectives and sends per step, and how
+# many there were; the slowest rank's median step time (on 4
 # processes sharing this machine's cores, and whatever else runs on them: a time, not a
 # verdict). What must hold, whatever the load:
 
@@ -375,6 +500,31 @@ calls = {name: sum(ranks[0]["comm_calls"].values()) for name, ranks in runs.item
 assert all(calls["TP"] > calls[name] for name in ("DDP", "FSDP", "PP (GPipe, 2 micro-batches)"))
 
 # %% [markdown]
+# And for the two strategies that split the sequence (on 2 processes, each with the
+# whole batch, as TP):
+
+# %%
+kept = {name: max(r["activations"] for r in ranks) for name, ranks in runs.items()}
+SP, CP = "TP + SP", "CP (zig-zag)"
+for name in ("TP", SP, CP):
+    print(f"{name:13} collectives per step on rank 0: "
+          + ", ".join(f"{kind} ×{n:g}" for kind, n in sorted(runs[name][0]["comm_calls"].items())))
+# notebook 12's count: each norm keeps its input (B, T, D) and a mean and 1/std per token (B, T)
+norms = LAYERS * 2 * (GLOBAL_BATCH * SEQ * DIM + 2 * GLOBAL_BATCH * SEQ) * 4
+print(f"activations: TP {kib(kept['TP'])}, TP + SP {kib(kept[SP])} (the norms' share (N−1)/N: "
+      f"{kib(norms // 2)}), CP {kib(kept[CP])}, one process {kib(kept['one process'])}")
+assert state[SP] == state["TP"]  # SP splits no weight
+assert kept["TP"] - kept[SP] == norms // 2  # to the byte
+assert calls[SP] > calls["TP"]
+assert state[CP] == full  # every rank holds the whole model, as in DDP
+assert kept[CP] < kept[SP] < kept["TP"] < kept["one process"]
+assert kept[CP] < 0.6 * kept["one process"]  # its half of the positions, plus every layer's K and V
+# K and V of every layer, gathered forward, their gradients reduce-scattered backward
+assert {k: runs[CP][0]["comm_calls"][k] for k in ("all_gather", "reduce_scatter")} == {
+    "all_gather": 2 * LAYERS, "reduce_scatter": 2 * LAYERS}
+assert comm[CP] > comm["DDP"]  # DDP's gradient all-reduce, and the keys and values
+
+# %% [markdown]
 # What the table shows, for this model:
 #
 # - **DDP** holds all 16Ψ on every rank and all-reduces 4Ψ bytes of gradients a step;
@@ -383,7 +533,22 @@ assert all(calls["TP"] > calls[name] for name in ("DDP", "FSDP", "PP (GPipe, 2 m
 # - **Tensor parallel** holds the blocks' weights in halves; the embeddings, norms and
 #   head stay whole (asserted: less than 16Ψ, the same with or without the data
 #   dimension). It pays with collectives inside every block, forward and backward: more
-#   calls than any other strategy on 2 processes (asserted), each on the critical path.
+#   calls than DDP, FSDP or PP (asserted), each on the critical path.
+# - **TP + SP** holds exactly TP's state (asserted) and splits what TP leaves whole, the
+#   norms' saved activations: fewer bytes kept by exactly their share, 2 norms × L ×
+#   (B·T·D + 2·B·T) × 4 × (N−1)/N (asserted to the byte), for more collectives than TP
+#   (asserted): each all-reduce becomes an all-gather and a reduce-scatter, plus the two
+#   ends of the sequence-parallel region. Use it wherever TP is used.
+# - **CP** holds the whole model on every rank, as DDP (asserted: 16Ψ) and keeps the
+#   fewest activations of the strategies that give a rank the whole batch (asserted: less
+#   than TP + SP's, under 60% of one process's: its half of the positions, plus every
+#   layer's gathered keys and values). It moves DDP's gradient all-reduce *and* the keys
+#   and values of every layer, forward (one all-gather each, asserted: 2L per step) and
+#   their gradients backward (one reduce-scatter each, asserted), more than DDP (asserted).
+#   Pick it for sequences whose activations do not fit even under TP + SP; on GPUs the
+#   ring of notebook 13 hides the transfers behind the attention's compute. (The
+#   collectives count high here because this notebook averages the gradients one
+#   parameter at a time, where DDP sends them in buckets.)
 # - **Pipeline parallel** holds one stage's weights and sends only the activation at the
 #   cut and its gradient (asserted: within 2% of 2 × 8 × 64 × 64 × 4 bytes; the rest is
 #   the shapes a new stage sends once), less than a gradient all-reduce here (asserted

@@ -246,6 +246,15 @@ def average_across_ranks(value):
         'optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])\n'
         '    idist.auto_optim(torch.optim.SGD(model.parameters(), lr=config["lr"]))')],
      r"on rank 0 the optimizer idist.auto_optim returned never stepped"),
+    ("02", "the learning rate scaled by the world size (exercise 06's rule)",
+     [('torch.optim.SGD(model.parameters(), lr=config["lr"])',
+       'torch.optim.SGD(model.parameters(), lr=config["lr"] * idist.get_world_size())')],
+     r"after ONE step of training on 2 processes .*rank 0's step is 2x the one plain SGD takes "
+     r"on the whole batch in one process: you scaled the learning rate by the world size"),
+    ("02", "the loss summed over the batch", [(
+        "model, optimizer, nn.CrossEntropyLoss()", 'model, optimizer, nn.CrossEntropyLoss(reduction="sum")')],
+     r"rank 0's step is 8x the one plain SGD takes on the whole batch in one process: the loss "
+     r"is SUMMED over the 8 samples of each rank's batch"),
     # 03 sharding
     ("03", "the same shuffled DataLoader on every rank", '''
 def make_train_loader(dataset, global_batch_size, seed=0):

@@ -3,7 +3,20 @@
 Each rank trains on a dataset that records which samples it hands out, in which order,
 then reports them with its final weights; the parent compares the ranks and the epochs.
 The check also notes whether ``idist.auto_optim`` was called (ignite's own function
-still runs): on CPUs it returns the optimizer unchanged, so nothing else would show it."""
+still runs): on CPUs it returns the optimizer unchanged, so nothing else would show it.
+
+Then each rank calls ``training`` once more for ONE step (one epoch of a dataset that is
+exactly one global batch), and rank 0's weights must EQUAL (``torch.equal``, fp32) those
+after one step of plain SGD on the whole batch in one process, as university autograders
+for distributed training compare. The learner's model (a ReLU MLP) and loss
+(``nn.CrossEntropyLoss``) are fixed, and softmax rounds, so only this one step can be
+exact: the check gives ``make_model()``'s layers weights k/8 and the LAST layer zeros, so
+every logit is 0 and softmax is exactly 1/4; the inputs are integers, the batch 16 and the
+lr 1/4, so every product and sum is a short dyadic number and the order in which DDP and
+the ranks add up cannot change a bit (the parent asserts the float64 twin gives the same
+weights). The zero last layer sends no gradient to the first layer in that step, so the
+first layer is compared trivially; the training run before it, over several steps,
+compares the ranks with each other, where softmax rounds."""
 import copy
 import functools
 
@@ -88,6 +101,7 @@ def on_rank():
             f"training returned {type(returned).__name__}; return the pair (model, train_loader)")
     model, loader = returned
     return {
+        "exact_step": exact_step(ex, idist.get_local_rank()),
         "fetched": list(dataset.fetched),
         "batch_size": getattr(loader, "batch_size", None),
         "weights": harness.flat_weights(model),
@@ -103,6 +117,116 @@ def on_rank():
 def _counted_step(step, optimizer, steps, which, *args, **kwargs):
     steps[which] += 1
     return step(optimizer, *args, **kwargs)
+
+
+EXACT_LR = 0.25  # a power of two: lr * gradient adds no bits
+EXACT_BATCH = 16  # one global batch, 8 per rank: the means divide by powers of two
+
+
+def dyadic(model):
+    """``model`` with every weight k/8 (k = -4..4) and its last linear layer zero, so that
+    one step of SGD with cross-entropy is exact in fp32 (see the module's docstring)."""
+    g = torch.Generator().manual_seed(0)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randint(-4, 5, p.shape, generator=g) / 8)
+        for p in linears[-1].parameters():
+            p.zero_()
+    return model
+
+
+def exact_data():
+    """Integer images in -2..2 and 4 balanced classes: one global batch."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(-2, 3, (EXACT_BATCH, 1, 4, 4), generator=g).float()
+    return torch.utils.data.TensorDataset(x, torch.arange(EXACT_BATCH) % 4)
+
+
+def exact_step(ex, local_rank):
+    """Rank's weights after ``training`` ran one step on ``exact_data`` from ``dyadic``
+    weights (``make_model`` is swapped for the run; ``training`` looks it up at call
+    time), and the weights it started from."""
+    given = ex.make_model
+    start = []
+
+    def make_model():
+        model = dyadic(given())
+        start.append(harness.flat_weights(model))
+        return model
+
+    ex.make_model = make_model
+    try:
+        config = {"dataset": exact_data(), "batch_size": EXACT_BATCH, "lr": EXACT_LR,
+                  "epochs": 1}
+        returned = ex.training(local_rank, config)
+    finally:
+        ex.make_model = given
+    model = returned[0] if isinstance(returned, tuple) else returned
+    return {"after": harness.flat_weights(model), "start": start[0] if start else None}
+
+
+def one_process_step(make_model, dtype):
+    """The reference: one step of plain SGD on the whole batch, in one process."""
+    model = dyadic(make_model()).to(dtype)
+    x, y = exact_data().tensors
+    optimizer = torch.optim.SGD(model.parameters(), lr=EXACT_LR)
+    torch.nn.functional.cross_entropy(model(x.to(dtype)), y).backward()
+    optimizer.step()
+    return harness.flat_weights(model)
+
+
+def compare_with_one_process(r, world_size):
+    """Rank 0's weights after the exact step against the one-process reference."""
+    where = (f"after ONE step of training on {world_size} processes (epochs=1, a dataset of "
+             f"exactly one global batch of {EXACT_BATCH}, lr={EXACT_LR})")
+    if r["start"] is None:
+        raise harness.ExerciseFailure(
+            f"{where}, training never called make_model(): build the model with "
+            f"idist.auto_model(make_model())")
+    make_model = harness.load("02").make_model
+    want = one_process_step(make_model, torch.float32)
+    # The bitwise comparison is fair only if fp32 rounded nothing: the float64 twin must
+    # give the same numbers (a change of model or data that breaks it fails here).
+    assert torch.equal(want.double(), one_process_step(make_model, torch.float64)), \
+        "check bug: the one-process reference step is not exact in fp32"
+    got, start = r["after"], r["start"]
+    if torch.equal(got, want):
+        return
+    moved, should = got - start, want - start  # exact: short dyadic numbers
+    if torch.equal(got, start):
+        raise harness.ExerciseFailure(
+            f"{where}, rank 0's weights did not change: the optimizer must be built on "
+            f"model.parameters() of the model idist.auto_model returned, and the trainer must "
+            f"step it")
+    i = int(should.abs().argmax())
+    ratio = (moved[i] / should[i]).item()
+    named = {
+        float(world_size): (
+            f"you scaled the learning rate by the world size ({world_size}), or summed the "
+            f"ranks' gradients instead of averaging them. config['lr'] is the learning rate "
+            f"for the GLOBAL batch, and DDP's averaged gradient already equals the whole "
+            f"batch's: use lr=config['lr'] as it is"),
+        1 / world_size: (
+            f"you divided the learning rate (or the loss) by the world size ({world_size}), "
+            f"but DDP already AVERAGES the gradients over the processes: use lr=config['lr'] "
+            f"and nn.CrossEntropyLoss() as they are"),
+        float(EXACT_BATCH // world_size): (
+            f"the loss is SUMMED over the {EXACT_BATCH // world_size} samples of each rank's "
+            f"batch, not averaged: use nn.CrossEntropyLoss() (reduction='mean')"),
+    }
+    diff = (got - want).abs().max().item()
+    if torch.allclose(moved, ratio * should, rtol=1e-5, atol=1e-9):
+        why = named.get(ratio, "use lr=config['lr'] and nn.CrossEntropyLoss() as they are")
+        raise harness.ExerciseFailure(
+            f"{where}, rank 0's step is {ratio:g}x the one plain SGD takes on the whole batch "
+            f"in one process: {why}")
+    raise harness.ExerciseFailure(
+        f"{where}, rank 0's weights differ from those after one step of plain SGD on the "
+        f"whole batch in one process (largest difference {diff:.3g}; with these numbers "
+        f"fp32 is exact, so they must be EQUAL): every sample of the global batch must count "
+        f"once, through idist.auto_dataloader, idist.auto_model, "
+        f"SGD(model.parameters(), lr=config['lr']) and nn.CrossEntropyLoss()")
 
 
 def test_training_shards_data_and_keeps_replicas_equal():
@@ -175,6 +299,7 @@ def test_training_shards_data_and_keeps_replicas_equal():
                 f"idist.auto_optim, not the one it returned: on TPUs and with Horovod auto_optim "
                 f"returns a new optimizer whose step is the distributed one. Use what it returns: "
                 f"optimizer = idist.auto_optim(torch.optim.SGD(...)), and give THAT to the trainer")
+    compare_with_one_process(ranks[0]["exact_step"], len(ranks))
     r = ranks[0]
     if not r["final_loss"] < 0.8 * r["initial_loss"]:
         raise harness.ExerciseFailure(

@@ -189,6 +189,15 @@ def average_across_ranks(value):
                                          "idist.broadcast(float(value), src=0)")],
      r"rank 0 returned 0\.5: a broadcast copies ONE rank's value to every rank; all_reduce sums "
      r"them"),
+    ("01", "all_reduce with op MAX", [("idist.all_reduce(float(value))",
+                                       'idist.all_reduce(float(value), op="MAX")')],
+     r"every rank returned 2\.0, the LARGEST of the values \(4\.0\) divided by 2: the all_reduce "
+     r"combined them with op='MAX'; an average needs their SUM"),
+    ("01", "all_reduce with op MIN, not divided",
+     [("idist.all_reduce(float(value))", 'idist.all_reduce(float(value), op="MIN")'),
+      ("return total / idist.get_world_size()", "return total")],
+     r"every rank returned 1\.0, the SMALLEST of the values \(1\.0\): the all_reduce combined "
+     r"them with op='MIN'"),
     # 02 training function
     ("02", "a plain DataLoader: every rank reads everything", [(
         'idist.auto_dataloader(\n        config["dataset"], batch_size=config["batch_size"], '
@@ -344,6 +353,10 @@ def epoch_indices(loader, epoch):
     return [int(i) for _, _, index in loader for i in index]
 ''', r"rank 0 read the same SET of samples in every epoch \(only their order changed\): its "
      r"shard is fixed"),
+    ("03", "a DistributedSampler that never shuffles",
+     [("shuffle=True, seed=seed)", "shuffle=False, seed=seed)")],
+     r"rank 0 read its samples in sorted order \(0, 2, 4, 6, 8 .*\): shuffle them "
+     r"\(DistributedSampler\(\.\.\., shuffle=True, seed=seed\)\)"),
     # 04 safe download
     ("04", "rank 0 downloads, the others do not wait", '''
 def get_dataset(root):

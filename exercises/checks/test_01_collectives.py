@@ -63,8 +63,31 @@ def test_one_process_returns_its_value():
         raise harness.ExerciseFailure(f"with a single process (world size 1): {problem}")
 
 
+def combined_by_op(results, values, where):
+    """Every rank ran an all_reduce and returned the same number, the largest or smallest
+    value (divided by the world size or not): the all_reduce was asked for MAX or MIN.
+    Judged over all ranks: one rank's own value may be the extreme too, and alone it would
+    read as "nothing was combined"."""
+    got = [r["value"] for r in results]
+    world, mean = len(values), sum(values) / len(values)
+    if world < 2 or not all("all_reduce" in r["collectives"] for r in results) or \
+            not all(isinstance(g, (int, float)) and not isinstance(g, bool) for g in got) or \
+            len(set(got)) != 1 or math.isclose(got[0], mean, rel_tol=1e-6):
+        return
+    for name, op, extreme in (("LARGEST", "MAX", max(values)), ("SMALLEST", "MIN", min(values))):
+        for combined, shown in ((extreme / world, f" divided by {world}"), (extreme, "")):
+            if math.isclose(got[0], combined, rel_tol=1e-6):
+                raise harness.ExerciseFailure(
+                    f"{where}every rank returned {got[0]}, the {name} of the values "
+                    f"({extreme}){shown}: the all_reduce combined them with op='{op}'; an "
+                    f"average needs their SUM, all_reduce's default (op='SUM'), divided by "
+                    f"idist.get_world_size() (the values of the ranks are {values}, their "
+                    f"average is {mean})")
+
+
 def check_ranks(results, values, where=""):
     got = [r["value"] for r in results]
+    combined_by_op(results, values, where)
     problems = [explain(rank, g, values) for rank, g in enumerate(got)]
     right = [rank for rank, problem in enumerate(problems) if problem is None]
     if right and len(right) < len(results):

@@ -330,6 +330,20 @@ def epoch_indices(loader, epoch):
     return [int(i) for _, _, index in loader for i in index]
 ''', r"rank 0 read the same SET of samples in every epoch \(only their order changed\): its "
      r"shard is fixed"),
+    ("03", "a DistributedSampler's shard taken once, shuffled by the loader", '''
+def make_train_loader(dataset, global_batch_size, seed=0):
+    import torch
+    world_size = idist.get_world_size()
+    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=idist.get_rank(),
+                                 shuffle=True, seed=seed)
+    mine = torch.utils.data.Subset(dataset, list(sampler))  # epoch 0's shard, for good
+    g = torch.Generator().manual_seed(seed)
+    return DataLoader(mine, batch_size=global_batch_size // world_size, shuffle=True, generator=g)
+
+def epoch_indices(loader, epoch):
+    return [int(i) for _, _, index in loader for i in index]
+''', r"rank 0 read the same SET of samples in every epoch \(only their order changed\): its "
+     r"shard is fixed"),
     # 04 safe download
     ("04", "rank 0 downloads, the others do not wait", '''
 def get_dataset(root):
@@ -464,9 +478,14 @@ def attach_checkpointing(trainer, model, optimizer, dirname):
      [("Events.ITERATION_COMPLETED, checkpoint", "Events.ITERATION_COMPLETED(every=2), checkpoint")],
      r"the run stopped after iteration 7, but its newest checkpoint holds iteration 6.*save "
      r"after EVERY iteration"),
-    ("07", "a checkpoint every 3 iterations",
-     [("Events.ITERATION_COMPLETED, checkpoint", "Events.ITERATION_COMPLETED(every=3), checkpoint")],
-     r"newest checkpoint holds iteration 6, so it would be resumed from iteration 6"),
+    ("07", "a checkpoint when the iteration starts",
+     [("Events.ITERATION_COMPLETED, checkpoint", "Events.ITERATION_STARTED, checkpoint")],
+     r"the checkpoint that says iteration 7 holds the weights from BEFORE iteration 7's step "
+     r"\(those after iteration 6\): it was saved when the iteration started"),
+    ("07", "a checkpoint when the run completes",
+     [("Events.ITERATION_COMPLETED, checkpoint", "Events.COMPLETED, checkpoint")],
+     r"when iteration 7 ended there was no checkpoint yet: .*written only when the run ended "
+     r"\(Events.COMPLETED or TERMINATE\), which a crash never reaches"),
     ("07", "every rank writes the checkpoint files",
      [("DiskSaver(dirname, require_empty=False, atomic=True)",
        "DiskSaver(dirname, require_empty=False, atomic=True, save_on_rank=idist.get_rank())")],
@@ -686,6 +705,10 @@ def shard(model):
      [("ScheduleGPipe(stage, n_microbatches=n_microbatches,",
        "ScheduleGPipe(stage, n_microbatches=(inputs if inputs is not None else targets).shape[0] // 4,")],
      r"in the timed step with n_microbatches=2, rank 0 sent 8 activation tensor\(s\)"),
+    ("11", "the rule of thumb m = 2p instead of n_microbatches",
+     [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "ScheduleGPipe(stage, n_microbatches=2 * num_stages,")],
+     r"in the timed step with n_microbatches=2, rank 0 sent 4 activation tensor\(s\) of shape "
+     r"\(8, 8\), not 2: .*not a fixed number"),
     ("11", "the loss divided by the number of micro-batches",
      [("loss_fn=F.mse_loss", "loss_fn=lambda out, y: F.mse_loss(out, y) / n_microbatches")],
      r"stage 0's gradients are 1/4 of the whole model's on the whole batch: ScheduleGPipe already "

@@ -60,7 +60,19 @@ def on_rank(dirname):
     trainer, model, optimizer, loader = setup(seed=0)
     try:
         checkpoint = ex.attach_checkpointing(trainer, model, optimizer, dirname)
-        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=STOP), lambda e: e.terminate())
+        history = []  # the weights after each iteration, to name a checkpoint saved too early
+        trainer.add_event_handler(Events.ITERATION_COMPLETED,
+                                  lambda e, m=model: history.append(harness.flat_weights(m)))
+
+        def stop(engine):
+            # What a crash right after iteration STOP would leave: the files now. (A
+            # terminate still fires COMPLETED, where a crash fires nothing.) Added after
+            # the learner's handlers, so their save for this iteration is done.
+            if idist.get_rank() == 0:
+                report["files_at_stop"] = saved_files(ex, dirname)
+            engine.terminate()
+
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=STOP), stop)
         trainer.run(loader, max_epochs=EPOCHS)
     except (FileNotFoundError, FileExistsError) as error:
         raise harness.ExerciseFailure(
@@ -89,6 +101,8 @@ def on_rank(dirname):
     ex.resume(trainer, model, optimizer, str(last))
     report["resumed_iteration"] = trainer.state.iteration
     report["weights_restored"] = same(harness.flat_weights(model), stopped_weights)
+    report["restored_previous"] = (len(history) >= STOP - 1
+                                   and same(harness.flat_weights(model), history[STOP - 2]))
     report["momentum_restored"] = same(momentum(optimizer), stopped_momentum)
     ok = (report["resumed_iteration"] == STOP and report["weights_restored"]
           and report["momentum_restored"])
@@ -138,6 +152,12 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
         if isinstance(iteration, str):
             raise fail(f"{name} does not load with weights_only=True ({iteration[7:]}): save "
                        f"state dicts, as ignite's Checkpoint does")
+    if not ranks[0].get("files_at_stop", files):
+        names = harness.short_list([name for name, _ in files], 3)
+        raise fail(f"when iteration {STOP} ended there was no checkpoint yet: the file(s) in "
+                   f"the folder ({names}) were written only when the run ended "
+                   f"(Events.COMPLETED or TERMINATE), which a crash never reaches: save after "
+                   f"EVERY iteration (Events.ITERATION_COMPLETED)")
     newest = files[-1][1]
     if isinstance(newest, int) and newest != STOP:
         raise fail(f"the run stopped after iteration {STOP}, but its newest checkpoint holds "
@@ -172,6 +192,11 @@ def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
         raise fail(f"the run stopped after iteration {STOP} but resumed from iteration "
                    f"{iterations[0]}: save after EVERY iteration (Events.ITERATION_COMPLETED), "
                    f"so a crash loses at most one step")
+    if not all(r["weights_restored"] for r in ranks) and all(r["restored_previous"] for r in ranks):
+        raise fail(f"the checkpoint that says iteration {STOP} holds the weights from BEFORE "
+                   f"iteration {STOP}'s step (those after iteration {STOP - 1}): it was saved when "
+                   f"the iteration started, before its step, so a resumed run would skip that "
+                   f"step. Save at Events.ITERATION_COMPLETED, after the step")
     if not all(r["weights_restored"] for r in ranks):
         raise fail("after resume the model does not hold the weights of the checkpoint: save "
                    "and load the model")

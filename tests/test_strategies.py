@@ -83,3 +83,22 @@ def test_fsdp_without_a_process_group_is_refused_in_one_line(run_cli, backend):
 def test_unknown_strategy_is_refused(run_cli):
     done = run_cli("train", "--strategy", "zero", timeout=60)
     assert done.returncode != 0 and "invalid choice: 'zero'" in done.stderr
+
+
+def _fsdp_units(local_rank):
+    from torch.distributed.fsdp import FSDPModule
+
+    from distkit.models import GPT
+    from distkit.strategies import prepare_model
+
+    model = prepare_model(GPT(11, 8, n_layer=2, n_head=2, d_model=8), "fsdp")
+    return sorted(name for name, m in model.named_modules() if isinstance(m, FSDPModule))
+
+
+def test_fsdp_shards_a_model_with_blocks_one_block_per_unit():
+    """The GPT's blocks are units whole (their eight layers gathered at once); the layers
+    outside them, one unit each; the root drives the hooks."""
+    from distkit.runner import run_per_rank
+
+    units = run_per_rank(_fsdp_units, 2, "gloo", start_method="fork")
+    assert units[0] == units[1] == ["", "blocks.0", "blocks.1", "head", "ln_f", "pos_emb", "tok_emb"]

@@ -4,9 +4,10 @@
   holds the whole model, its gradients and its optimizer state; ``backward()``
   all-reduces the gradients.
 - ``fsdp``: FSDP2's ``torch.distributed.fsdp.fully_shard`` on every layer that owns
-  parameters, then on the root: every rank holds 1/N of each parameter, of its gradient
-  and of its optimizer state (ZeRO-3). A layer's parameters are all-gathered just before
-  its forward and its backward, and its gradients reduce-scattered after the backward.
+  parameters (on every block instead, for a model that names its ``blocks``), then on
+  the root: every rank holds 1/N of each parameter, of its gradient and of its
+  optimizer state (ZeRO-3). A unit's parameters are all-gathered just before its
+  forward and its backward, and its gradients reduce-scattered after the backward.
 
 Checkpoints hold *full* (unsharded) state dicts either way, gathered with
 ``torch.distributed.checkpoint.state_dict`` (``full_state_dict=True, cpu_offload=True``),
@@ -33,12 +34,29 @@ def prepare_model(model: nn.Module, strategy: str) -> nn.Module:
 
     model = model.to(idist.device())
     # One FSDP unit per layer that owns parameters: only one layer's full weights exist
-    # at a time. The root call takes whatever is left (none here) and drives the hooks.
+    # at a time. A model that names its repeated blocks (the GPT's ``blocks``) is sharded
+    # one block per unit instead, as torchtitan shards a transformer: a block's eight
+    # small layers are gathered in one collective, not eight (the kit's default GPT on 2
+    # gloo processes, batch 16 x 128, loaded 2-core VM: 0.35-0.45 s of CPU per step and
+    # rank against 0.63-0.68 s with one unit per layer, the same losses). The root call
+    # takes whatever is left (none here) and drives the hooks.
+    blocks = list(_blocks(model))
+    inside = {id(m) for block in blocks for m in block.modules()}
     for module in list(model.modules())[1:]:
-        if any(True for _ in module.parameters(recurse=False)):
+        if id(module) not in inside and any(True for _ in module.parameters(recurse=False)):
             fully_shard(module)
+    for block in blocks:
+        fully_shard(block)
     fully_shard(model)
     return model
+
+
+def _blocks(model: nn.Module):
+    """The model's repeated blocks, if it names them ``blocks`` (a ModuleDict or ModuleList)."""
+    blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleDict):
+        return blocks.values()
+    return blocks if isinstance(blocks, nn.ModuleList) else []
 
 
 def is_sharded(model) -> bool:

@@ -198,6 +198,13 @@ def average_across_ranks(value):
       ("return total / idist.get_world_size()", "return total")],
      r"every rank returned 1\.0, the SMALLEST of the values \(1\.0\): the all_reduce combined "
      r"them with op='MIN'"),
+    ("01", "only rank 0 runs the all_reduce",
+     [("    total = idist.all_reduce(float(value))\n",
+       "    if idist.get_rank() != 0:\n        return float(value)\n"
+       "    total = idist.all_reduce(float(value))\n")],
+     r"rank 0 was still waiting in a collective when rank 1 (and rank 2 and rank 3 )?had already "
+     r"finished: every rank must call the same collectives.*File .*01_collectives.py\", line \d+, "
+     r"in average_across_ranks"),
     # 02 training function
     ("02", "a plain DataLoader: every rank reads everything", [(
         'idist.auto_dataloader(\n        config["dataset"], batch_size=config["batch_size"], '
@@ -456,6 +463,10 @@ def slowest_rank(seconds):
      [("peak = base_lr * idist.get_world_size()", "peak = base_lr * idist.get_nproc_per_node()")],
      r"on 2 nodes of 2 processes each \(world size 4\), rank 0's highest learning rate is 0\.2, "
      r"base_lr x 2: that counts the processes of ONE node \(idist.get_nproc_per_node\(\)\)"),
+    ("06", "scaled by the number of nodes",
+     [("peak = base_lr * idist.get_world_size()", "peak = base_lr * idist.get_nnodes()")],
+     r"on 2 nodes of 2 processes each \(world size 4\), rank 0's highest learning rate is 0\.2, "
+     r"base_lr x 2: .*or the nodes \(idist.get_nnodes\(\)\)"),
     # 07 checkpoints
     ("07", "only rank 0 loads the checkpoint", '''
 def resume(trainer, model, optimizer, checkpoint_file):

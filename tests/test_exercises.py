@@ -718,6 +718,11 @@ def shard(model):
     ("11", "the sum of the losses",
      [("return torch.stack(losses).mean().item()", "return torch.stack(losses).sum().item()")],
      r"4x the batch's loss .*SUM of the 4 micro-batch losses; return their mean"),
+    ("11", "the mean loss divided by the number of micro-batches again",
+     [("return torch.stack(losses).mean().item()",
+       "return torch.stack(losses).mean().item() / n_microbatches")],
+     r"the last stage returned \d\.\d+, 1/4 of the batch's loss .*already one micro-batch's MEAN.*"
+     r"do not divide it by n_microbatches again"),
     ("11", "a tensor returned",
      [("return torch.stack(losses).mean().item()", "return torch.stack(losses).mean()")],
      r"the last stage returned 'tensor\(.*return the mean of the micro-batch losses as a Python float"),

@@ -135,6 +135,11 @@ def test_pipeline_step_and_its_bubble():
         raise harness.ExerciseFailure(
             f"the last stage returned {got:.6f}, {MICRO}x the batch's loss {want:.6f}: that is the "
             f"SUM of the {MICRO} micro-batch losses; return their mean")
+    if math.isclose(got * MICRO, want, rel_tol=1e-4):
+        raise harness.ExerciseFailure(
+            f"the last stage returned {got:.6f}, 1/{MICRO} of the batch's loss {want:.6f}: each "
+            f"loss the schedule collected is already one micro-batch's MEAN, so their mean is "
+            f"the batch's; do not divide it by n_microbatches again")
     if not math.isclose(got, want, rel_tol=1e-4):
         raise harness.ExerciseFailure(
             f"the last stage returned {got:.6f}, but the batch's mean loss is {want:.6f}: return "

@@ -607,6 +607,10 @@ def accumulation_step(model, optimizer, loss_fn, micro_batches):
     ("09", "the micro-batch losses are not scaled",
      [("loss = F.cross_entropy(stage(a), y) / n", "loss = F.cross_entropy(stage(a), y)")],
      r"They are 4\.00x too large: you did not divide each micro-batch's loss"),
+    ("09", "the gradient sent back divided by the micro-batches again",
+     [("out.backward(grad)", "out.backward(grad / len(inputs))")],
+     r"stage 0 \(rank 0\) has other gradients .* They are 1/4 of them: the gradients were "
+     r"divided by the number of micro-batches twice"),
     ("09", "stage 0 never backpropagates", [("            out.backward(grad)\n", "")],
      r"stage 0's parameters have no gradient: rank 0 must call out.backward\(grad\)"),
     ("09", "no micro-batches: the whole batch at once", '''

@@ -133,6 +133,11 @@ def test_stage_gradients_equal_the_whole_model():
             why = (f" They are {ratio:.2f}x too large: you did not divide each micro-batch's "
                    f"loss by the number of micro-batches ({MICRO}); their sum is then the "
                    f"batch's mean loss.")
+        elif abs(ratio - 1 / MICRO) < 0.05 / MICRO:
+            why = (f" They are 1/{MICRO} of them: the gradients were divided by the number of "
+                   f"micro-batches twice. Dividing each micro-batch's loss by {MICRO} on rank 1 "
+                   f"already scales every gradient behind it, the one rank 1 sends back "
+                   f"included; do not scale it again.")
         elif rank == 0 and torch.allclose(got, flat(r["swapped"]), rtol=1e-4, atol=1e-6):
             why = (" They are what you get when micro-batch k's output is backpropagated with "
                    "another micro-batch's gradient: each gradient rank 1 sends back belongs to "

@@ -163,8 +163,8 @@ def test_readme_commands_pass_as_written_in_a_fresh_venv_with_its_own_pip(tmp_pa
     """A copy of this tree; the README's ``python3 -m venv .venv && . .venv/bin/activate``;
     then command 1 whole (``pip install -e . && distkit train``) and command 2's install
     with a collection of the suite (running the suite here would run this test again),
-    plus this file's other tests under the venv's own pip (``python3 -m venv`` on Python
-    3.11 gives pip 23.2.1, whose install report lacks keys newer pips write)."""
+    under the venv's own pip (``python3 -m venv`` on Python 3.11 gives pip 23.2.1, whose
+    install report lacks keys newer pips write), which nothing may upgrade."""
     venv_line, (train_command, test_command) = readme_quickstart()
     assert train_command.startswith("pip install -e . && ") and test_command.endswith(" && pytest")
     tree = checkout_copy(tmp_path / "clone", tree=True)
@@ -184,11 +184,11 @@ def test_readme_commands_pass_as_written_in_a_fresh_venv_with_its_own_pip(tmp_pa
         count = int(re.search(r"(\d+) tests? collected", collect.stdout).group(1))
         assert count > 400, collect.stdout[-2000:]
 
-        # this file's other tests, under the venv's own pip (the report, the built wheel)
-        own = _shell(f"{venv_line}\npytest -n 0 -p no:cacheprovider tests/test_packaging.py "
-                     f"-k 'not fresh_venv'\npip --version", tree, 900)
-        assert own.returncode == 0, (own.stdout + own.stderr)[-4000:]
-        # nothing upgraded pip along the way
-        assert re.findall(r"^pip (\S+) from ", own.stdout, re.M)[-1] == pip_before
+        # nothing upgraded pip along the way. (This file's other tests, the install report
+        # and the built wheel, run under pip 23.2.1 in CI itself: .ci/run makes its venv with
+        # python3 -m venv and never upgrades pip, which the test above checks; running them
+        # here again cost 2-3 min of CI.)
+        after = _shell(f"{venv_line}\npip --version", tree, 300)
+        assert after.stdout.split()[1] == pip_before, (pip_before, after.stdout)
     finally:
         shutil.rmtree(tree / ".venv", ignore_errors=True)  # about 6 GB

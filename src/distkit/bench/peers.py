@@ -262,22 +262,25 @@ def _paired_delta(both, key):
 
 
 def measure_peers(settings, log=print) -> dict:
-    """The default batch with every contender; tiny steps (8 samples per process) with
-    the kit under its own launch and under torchrun, and plain ignite and the
-    hand-written loop."""
+    """The default batch with every contender (unless ``settings.peer_default_batch`` is
+    False: quick mode); tiny steps (8 samples per process) with the kit under its own
+    launch and under torchrun, and plain ignite and the hand-written loop."""
     from distkit.bench.method import load_average
 
     before = load_average()
-    names = settings.peer_names
-    default = compare_commands(64, settings.peer_epochs, settings.peer_rounds, settings.peer_warmup,
-                               names=names, log=log)
+    results = {}
+    if settings.peer_default_batch:
+        results["default_batch"] = compare_commands(64, settings.peer_epochs, settings.peer_rounds,
+                                                    settings.peer_warmup, names=settings.peer_names,
+                                                    log=log)
     tiny_names = settings.peer_tiny_names or ("distkit", "distkit (torchrun)", BASELINE,
                                               "ignite (idist.Parallel)")
     tiny = compare_commands(16, settings.peer_epochs, settings.peer_rounds, settings.peer_warmup,
                             names=tiny_names, log=log)
-    own, torchrun = (tiny["contenders"][k]["samples_per_s"] for k in ("distkit", "distkit (torchrun)"))
-    paired = [a / b for a, b in zip(own, torchrun) if a and b]
-    tiny["default_launch_vs_torchrun"] = statistics.median(paired) if paired else None
-    return {"default_batch": default, "tiny_steps": tiny,
+    if "distkit (torchrun)" in tiny["contenders"]:  # not in quick mode
+        own, torchrun = (tiny["contenders"][k]["samples_per_s"] for k in ("distkit", "distkit (torchrun)"))
+        paired = [a / b for a, b in zip(own, torchrun) if a and b]
+        tiny["default_launch_vs_torchrun"] = statistics.median(paired) if paired else None
+    return {**results, "tiny_steps": tiny,
             "load_average": {"start": before, "end": load_average()},
             "note": "commands started fresh every round; the machine's other jobs share its cores"}

@@ -305,10 +305,15 @@ def write_error_file(line: str) -> None:
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path or "TORCHELASTIC_RUN_ID" not in os.environ:
         return
+    # Written whole, then renamed into place: torchrun reads the file as soon as it sees a
+    # worker fail, and it may SIGTERM this worker mid-write (a rank killed first); an
+    # empty or half-written file made torchrun's own agent crash in json.load (seen in CI).
+    partial = f"{path}.{os.getpid()}.partial"
     try:
-        with open(path, "w") as f:
+        with open(partial, "w") as f:
             json.dump({"message": {"message": line, "extraInfo": {
                 "py_callstack": line, "timestamp": str(int(time.time()))}}}, f)
+        os.replace(partial, path)
     except OSError:
         pass
 

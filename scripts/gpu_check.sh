@@ -101,9 +101,15 @@ for name in ("torch", "torchvision"):
 PY
     before="$(cat "$constraints" | tr '\n' ' ')"
     echo "preinstalled (pinned): ${before:-none}"
+    # The notebook steps run nbclient in this Python: install it (and its kernel) when the
+    # folder has it, as --make-wheels leaves it; otherwise those steps fail naming nbclient.
+    local notebook_tools=()
+    for name in nbclient nbformat ipykernel; do
+        if ls "$WHEELS"/$name-*.whl >/dev/null 2>&1; then notebook_tools+=("$name"); fi
+    done
     if ! "$PYTHON" -m pip install --no-index --find-links "$WHEELS" -c "$constraints" \
             --disable-pip-version-check -q "$WHEELS"/pytorch_ignite-*.whl "$WHEELS"/distkit-*.whl \
-            2>"$constraints.err"; then
+            "${notebook_tools[@]}" 2>"$constraints.err"; then
         die "pip could not install from $WHEELS without the network: $(grep -m1 -i 'error' "$constraints.err" || tail -n1 "$constraints.err"): add the missing wheels to $WHEELS (--make-wheels does)"
     fi
     "$PYTHON" - "$constraints" <<'PY' || exit 1
@@ -429,7 +435,10 @@ for name, r in results.items():
         lines.append(f"skip {name}: {r['skipped']}")
         continue
     if not r["passed"]:
-        lines.append(f"FAIL {name}: {r['error']}")
+        # one line: a failed cell's error is pages long; its exception's own line says it
+        said = [ln for ln in re.sub(r"\x1b\[[0-9;]*m", "", r["error"]).splitlines() if ln.strip()]
+        named = [ln for ln in said if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", ln)]
+        lines.append(f"FAIL {name}: {(named or said or ['?'])[-1].strip()}")
         continue
     detail = ""
     if "val_accuracy" in r:
@@ -440,7 +449,7 @@ for name, r in results.items():
         detail = (f"64 MB host->device: pinned {p['host_to_device_GBps']:.1f} GB/s, pageable "
                   f"{q['host_to_device_GBps']:.1f} GB/s (x{r['pinned_over_pageable_64MB']})")
     elif "sides" in r:
-        detail = "kit vs hand-written: " + ", ".join(f"{k} {v}" for k, v in r.items()
+        detail = "kit vs hand-written: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items()
                                                      if "ratio" in k and not isinstance(v, (dict, list)))
     elif "message" in r:
         detail = f"{r['message']} ({r['seconds']} s)"

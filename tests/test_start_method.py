@@ -85,3 +85,63 @@ def test_a_function_spawned_processes_cannot_import_is_refused_before_start(monk
                                            r"interactive session.*put it in a file"):
         check_spawned_can_import("the training function", (training, ()))
     check_spawned_can_import("the training function", (len, ()))  # importable: fine
+
+
+@pytest.mark.timeout(300)
+def test_after_the_kernel_touched_cuda_an_importable_function_is_spawned_and_a_cell_one_refused(monkeypatch):
+    """A notebook on a GPU runtime that trained in its kernel (the kit's one-process path
+    puts the model on cuda) has initialised CUDA, and a forked child cannot use it: the
+    launch spawns instead when what it runs can be imported (notebook 07 on an H200 failed
+    here before), and refuses in one line naming the function when it cannot. This VM has
+    no CUDA, so the parent's CUDA state and the notebook kernel are stood in for; the
+    processes are real. scripts/gpu_check.sh runs notebook 07 on a real GPU."""
+    import distkit.launch as launch
+    from distkit.errors import DistkitError
+    from distkit.lessons.collectives import process_info
+    from distkit.runner import run_per_rank
+
+    monkeypatch.setattr(launch.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(launch.torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(launch, "in_ipython", lambda: True)
+    monkeypatch.delattr(sys.modules["__main__"], "__file__", raising=False)
+
+    seen = run_per_rank(process_info, 2, "gloo")
+    assert [r["rank"] for r in seen] == [0, 1] and all(r["world_size"] == 2 for r in seen)
+
+    def cell_function(local_rank):
+        return local_rank
+
+    cell_function.__module__ = "__main__"
+    with pytest.raises(DistkitError, match=r"CUDA is already initialised in this process.*"
+                                           r"'.*cell_function' is defined in this session.*"
+                                           r"put the function in a module"):
+        run_per_rank(cell_function, 2, "gloo")
+    with pytest.raises(DistkitError, match="CUDA is already initialised"):  # fork asked for: refused
+        run_per_rank(process_info, 2, "gloo", start_method="fork")
+
+
+def gpu_visibility(local_rank):
+    """What a worker sees of the GPUs (module level: spawned workers import it)."""
+    import os
+
+    import torch
+    return {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "PYTORCH_NVML_BASED_CUDA_CHECK": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
+            "cuda": torch.cuda.is_available()}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_gloo_workers_see_no_gpu_and_the_launcher_keeps_its_own(start_method, monkeypatch):
+    """ignite calls torch.cuda.set_device(local_rank) whenever CUDA is available, gloo
+    included: on a 1-GPU machine local rank 1 failed with "invalid device ordinal" (every
+    notebook, on an H200). The kit's gloo workers are CPU processes; the launching
+    process's own variables are back as they were when the launch ends."""
+    from distkit.runner import run_per_rank
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what a user may have set: kept here
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    seen = run_per_rank(gpu_visibility, 2, "gloo", start_method=start_method)
+    assert seen == [{"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "cuda": False}] * 2
+    import os
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0" and "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ

@@ -101,6 +101,17 @@ def test_process_failures_become_one_line_naming_the_rank():
         "distkit.errors.DistkitError: dataset 'mnist' is not here: use --dataset digits", 0, 9)
     assert str(describe_process_failure(raised, 0, 2)) == \
         "rank 0: dataset 'mnist' is not here: use --dataset digits"
+    # a CUDA error's message runs on with hints: the line named is the error's, not the last
+    cuda = ProcessRaisedException(
+        "\n\n-- Process 1 terminated with the following error:\nTraceback (most recent call last):\n"
+        '  File "/x/torch/multiprocessing/spawn.py", line 90, in _wrap\n    fn(i, *args)\n'
+        '  File "/x/torch/cuda/__init__.py", line 638, in set_device\n    torch._C._cuda_setDevice(device)\n'
+        "torch.AcceleratorError: CUDA error: invalid device ordinal\n"
+        "CUDA kernel errors might be asynchronously reported at some other API call, so the "
+        "stacktrace below might be incorrect.\nFor debugging consider passing CUDA_LAUNCH_BLOCKING=1\n"
+        "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.\n", 1, 9)
+    assert str(describe_process_failure(cuda, 0, 2)) == \
+        "rank 1 (local rank 1) failed: torch.AcceleratorError: CUDA error: invalid device ordinal"
     assert describe_process_failure(ValueError("plain"), 0, 2) is None
 
 

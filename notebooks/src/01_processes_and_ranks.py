@@ -27,7 +27,7 @@ import ignite.distributed as idist
 import torch
 
 from distkit import plots
-from distkit.machine import free_port
+from distkit.machine import cpu_only_processes, free_port
 from distkit.lessons import collectives
 from distkit.runner import run_per_rank
 
@@ -48,6 +48,13 @@ print(f"torch {torch.__version__}, ignite {ignite.__version__}, "
 # ignite's default is a fixed 2222, which fails when anything else on this machine
 # (another notebook, another user) holds it; `distkit.machine.free_port()` asks the
 # operating system for a free one.
+#
+# And every gloo launch here runs inside `cpu_only_processes()` (from `distkit.machine`),
+# which hides any GPU from the processes it starts. ignite puts each process on GPU
+# *local rank* whenever CUDA is available, gloo included (`torch.cuda.set_device` in
+# `ignite/distributed/comp_models/native.py`): on a runtime with one GPU, the process of
+# local rank 1 would fail with "invalid device ordinal" (notebook 02 shows it). These are
+# CPU lessons; on a CPU-only machine the block changes nothing.
 
 # %%
 def hello(local_rank):
@@ -56,7 +63,7 @@ def hello(local_rank):
           f"backend {idist.backend()}, device {idist.device()})\n", end="", flush=True)
 
 
-with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) as parallel:
+with cpu_only_processes(), idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) as parallel:
     parallel.run(hello)
 
 # %% [markdown]
@@ -125,7 +132,7 @@ def exchange(local_rank):
 
 
 N = 4
-with idist.Parallel(backend="gloo", nproc_per_node=N, master_port=free_port()) as parallel:
+with cpu_only_processes(), idist.Parallel(backend="gloo", nproc_per_node=N, master_port=free_port()) as parallel:
     parallel.run(exchange)
 
 # %% [markdown]
@@ -243,8 +250,10 @@ script = textwrap.dedent("""
     if __name__ == "__main__":  # spawned children import this file: they must not launch again
         import sys
 
-        with idist.Parallel(backend="gloo", nproc_per_node=2, start_method="spawn",
-                            master_port=int(sys.argv[1])) as parallel:
+        from distkit.machine import cpu_only_processes
+
+        with cpu_only_processes(), idist.Parallel(backend="gloo", nproc_per_node=2, start_method="spawn",
+                                                  master_port=int(sys.argv[1])) as parallel:
             parallel.run(exchange)
 """)
 with tempfile.TemporaryDirectory() as folder:

@@ -30,7 +30,8 @@ import distkit
 from distkit import plots
 from distkit.data import digits_dataset, split
 from distkit.lessons import cores
-from distkit.machine import free_port, quiet_ignite_logs, threads_per_process
+from distkit.launch import openmp_pool_forks_cleanly
+from distkit.machine import cpu_only_processes, free_port, quiet_ignite_logs, threads_per_process
 from distkit.models import get_model
 
 quiet_ignite_logs()  # ignite's INFO lines about spawning and loader arguments
@@ -186,9 +187,14 @@ def training(local_rank, config):
 import multiprocessing
 
 manager = multiprocessing.Manager()
-config = {"seed": 0, "batch_size": 64, "lr": 0.05, "epochs": EPOCHS, "threads": threads_per_process(2),
+# The processes are forked from this kernel: several threads each only if the kernel's
+# OpenMP thread pool survives a fork (a forked child waits forever for pool threads that
+# were not copied); distkit's own launcher applies the same rule (`launch.fork_threads`).
+threads = threads_per_process(2) if openmp_pool_forks_cleanly() else 1
+config = {"seed": 0, "batch_size": 64, "lr": 0.05, "epochs": EPOCHS, "threads": threads,
           "output_dir": os.path.join(workdir, "mine"), "results": manager.dict()}
-with idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) as parallel:
+# (cpu_only_processes: gloo processes on the CPU, even where a GPU is; notebook 01 says why)
+with cpu_only_processes(), idist.Parallel(backend="gloo", nproc_per_node=2, master_port=free_port()) as parallel:
     parallel.run(training, config)
 mine = dict(config["results"])
 manager.shutdown()

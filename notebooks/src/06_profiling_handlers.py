@@ -148,7 +148,8 @@ assert running_s > 2 * average_s, "an all-reduce per iteration must cost more th
 # appears below, drawn by rank 0.)
 
 # %%
-results = run(Config(nproc_per_node=2, epochs=2, profile=True, output_dir=os.path.join(workdir, "runs")))
+results = run(Config(backend="gloo", nproc_per_node=2, epochs=2, profile=True,
+                     output_dir=os.path.join(workdir, "runs")))
 profile = results["profile"]
 print(profiling.format_summary(profile, top=10))
 

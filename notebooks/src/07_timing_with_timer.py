@@ -6,10 +6,10 @@
 #
 # 1. compute time per iteration, data-wait time per batch and time per epoch;
 # 2. the handler-order pitfall, where validation leaks into "epoch time", and its fix;
-# 3. GPU timing: why a timer must synchronize the device before it reads the clock
-#    (the code path is here; the demonstration runs only on a GPU);
-# 4. a cross-check on 2 processes: the `Timer` totals and the profilers' totals must
-#    agree within a stated tolerance.
+# 3. a cross-check on 2 processes: the `Timer` totals and the profilers' totals must
+#    agree within a stated tolerance;
+# 4. GPU timing: why a timer must synchronize the device before it reads the clock
+#    (the code path is here; the demonstration runs only on a GPU).
 #
 # Hardware: any CPU (one GPU cell skips without CUDA). Backend: `gloo`.
 
@@ -152,7 +152,39 @@ assert leak > 0.5 * mean(validation_s), "the naive timer must include the valida
 print("leak = validation time; fixed timer = ignite's epoch time")
 
 # %% [markdown]
-# ## 3. On a GPU: synchronize before reading a time
+# ## 3. Do the Timers and the profilers agree?
+#
+# Three independent instruments measure the same data wait and compute time:
+# the `Timer`s, `BasicTimeProfiler` and `HandlersTimeProfiler`, all attached by
+# `profiling.attach` (what `distkit train --profile` uses). They read the clock a few
+# handler calls apart, and on a busy machine the scheduler may pause a process in
+# between, so they may differ a little. The stated tolerance, on every rank: **within
+# 5%, or 0.2 ms per iteration, or 25 ms in all, whichever is largest**
+# (`profiling.tolerance_s`). To give data wait a size worth comparing, the run is
+# notebook 06's slowed-down pipeline (1 ms per sample) on 2 processes:
+
+# %%
+out = run_on_ranks(profile_pipeline, 2, delay_s=0.001)
+check = out["profile"]["timer_check"]
+for kind in ("compute", "data"):
+    k = check[kind]
+    print(f"{kind:8s} Timer {k['timer_s']:.4f} s, BasicTimeProfiler {k['basic_profiler_s']:.4f} s, "
+          f"HandlersTimeProfiler {k['handlers_profiler_s']:.4f} s (mean per rank); "
+          f"largest difference on a rank {k['worst_rel_diff']:.2%}")
+assert check["agree"], check
+assert check["data"]["handlers_profiler_s"] > 0.2   # data wait big enough for the check to mean something
+print("all three agree within the tolerance on every rank")
+
+# %% [markdown]
+# ## 4. On a GPU: synchronize before reading a time
+#
+# One more GPU fact first: once a process has touched CUDA, a child *forked* from it
+# cannot use the GPU. On a GPU runtime this kernel did in sections 1 and 2 (the kit's
+# one-process path puts the model on `cuda`), so section 3's `run_on_ranks` started
+# its processes with *spawn* instead: fresh interpreters that import
+# `profile_pipeline` from `distkit.lessons`. A function defined in a cell cannot be
+# imported that way, and distkit then refuses in one line: start such processes
+# before any cell touches the GPU.
 #
 # CUDA kernels run **asynchronously**: `y = x @ x` returns as soon as the work is queued,
 # long before the GPU has done it. A timer read right after measures the *launch*. A
@@ -182,36 +214,13 @@ else:
     print("GPU demonstration skipped: no CUDA device here (torch.cuda.is_available() is False)")
 
 # %% [markdown]
-# ## 4. Do the Timers and the profilers agree?
-#
-# Three independent instruments measure the same data wait and compute time:
-# the `Timer`s, `BasicTimeProfiler` and `HandlersTimeProfiler`, all attached by
-# `profiling.attach` (what `distkit train --profile` uses). They read the clock a few
-# handler calls apart, and on a busy machine the scheduler may pause a process in
-# between, so they may differ a little. The stated tolerance, on every rank: **within
-# 5%, or 0.2 ms per iteration, or 25 ms in all, whichever is largest**
-# (`profiling.tolerance_s`). To give data wait a size worth comparing, the run is
-# notebook 06's slowed-down pipeline (1 ms per sample) on 2 processes:
-
-# %%
-out = run_on_ranks(profile_pipeline, 2, delay_s=0.001)
-check = out["profile"]["timer_check"]
-for kind in ("compute", "data"):
-    k = check[kind]
-    print(f"{kind:8s} Timer {k['timer_s']:.4f} s, BasicTimeProfiler {k['basic_profiler_s']:.4f} s, "
-          f"HandlersTimeProfiler {k['handlers_profiler_s']:.4f} s (mean per rank); "
-          f"largest difference on a rank {k['worst_rel_diff']:.2%}")
-assert check["agree"], check
-assert check["data"]["handlers_profiler_s"] > 0.2   # data wait big enough for the check to mean something
-print("all three agree within the tolerance on every rank")
-
-# %% [markdown]
 # ## What you saw
 #
 # - A `Timer` measures exactly the intervals between the events you tie it to; resume
 #   and pause on iteration events give compute per iteration, on batch events data wait.
 # - Handler order is part of the measurement: a timer paused after validation counts the
 #   validation. Registering the timer first fixes it, checked against ignite's own number.
-# - On a GPU, synchronize before reading the clock, or you time the launch.
 # - Timers and both profilers agree within the stated tolerance on every rank of a
 #   distributed run: three instruments, one answer.
+# - On a GPU, synchronize before reading the clock, or you time the launch; and start
+#   processes before any cell touches the GPU.

@@ -33,13 +33,14 @@ import torch
 from distkit.lessons import failure, multinode
 from distkit.config import Config
 from distkit.launch import run
-from distkit.machine import free_port
+from distkit.machine import cpu_only_processes, free_port
 from distkit.checkpoint import checkpoint_iteration, latest_checkpoint, load_checkpoint
 
 logging.disable(logging.INFO)  # ignite's launcher INFO lines; the logs below keep the rest
 # One thread per process in every run: the same arithmetic in every layout (a different
 # thread count sums in a different order, and changes the last bits of the weights).
-TRAIN = ["--epochs", "2", "--no-progress", "--checkpoint-every", "5", "--threads-per-process", "1"]
+# gloo named: two "nodes" on one machine share its GPU, if it has one, which nccl refuses
+TRAIN = ["--backend", "gloo", "--epochs", "2", "--no-progress", "--checkpoint-every", "5", "--threads-per-process", "1"]
 workdir = Path(tempfile.mkdtemp(prefix="distkit-09-"))  # fresh per run: no earlier run's checkpoints
 print(f"torch {torch.__version__}; every run below: distkit train {' '.join(TRAIN)}; files in {workdir}")
 print("(digits: 23 iterations per epoch; a checkpoint every 5 and at each epoch's end)")
@@ -72,8 +73,8 @@ port = free_port()
 
 
 def node(node_rank):  # one "node": spawns its processes, here 1
-    with idist.Parallel(backend="gloo", nproc_per_node=1, nnodes=2, node_rank=node_rank,
-                        master_addr="127.0.0.1", master_port=port) as parallel:
+    with cpu_only_processes(), idist.Parallel(backend="gloo", nproc_per_node=1, nnodes=2, node_rank=node_rank,
+                                              master_addr="127.0.0.1", master_port=port) as parallel:
         parallel.run(multinode.show_env, "idist.Parallel: ")
 
 
@@ -170,7 +171,7 @@ parallel_dir = workdir / "parallel-2nodes"
 
 
 def node(node_rank):
-    run(Config(nnodes=2, node_rank=node_rank, nproc_per_node=1, master_addr="127.0.0.1",
+    run(Config(backend="gloo", nnodes=2, node_rank=node_rank, nproc_per_node=1, master_addr="127.0.0.1",
                master_port=port, epochs=2, checkpoint_every=5, threads_per_process=1,
                progress_bar=False, output_dir=str(parallel_dir)))
 

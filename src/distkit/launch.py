@@ -22,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import nullcontext
 from dataclasses import fields, is_dataclass
 from datetime import timedelta
 
@@ -35,7 +36,8 @@ from distkit.config import Config
 from distkit.errors import DistkitError
 from distkit.failures import (RankFailed, Reporter, default_folder, for_function_callers,
                               report_from_worker, run_reporting)
-from distkit.machine import (in_ipython, inside_launch, launched_externally, ranks_on_this_host,
+from distkit.machine import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython, inside_launch,
+                             launched_externally, ranks_on_this_host, restore_environment,
                              set_ignite_verbosity, socket_interface, threads_per_process)
 from distkit.preflight import Launch, check_launch, check_picklable, preflight
 from distkit.tasks import resolve_task
@@ -265,10 +267,20 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     if start_method is not None:
         spawn_kwargs["start_method"] = start_method
     forking = start_method == "fork" or (start_method is None and in_ipython())
-    if forking and torch.cuda.is_available() and torch.cuda.is_initialized():
-        raise DistkitError("CUDA is already initialised in this process, and a forked child cannot "
-                           "use it: restart the kernel and start the processes before any cell "
-                           "touches the GPU")
+    if forking and torch.cuda.is_initialized():  # (never initialises CUDA itself)
+        # A forked child cannot use CUDA once this process has (on a GPU runtime, a
+        # notebook that trained in its kernel has). Spawned children start fresh: take
+        # them when nobody asked for fork and what they run can be imported.
+        unimportable = first_unimportable((fn, args))
+        if start_method is not None or unimportable is not None:
+            raise DistkitError(
+                "CUDA is already initialised in this process, and a forked child cannot use it"
+                + (f" ({getattr(unimportable, '__qualname__', unimportable)!r} is defined in this "
+                   "session, so it cannot be spawned instead)" if unimportable is not None else "")
+                + ": restart the kernel and start the processes before any cell touches the GPU, "
+                "or put the function in a module and import it from there")
+        start_method, forking = "spawn", False
+        spawn_kwargs["start_method"] = "spawn"
     if not forking:  # ignite forks under IPython; elsewhere spawned workers import fn
         check_spawned_can_import("the training function", (fn, args))
     interface = None
@@ -279,10 +291,11 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     try:
         if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
             interface = bind_to_interface_of_master(config, config.master_addr)  # inherited
-        with idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
-                            nnodes=config.nnodes, node_rank=config.node_rank,
-                            master_addr=config.master_addr, master_port=config.master_port,
-                            **spawn_kwargs) as parallel:
+        with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
+                idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
+                               nnodes=config.nnodes, node_rank=config.node_rank,
+                               master_addr=config.master_addr, master_port=config.master_port,
+                               **spawn_kwargs) as parallel:
             parallel.run(_own_session, reporter, fn, *args)
     except KeyboardInterrupt:
         # SIGINT to this process only (Jupyter's "interrupt kernel", kill -INT): the
@@ -498,9 +511,22 @@ def check_spawned_can_import(what: str, objects) -> None:
     """Spawned processes import the functions they run by module and name; a function of
     ``python -c``, of standard input or of an interactive session has no module file to
     import. Refuse in one line before any process starts (forked processes need none)."""
+    fn = first_unimportable(objects)
+    if fn is not None:
+        raise DistkitError(
+            f"{what} ({getattr(fn, '__qualname__', fn)!r}) is defined in `python -c`, "
+            "standard input or an interactive session, which spawned processes cannot "
+            "import: put it in a file (a module, or a script with an "
+            "`if __name__ == \"__main__\":` guard) and import it from there")
+
+
+def first_unimportable(objects):
+    """The first callable in ``objects`` (searched through tuples, lists and dataclass
+    fields) that a spawned process could not import, or None."""
     main = sys.modules.get("__main__")
     if getattr(main, "__file__", None) and os.path.exists(main.__file__):
-        return
+        return None
+
     def callables(obj):
         if is_dataclass(obj) and not isinstance(obj, type):
             for f in fields(obj):
@@ -508,16 +534,13 @@ def check_spawned_can_import(what: str, objects) -> None:
         elif isinstance(obj, (tuple, list)):
             for item in obj:
                 yield from callables(item)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                yield from callables(item)
         elif callable(obj):
             yield obj
 
-    for fn in callables(objects):
-        if getattr(fn, "__module__", None) == "__main__":
-            raise DistkitError(
-                f"{what} ({getattr(fn, '__qualname__', fn)!r}) is defined in `python -c`, "
-                "standard input or an interactive session, which spawned processes cannot "
-                "import: put it in a file (a module, or a script with an "
-                "`if __name__ == \"__main__\":` guard) and import it from there")
+    return next((fn for fn in callables(objects) if getattr(fn, "__module__", None) == "__main__"), None)
 
 
 def bind_to_interface_of_master(config, master_addr) -> dict | None:
@@ -536,14 +559,6 @@ def bind_to_interface_of_master(config, master_addr) -> dict | None:
     return previous
 
 
-def restore_environment(previous: dict | None) -> None:
-    for name, value in (previous or {}).items():
-        if value is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = value
-
-
 def _join(launch: Launch, reporter: Reporter, fn, *args):
     """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
     that raises prints one line (the first of its node) and records it for torchrun's
@@ -555,6 +570,8 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
             bind_to_interface_of_master(launch, os.environ.get("MASTER_ADDR"))
         except DistkitError as e:  # the same on every rank of this node: one line per node
             raise report_from_worker(e) from None
+    if launch.backend == "gloo":  # this process is the rank: hide the GPUs before ignite's set_device
+        os.environ.update(CPU_ONLY_ENVIRONMENT)
     idist.initialize(launch.backend, **_timeout(launch))
     try:
         return run_reporting(reporter, fn, idist.get_local_rank(), *args)
@@ -591,9 +608,14 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int) -> Di
     if exit_code is not None:
         return DistkitError(f"rank {rank} (local rank {index}) exited with code {exit_code}; the "
                             "other processes were stopped. See its output above")
-    # ProcessRaisedException: the child's traceback as text; keep its last line.
+    # ProcessRaisedException: the child's traceback as text. Keep its exception's line:
+    # the first unindented line after the last frame (a CUDA error goes on for three
+    # lines of debugging hints after "CUDA error: invalid device ordinal").
     text = str(error).strip().splitlines()
-    last = text[-1] if text else repr(error)
+    frames = [i for i, ln in enumerate(text) if ln.startswith("  File ")]
+    after_frames = [ln for ln in text[frames[-1] + 1:] if ln.strip() and not ln.startswith(" ")] \
+        if frames else []
+    last = after_frames[0] if after_frames else (text[-1] if text else repr(error))
     m = re.match(r"^distkit\.failures\.RankFailed: (.*)$", last)
     if m:  # the rank's own line: type, first line, file:line, traceback file
         return DistkitError(m.group(1))

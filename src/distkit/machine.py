@@ -10,7 +10,8 @@ nor ignite (those that need ignite import it inside the function), so the comman
   (how many ranks share them), :func:`local_world_size`, :func:`available_memory`;
 - who started us: :func:`launched_externally`, :func:`inside_launch`, :func:`in_ipython`,
   :func:`tpu_available`;
-- ignite's log lines: :class:`quiet_ignite_logs`, :func:`set_ignite_verbosity`.
+- ignite's log lines: :class:`quiet_ignite_logs`, :func:`set_ignite_verbosity`;
+- GPUs hidden from the processes a gloo launch starts: :func:`cpu_only_processes`.
 
 Example::
 
@@ -27,6 +28,7 @@ import os
 import socket
 import sys
 import threading
+from contextlib import contextmanager
 
 from distkit.errors import DistkitError
 
@@ -288,3 +290,43 @@ def socket_interface(backend: str, master_addr: str | None, environ=os.environ) 
             "the other nodes reach this one on")
     return {"variable": variable, "interface": picked[0], "address": picked[1],
             "set_by": "distkit"}
+
+
+# ignite puts every process it starts on GPU <local rank> whenever CUDA is available,
+# gloo included (torch.cuda.set_device in ignite/distributed/comp_models/native.py). So
+# on a machine with fewer GPUs than gloo processes (Colab's GPU runtime has one) the
+# process of local rank 1 failed with "invalid device ordinal", and rank 0 put its model
+# on cuda:0 beside data on the CPU: every notebook failed so on an H200 (26 Nov). The
+# kit's gloo processes are CPU processes. CUDA_VISIBLE_DEVICES="" hides the GPUs from a
+# process that has not initialised CUDA; PYTORCH_NVML_BASED_CUDA_CHECK=1 makes
+# torch.cuda.is_available() count them through NVML, which reads CUDA_VISIBLE_DEVICES at
+# each call, so a child forked after its parent asked CUDA for the count sees none too.
+CPU_ONLY_ENVIRONMENT = {"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+
+
+@contextmanager
+def cpu_only_processes(environ=os.environ):
+    """Processes started inside this block see no GPU: ``torch.cuda.is_available()`` is
+    False there, and ignite's ``idist.device()`` is the CPU. The variables are put back
+    when the block ends (this process keeps its GPUs once it has initialised CUDA).
+
+    >>> import os
+    >>> with cpu_only_processes():
+    ...     os.environ["CUDA_VISIBLE_DEVICES"]
+    ''
+    """
+    previous = {name: environ.get(name) for name in CPU_ONLY_ENVIRONMENT}
+    environ.update(CPU_ONLY_ENVIRONMENT)
+    try:
+        yield
+    finally:
+        restore_environment(previous, environ)
+
+
+def restore_environment(previous: dict | None, environ=os.environ) -> None:
+    """Put back variables saved as ``{name: value or None}`` (None: it was not set)."""
+    for name, value in (previous or {}).items():
+        if value is None:
+            environ.pop(name, None)
+        else:
+            environ[name] = value

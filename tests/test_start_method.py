@@ -145,3 +145,33 @@ def test_gloo_workers_see_no_gpu_and_the_launcher_keeps_its_own(start_method, mo
     assert seen == [{"CUDA_VISIBLE_DEVICES": "", "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "cuda": False}] * 2
     import os
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "0" and "PYTORCH_NVML_BASED_CUDA_CHECK" not in os.environ
+
+
+JOINING = textwrap.dedent('''
+    import os
+    import torch
+    import ignite.distributed as idist
+    from distkit import launch_function
+
+    def report(local_rank):
+        print(f"RANK {idist.get_rank()} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
+              f"cuda={torch.cuda.is_available()} device={idist.device()}", flush=True)
+
+    if __name__ == "__main__":
+        launch_function(report, backend="gloo")
+    ''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_gloo_ranks_joining_torchrun_see_no_gpu(tmp_path):
+    """Under torchrun each worker is a rank: it hides the GPUs from itself before ignite's
+    process group (and its set_device) comes up."""
+    script = tmp_path / "joining.py"
+    script.write_text(JOINING)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                           str(script)], env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True,
+                          timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = sorted(ln for ln in done.stdout.splitlines() if ln.startswith("RANK"))
+    assert lines == [f"RANK {r} CUDA_VISIBLE_DEVICES='' cuda=False device=cpu" for r in (0, 1)], done.stdout

@@ -169,15 +169,19 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import ignite.distributed as idist
 
+    from distkit.machine import CPU_ONLY_ENVIRONMENT, cpu_only_processes
+
     if args.nnodes is None:  # torchrun / srun started this process: join the launch
         before = launcher_env()
+        os.environ.update(CPU_ONLY_ENVIRONMENT)  # gloo ranks are CPU processes (distkit.machine)
         idist.initialize("gloo")
         print(describe_process("torchrun/srun: " if before else "no launcher: "), flush=True)
         idist.finalize()
         return 0
-    with idist.Parallel(backend="gloo", nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
-                        node_rank=args.node_rank, master_addr=args.master_addr,
-                        master_port=args.master_port) as parallel:
+    with cpu_only_processes(), \
+            idist.Parallel(backend="gloo", nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                           node_rank=args.node_rank, master_addr=args.master_addr,
+                           master_port=args.master_port) as parallel:
         parallel.run(show_env, "idist.Parallel: ")
     return 0
 

@@ -160,17 +160,26 @@ print(format_table(rows, list(rows[0])))
 # layer's first dimension divides by 4 here; otherwise FSDP pads the last rank's shard.)
 #
 # The formula leaves out Adam's step counters: one 0-d tensor per parameter tensor,
-# which `state_bytes` skips (a few bytes, printed here for one unsharded model):
+# which `state_bytes` skips (a few bytes, counted here for one unsharded model). The step
+# runs in a process of its own, not in this kernel: on a GPU machine any optimizer step
+# loads the CUDA driver (torch's CUDA-graph capture check), and ranks forked from a
+# kernel that has loaded it fail as soon as they touch CUDA (the checkpoint cell below
+# forks; seen on an H200).
 
 # %%
-adam = torch.optim.Adam(make_model().parameters())
-for p in adam.param_groups[0]["params"]:
-    p.grad = torch.zeros_like(p)
-adam.step()
-counters = [v for state in adam.state.values() for k, v in state.items() if torch.is_tensor(v) and v.dim() == 0]
-print(f"Adam's step counters: {len(counters)} tensors of 0 dimensions, "
-      f"{sum(v.numel() * v.element_size() for v in counters)} bytes, against 16Ψ = {16 * psi:,} bytes")
-assert len(counters) == len(adam.param_groups[0]["params"])
+def adam_step_counters(local_rank):
+    adam = torch.optim.Adam(make_model().parameters())
+    for p in adam.param_groups[0]["params"]:
+        p.grad = torch.zeros_like(p)
+    adam.step()
+    counters = [v for state in adam.state.values() for v in state.values() if torch.is_tensor(v) and v.dim() == 0]
+    return len(counters), sum(v.numel() * v.element_size() for v in counters), len(adam.param_groups[0]["params"])
+
+
+n_counters, counter_bytes, n_params = run_per_rank(adam_step_counters, 1, "gloo")[0]
+print(f"Adam's step counters: {n_counters} tensors of 0 dimensions, {counter_bytes} bytes, "
+      f"against 16Ψ = {16 * psi:,} bytes")
+assert n_counters == n_params
 
 # %% [markdown]
 # What the formula leaves out too: while a layer runs, FSDP has all-gathered its **full**

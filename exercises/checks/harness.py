@@ -270,9 +270,14 @@ def _rank_main(local_rank, check, reports_dir, check_args):
         open(os.path.join(reports_dir, f"done{idist.get_rank()}"), "w").close()
         return value
     except BaseException as error:
-        # The parent reads this to tell the learner what went wrong, and where.
-        with open(os.path.join(reports_dir, f"error{idist.get_rank()}.pkl"), "wb") as f:
+        # The parent reads this to tell the learner what went wrong, and where. Written whole,
+        # then renamed into place: when another rank fails first, torch.multiprocessing
+        # SIGTERMs this one, and a half-written file made the parent fail on
+        # "EOFError: Ran out of input" instead of naming the learner's mistake (seen in CI).
+        path = os.path.join(reports_dir, f"error{idist.get_rank()}.pkl")
+        with open(path + ".tmp", "wb") as f:
             pickle.dump(_describe(error), f)
+        os.replace(path + ".tmp", path)
         raise  # torch.multiprocessing then stops the other ranks instead of leaving them waiting
 
 

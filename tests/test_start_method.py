@@ -134,8 +134,8 @@ def gpu_visibility(local_rank):
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_gloo_workers_see_no_gpu_and_the_launcher_keeps_its_own(start_method, monkeypatch):
     """ignite calls torch.cuda.set_device(local_rank) whenever CUDA is available, gloo
-    included: on a 1-GPU machine local rank 1 failed with "invalid device ordinal" (every
-    notebook, on an H200). The kit's gloo workers are CPU processes; the launching
+    included: on a 1-GPU machine local rank 1 failed with "invalid device ordinal" (12 of
+    the 14 notebooks, on an H200). The kit's gloo workers are CPU processes; the launching
     process's own variables are back as they were when the launch ends."""
     from distkit.runner import run_per_rank
 
@@ -153,9 +153,10 @@ JOINING = textwrap.dedent('''
     import ignite.distributed as idist
     from distkit import launch_function
 
-    def report(local_rank):
-        print(f"RANK {idist.get_rank()} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
-              f"cuda={torch.cuda.is_available()} device={idist.device()}", flush=True)
+    def report(local_rank):  # one file per rank: two ranks' prints can interleave in one pipe
+        with open(f"rank{idist.get_rank()}.txt", "w") as f:
+            f.write(f"RANK {idist.get_rank()} CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r} "
+                    f"cuda={torch.cuda.is_available()} device={idist.device()}")
 
     if __name__ == "__main__":
         launch_function(report, backend="gloo")
@@ -173,5 +174,5 @@ def test_gloo_ranks_joining_torchrun_see_no_gpu(tmp_path):
                            str(script)], env=subprocess_env(), cwd=tmp_path, capture_output=True, text=True,
                           timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = sorted(ln for ln in done.stdout.splitlines() if ln.startswith("RANK"))
-    assert lines == [f"RANK {r} CUDA_VISIBLE_DEVICES='' cuda=False device=cpu" for r in (0, 1)], done.stdout
+    lines = [(tmp_path / f"rank{r}.txt").read_text() for r in (0, 1)]
+    assert lines == [f"RANK {r} CUDA_VISIBLE_DEVICES='' cuda=False device=cpu" for r in (0, 1)]

@@ -53,7 +53,7 @@ print(f"torch {torch.__version__}, ignite {ignite.__version__}, "
 # which hides any GPU from the processes it starts. ignite puts each process on GPU
 # *local rank* whenever CUDA is available, gloo included (`torch.cuda.set_device` in
 # `ignite/distributed/comp_models/native.py`): on a runtime with one GPU, the process of
-# local rank 1 would fail with "invalid device ordinal" (notebook 02 shows it). These are
+# local rank 1 would fail with "invalid device ordinal" (notebook 02 explains it). These are
 # CPU lessons; on a CPU-only machine the block changes nothing.
 
 # %%

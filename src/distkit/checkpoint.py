@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from distkit.errors import DistkitError
+from distkit.machine import world_layout
 
 CHECKPOINT_PREFIX = "training"
 LATEST = "latest"
@@ -93,7 +94,7 @@ def resolve_resume_from(config):
             f"--resume-from latest: none of the {len(found)} checkpoint(s) under "
             f"{config.output_dir!r} loads (newest: {found[-1]}): start a new run with its own "
             "--output-dir, or without --resume-from")
-    if unloadable and int(os.environ.get("RANK", "0")) == 0:
+    if unloadable and world_layout().rank == 0:
         print(f"distkit: warning: --resume-from latest: {len(unloadable)} newer checkpoint(s) do "
               f"not load (newest: {unloadable[0]}): falling back to {path}", file=sys.stderr,
               flush=True)
@@ -101,7 +102,7 @@ def resolve_resume_from(config):
         raise DistkitError(
             f"--resume-from latest: the newest loadable checkpoint under {config.output_dir!r} ({path}) ends "
             "a finished run, so there is nothing to resume: give a new job its own --output-dir")
-    if int(os.environ.get("RANK", "0")) == 0:
+    if world_layout().rank == 0:
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
         where = f"resuming from {path}" if path else "no checkpoint yet: starting from scratch"
         print(f"--resume-from latest{f' (TORCHELASTIC_RESTART_COUNT={restart})' if restart else ''}: {where}",

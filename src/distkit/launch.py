@@ -38,7 +38,7 @@ from distkit.failures import (RankFailed, Reporter, default_folder, for_function
                               report_from_worker, run_reporting)
 from distkit.machine import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython, inside_launch,
                              launched_externally, ranks_on_this_host, restore_environment,
-                             set_ignite_verbosity, socket_interface, threads_per_process)
+                             set_ignite_verbosity, socket_interface, threads_per_process, world_layout)
 from distkit.preflight import Launch, check_launch, check_picklable, preflight
 from distkit.tasks import resolve_task
 from distkit.training import training
@@ -563,8 +563,7 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
     """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
     that raises prints one line (the first of its node) and records it for torchrun's
     summary (:func:`distkit.failures.report_from_worker`)."""
-    several_nodes = int(os.environ.get("WORLD_SIZE", "1")) > int(
-        os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("SLURM_NTASKS_PER_NODE", "1")))
+    several_nodes = world_layout().nnodes > 1
     if several_nodes:
         try:
             bind_to_interface_of_master(launch, os.environ.get("MASTER_ADDR"))

@@ -34,6 +34,7 @@ from distkit.data import VAL_SIZE, fetch_torchvision
 from distkit.errors import DistkitError
 from distkit.machine import (available_memory, check_address_resolves, check_port_free, free_port,
                              in_ipython, inside_launch, launched_externally, local_world_size,
+                             check_not_sbatch_without_srun, world_layout,
                              tpu_available)
 
 CPU_DEFAULT_NPROC = 2
@@ -122,7 +123,7 @@ class Launch:
     def world_size(self) -> int:
         if self.spawning:
             return self.nproc_per_node * self.nnodes
-        return int(os.environ.get("WORLD_SIZE", "1"))
+        return world_layout().world_size  # torchrun's WORLD_SIZE or srun's SLURM_NTASKS
 
 
 def check_launch(config, spawning: bool | None = None) -> Launch:
@@ -134,6 +135,8 @@ def check_launch(config, spawning: bool | None = None) -> Launch:
     nproc = config.nproc_per_node
     if spawning is None:
         spawning = nproc is not None or not launched_externally()
+    if not spawning:
+        check_not_sbatch_without_srun()  # one process of a job of several tasks: say so now
     if nproc is not None and inside_launch():
         raise DistkitError(
             f"--nproc-per-node {nproc} inside a torchrun/SLURM launch, which "
@@ -175,7 +178,7 @@ def check_training(config, launch: Launch, task=None):
         check_strategy(config.strategy, launch.backend)
     check_synthetic_fits_in_memory(
         config, launch.nproc_per_node if launch.spawning else local_world_size())
-    if not launch.spawning and "WORLD_SIZE" in os.environ:
+    if not launch.spawning and world_layout().launcher != "none":
         config.check_batch_fits(launch.world_size)
     if launch.spawning and config.nproc_per_node is None:  # else validate() checked it
         config.check_batch_fits(launch.world_size)

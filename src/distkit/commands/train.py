@@ -129,6 +129,7 @@ def main(args) -> int:
     import torch
 
     from distkit.launch import run
+    from distkit.machine import world_layout
     from distkit.reporting import run_summary
 
     # This process only launches (or, joined to torchrun, trains and sets its own count):
@@ -136,7 +137,7 @@ def main(args) -> int:
     torch.set_num_threads(1)
     results = run(config_from_args(args))
     # under torchrun / SLURM every rank gets rank 0's results: one summary, from rank 0
-    if results is not None and os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")) == "0":
+    if results is not None and world_layout().rank == 0:
         if results.get("profile"):
             from distkit.profiling import write_csv
 

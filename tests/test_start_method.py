@@ -95,7 +95,7 @@ def test_after_the_kernel_touched_cuda_an_importable_function_is_spawned_and_a_c
     here before), and refuses in one line naming the function when it cannot. This VM has
     no CUDA, so the parent's CUDA state and the notebook kernel are stood in for; the
     processes are real. scripts/gpu_check.sh runs notebook 07 on a real GPU."""
-    import distkit.launch as launch
+    import distkit.supervise as launch  # where the process-start core decides fork or spawn
     from distkit.errors import DistkitError
     from distkit.lessons.collectives import process_info
     from distkit.runner import run_per_rank

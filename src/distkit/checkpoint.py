@@ -170,6 +170,12 @@ def checkpoint_saver(dirname: str):
             except (OSError, RuntimeError) as e:
                 raise save_error(e, checkpoint, self.dirname) from None
 
+        def remove(self, filename):
+            try:
+                super().remove(filename)
+            except FileNotFoundError:  # a resumed run's best model of the run before
+                pass
+
     return OneLineDiskSaver(dirname, require_empty=False, atomic=True)
 
 

@@ -136,6 +136,11 @@ class Task:
     - ``handlers(trainer, evaluator, config)``: attaches handlers of the task's own to
       ignite's trainer and evaluator, after the kit's (``EarlyStopping`` on another score,
       a log line of its own); called once per process.
+    - ``stateful(trainer, evaluator, config) -> {name: object}``: attaches the task's
+      handlers that carry state (a metric, an EMA of the weights, a scheduler wrapper:
+      anything with ``state_dict`` / ``load_state_dict``) and returns them by name; each
+      is saved in every checkpoint (under ``task.<name>``) and loaded back on resume, so
+      a resumed run continues them exactly. Called once per process, after ``handlers``.
     - ``settings={name: default}``: the task's own settings; each is given on the
       command line as ``--set name=value`` (converted to its default's type) or in
       ``Config(task_settings={...})``, and reaches every function of the task as
@@ -172,6 +177,7 @@ class Task:
     handlers: Optional[Callable] = None
     settings: dict = dataclasses.field(default_factory=dict)
     summary: Optional[Callable] = None
+    stateful: Optional[Callable] = None
 
     def __post_init__(self):
         if self.metrics is None:
@@ -181,7 +187,7 @@ class Task:
                 raise DistkitError(
                     f"Task({field}=...) must be a function, got {type(getattr(self, field)).__name__}: "
                     f"pass the function itself, e.g. Task({field}=make_{field})")
-        for field in ("collate_fn", "prepare_batch", "train_step", "handlers", "summary"):
+        for field in ("collate_fn", "prepare_batch", "train_step", "handlers", "summary", "stateful"):
             value = getattr(self, field)
             if value is not None and not callable(value):
                 raise DistkitError(

@@ -20,11 +20,12 @@ from ignite.engine.deterministic import DeterministicEngine
 from ignite.handlers import Checkpoint, EarlyStopping, PiecewiseLinear, ProgressBar
 from ignite.utils import manual_seed
 
-from distkit import profiling, throughput, tracking
-from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_saver, load_checkpoint,
-                                make_run_dir, resume_settings, to_save)
+from distkit import profiling, signals, stopping, throughput, tracking
+from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_iteration,
+                                checkpoint_saver, load_checkpoint, make_run_dir, resume_settings,
+                                to_save)
 from distkit.data import get_dataflow
-from distkit.machine import ranks_on_this_host, threads_per_process
+from distkit.machine import ranks_on_this_host, threads_per_process, world_layout
 from distkit.reporting import RunRecord, report, saved_path
 from distkit.strategies import (checkpoint_objects, full_state_dict_everywhere,
                                  peak_memory_per_rank, prepare_model)
@@ -162,12 +163,75 @@ class Trainer(DeterministicEngine):
     def state_dict(self):
         state = super().state_dict()
         state["rng_states"] = [_numpy_state_as_tensor(s) for s in state["rng_states"]]
+        # A collective: the checkpoint is saved on every rank at once (ignite's Checkpoint)
+        state[RNG_BY_RANK] = gather_rng_states()
         return state
 
     def load_state_dict(self, state_dict):
         state_dict = dict(state_dict)
+        by_rank = state_dict.pop(RNG_BY_RANK, None)
+        self._cuda_rng_states = None
+        if by_rank is not None and idist.get_rank() < len(by_rank):  # this rank's own streams
+            mine = decode_rng_state(by_rank[idist.get_rank()])
+            state_dict["rng_states"] = [mine["python"], mine["torch"], mine["numpy"]]
+            self._cuda_rng_states = mine.get("cuda")
         state_dict["rng_states"] = [_numpy_state_from_tensor(s) for s in state_dict["rng_states"]]
         super().load_state_dict(state_dict)
+
+    def _setup_engine(self):
+        in_the_middle = self.state.rng_states is not None
+        super()._setup_engine()  # restores the CPU generators in the middle of an epoch
+        cuda_states = getattr(self, "_cuda_rng_states", None)
+        if cuda_states and in_the_middle and self.state.rng_states is None and \
+                torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(cuda_states)
+        self._cuda_rng_states = None
+
+
+RNG_BY_RANK = "rng_by_rank"
+
+
+def rng_state_bytes() -> torch.Tensor:
+    """This process's generators (Python ``random``, numpy, torch CPU and CUDA) as bytes
+    in a uint8 tensor that ``torch.load(weights_only=True)`` reads back."""
+    import io
+    import random
+
+    import numpy as np
+
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "numpy": _numpy_state_as_tensor(np.random.get_state())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def decode_rng_state(data: torch.Tensor) -> dict:
+    """:func:`rng_state_bytes` read back (numpy's state still as a tensor)."""
+    import io
+
+    state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
+    state["python"] = (state["python"][0], tuple(state["python"][1]), state["python"][2])
+    return state
+
+
+def gather_rng_states() -> list:
+    """Every rank's :func:`rng_state_bytes`, in rank order (a collective). Why gathered
+    into rank 0's one checkpoint file rather than one small file per rank: the file is
+    written whole and renamed into place, so a complete checkpoint always holds every
+    rank's state; files per rank could be a mix of two saves after a kill, and on several
+    nodes they would all need the shared folder anyway. Cost: ~12 KB a rank."""
+    mine = rng_state_bytes()
+    if idist.get_world_size() == 1:
+        return [mine]
+    lengths = [int(n) for n in idist.all_gather(int(mine.numel()))]
+    padded = torch.zeros(max(lengths), dtype=torch.uint8)
+    padded[:mine.numel()] = mine
+    device = idist.device() if idist.backend() == "nccl" else torch.device("cpu")
+    gathered = idist.all_gather(padded.to(device)).cpu().reshape(len(lengths), -1)
+    return [gathered[r, :n].clone() for r, n in enumerate(lengths)]
 
 
 def _numpy_state_as_tensor(state):
@@ -424,6 +488,7 @@ def training(local_rank: int, config, task: Task | None = None,
     config = task.configure(config)  # the task's own settings, complete and typed
     config.check_batch_fits(idist.get_world_size())
     run_dir = resolve_run_dir(config, run_dir)
+    restore_handlers = signals.install(stop_signals())
     try:
         results = _train(local_rank, config, task, run_dir)
     except BaseException as e:
@@ -434,13 +499,79 @@ def training(local_rank: int, config, task: Task | None = None,
         except AttributeError:  # an exception type that takes no attributes
             pass
         raise
+    finally:
+        restore_handlers()
     # Free the trainer, the DDP model and the loaders (held by reference cycles) now, while
     # the interpreter and the process group are alive: left to the interpreter's exit,
     # gloo's pending work objects can abort a process that has finished its work
     # (SIGABRT, "terminate called without an active exception").
     gc.collect()
     idist.barrier()  # leave together: a rank that tears down early can abort the others
+    if isinstance(results, signals.Preempted):
+        results.distkit_run_dir = run_dir
+        raise results
     return results
+
+
+def stop_signals() -> tuple:
+    """The signals that stop training at the next iteration with a checkpoint: SIGTERM
+    and SIGUSR1; SIGINT too in a rank of torchrun / srun, which pass a Ctrl-C on to their
+    ranks (the kit's own launcher stops its workers itself)."""
+    import signal
+
+    extra = (signal.SIGINT,) if world_layout().launcher != "none" else ()
+    return signals.STOP_SIGNALS + extra
+
+
+def resumable_state(stopper, best, task: Task, trainer, evaluator, config) -> dict:
+    """What the checkpoint holds beside trainer, model, optimizer and schedule, so that a
+    resumed run decides as the uninterrupted one: early stopping's counter and best score,
+    the best model's score and file, and the objects of the task's own
+    (``Task.stateful``, each under ``task.<name>``)."""
+    objects = {"best_model": best}
+    if stopper is not None:
+        objects["early_stopping"] = stopper
+    if task.stateful is not None:
+        own = task.stateful(trainer, evaluator, config) or {}
+        for name, obj in own.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise DistkitError(
+                    f"task {task.name!r}: its stateful() returned {name!r}, a "
+                    f"{type(obj).__name__} without state_dict/load_state_dict: return only "
+                    "objects that have both (ignite handlers and metrics, torch modules, "
+                    "optimizers and schedulers do)")
+            objects[f"task.{name}"] = obj
+    return objects
+
+
+def resume_objects(objects: dict, config, run_dir: str) -> None:
+    """Load ``objects`` from ``config.resume_from`` (those it holds: a checkpoint of an
+    older distkit lacks early stopping's state), bring the best model's file into this
+    run's folder, and say in one line what cannot be resumed exactly."""
+    import shutil
+    import sys
+
+    ckpt = load_checkpoint(config.resume_from)
+    Checkpoint.load_objects({k: v for k, v in objects.items() if k in ckpt}, ckpt)
+    rank = idist.get_rank()
+    if "best_model" in ckpt and rank == 0:  # the tracker names a file of the old run
+        old_best = os.path.join(os.path.dirname(os.path.dirname(config.resume_from)), "best")
+        for _, filename in ckpt["best_model"].get("_saved", []):
+            source = os.path.join(old_best, filename)
+            if os.path.exists(source):
+                os.makedirs(os.path.join(run_dir, "best"), exist_ok=True)
+                shutil.copy2(source, os.path.join(run_dir, "best", filename))
+    trainer_state = ckpt["trainer"]
+    mid_epoch = trainer_state["iteration"] % trainer_state["epoch_length"] != 0
+    if rank == 0 and mid_epoch and config.num_workers > 0:
+        print(f"distkit: note: resuming in the middle of an epoch with --num-workers "
+              f"{config.num_workers}: the loader's worker processes restart their own random "
+              "generators, so random transforms in the dataset or collate_fn differ from an "
+              "uninterrupted run (exact with --num-workers 0)", file=sys.stderr, flush=True)
+    if rank == 0 and mid_epoch and RNG_BY_RANK not in trainer_state and idist.get_world_size() > 1:
+        print("distkit: note: this checkpoint holds rank 0's random state only (an older "
+              "distkit): dropout on the other ranks differs from an uninterrupted run until "
+              "the epoch ends", file=sys.stderr, flush=True)
 
 
 def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
@@ -496,6 +627,7 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
 
     # Early stopping and the best model read the evaluator's metrics when it completes, as
     # ignite's examples attach them: they cannot run before the validation they judge.
+    stopper = None
     if config.early_stopping_patience > 0:
         stopper = EarlyStopping(
             patience=config.early_stopping_patience, threshold=config.early_stopping_min_delta,
@@ -506,9 +638,19 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     # rank 0 only, atomically (temporary file, then rename).
     # Under fsdp: full (unsharded) state dicts, so the files stay plain model weights.
     saved_model, saved_optimizer = checkpoint_objects(model, optimizer)
+    # The best model by the task's score, beside (not among) the resumable checkpoints.
+    best = Checkpoint(
+        {"model": saved_model}, checkpoint_saver(os.path.join(run_dir, "best")),
+        filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0])
+    evaluator.add_event_handler(Events.COMPLETED, best)
+
+    if task.handlers is not None:  # the task's own, after the kit's, before the checkpoint
+        task.handlers(trainer, evaluator, config)
     # the settings a resumed run must share with this one (checked before it starts)
     settings = RunSettings(resume_settings(config, task.name, world_size, type(optimizer).__name__))
     objects = to_save(trainer, saved_model, saved_optimizer, lr_scheduler, settings)
+    # resumed as they were: early stopping's counter, the best model's score, the task's own
+    objects.update(resumable_state(stopper, best, task, trainer, evaluator, config))
     checkpoint = Checkpoint(
         objects, checkpoint_saver(os.path.join(run_dir, "checkpoints")),  # full disk: one line
         filename_prefix=CHECKPOINT_PREFIX, n_saved=2,
@@ -517,24 +659,18 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     if config.checkpoint_every > 0:
         save_at = save_at | Events.ITERATION_COMPLETED(every=config.checkpoint_every)
     trainer.add_event_handler(save_at, checkpoint)
-    # The best model by the task's score, beside (not among) the resumable checkpoints.
-    best = Checkpoint(
-        {"model": saved_model}, checkpoint_saver(os.path.join(run_dir, "best")),
-        filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0])
-    evaluator.add_event_handler(Events.COMPLETED, best)
 
-    if config.max_iters is not None:
-        @trainer.on(Events.ITERATION_COMPLETED)
-        def stop_early(engine):
-            if engine.state.iteration >= config.max_iters:
-                checkpoint(engine)
-                engine.terminate()
+    def save_now(engine):  # the checkpoint of this iteration (written once)
+        if checkpoint_iteration(checkpoint.last_checkpoint or "") != engine.state.iteration:
+            checkpoint(engine)
+        return saved_path(run_dir, "checkpoints", checkpoint)
 
-    if task.handlers is not None:  # the task's own, after the kit's
-        task.handlers(trainer, evaluator, config)
+    # a stop signal or --max-iters: every rank at the same iteration, after the epoch's
+    # validation and schedule step when that iteration ends an epoch (distkit.stopping)
+    stop, agreement = stopping.attach(trainer, save_now, config.max_iters)
 
     if config.resume_from:
-        Checkpoint.load_objects(objects, load_checkpoint(config.resume_from))
+        resume_objects(objects, config, run_dir)
 
     @trainer.on(Events.ITERATION_COMPLETED(once=1))
     def first_step_done(engine):  # start-up as a learner feels it (distkit bench's peers)
@@ -550,6 +686,12 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     start = time.perf_counter()
     trainer.run(train_loader, max_epochs=config.epochs)
     wall = time.perf_counter() - start
+    agreement.drain()
+    if stop.stopped and stop.signum:  # stopped by a signal: the checkpoint says where
+        tracker.close(None)
+        return signals.Preempted(
+            signals.stopped_line(stop.signum, stop.iteration, stop.epoch, stop.checkpoint),
+            stop.signum, stop.checkpoint)
 
     profile = profiling.summarize(profiler) if profiler is not None else None
     tracker.close(profile)

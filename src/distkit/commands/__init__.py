@@ -106,8 +106,15 @@ def main(argv=None) -> None:
     if args.command is None:  # bare `distkit`: say what there is, as --help does
         parser.print_help()
         sys.exit(0)
+    from distkit.signals import Preempted
+
     try:
         code = args._module.main(args)
+    except Preempted as e:  # stopped by a signal with a checkpoint: "terminated", 128 + signal
+        if not e.reported:  # a torchrun / srun rank said so itself, once per node
+            sys.stderr.write(f"distkit: {e}\n")
+            sys.stderr.flush()
+        sys.exit(e.exit_code)
     except DistkitError as e:
         if not getattr(e, "reported", False):  # a torchrun worker's failure says so itself
             report_error(e)

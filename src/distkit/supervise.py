@@ -1,0 +1,498 @@
+"""Starting the processes of a launch and watching them: the process-start core behind
+:func:`distkit.launch.run`, :func:`distkit.launch.launch_function` and
+:func:`distkit.runner.run_per_rank`.
+
+- :func:`start`: spawn (or fork, where safe: :func:`prepare_fork`) ``nproc_per_node``
+  workers with ``idist.Parallel``, each in a session of its own that ends with the
+  launcher; or join a torchrun / srun launch as one rank (:func:`_join`).
+- Supervision: a rank that raises, dies or is stopped (SIGSTOP) becomes one line naming
+  it (:func:`describe_process_failure`, :class:`StoppedRankWatchdog`); Ctrl-C stops every
+  worker (:func:`stop_workers`); SIGTERM / SIGUSR1 to the launcher are passed on to the
+  workers, which stop at the same iteration with a checkpoint (:mod:`distkit.signals`,
+  :mod:`distkit.stopping`), and the launch ends with :class:`~distkit.signals.Preempted`.
+"""
+from __future__ import annotations
+
+import ctypes
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from contextlib import nullcontext
+from dataclasses import fields, is_dataclass
+from datetime import timedelta
+
+import ignite.distributed as idist
+import torch
+
+from distkit import signals
+from distkit.checkpoint import latest_checkpoint_in, remove_run_dir_if_empty
+from distkit.errors import DistkitError
+from distkit.failures import RankFailed, Reporter, first_on_this_node, report_from_worker, run_reporting
+from distkit.machine import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython,
+                             restore_environment, set_ignite_verbosity, socket_interface,
+                             threads_per_process, world_layout)
+from distkit.preflight import Launch
+
+
+def prepare_fork(launch: Launch, start_method: str | None = None) -> Launch:
+    """``launch`` as it will fork (:func:`fork_threads`), or as it is where it spawns."""
+    if start_method == "fork" or (start_method is None and _fork_is_safe(launch)):
+        return fork_threads(launch)
+    return launch
+
+
+def start(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = None,
+          start_method: str | None = None):
+    """The one process-start core: ``run``, ``launch_function`` and
+    ``distkit.runner.run_per_rank`` are thin callers of it. ``fn(local_rank, *args)`` on
+    every rank of ``launch`` (:func:`distkit.preflight.check_launch` made it): collectives
+    bounded by ``launch.timeout_s``, a failed rank reported in one line by ``reporter``.
+
+    - joining torchrun / SLURM (``launch.spawning`` False): this process is one rank;
+      returns ``fn``'s value.
+    - backend ``none``: ``fn(0, *args)`` in this process; returns its value.
+    - else ``launch.nproc_per_node`` processes with ``idist.Parallel``, forked where safe
+      (``start_method`` overrides); returns None.
+
+    ``run_dir``: the run folder this launcher made, removed if the run leaves it empty."""
+    if not launch.spawning:
+        return _join(launch, reporter, fn, *args)
+    if launch.backend == "none":
+        try:
+            return fn(0, *args)
+        except BaseException:
+            _discard_if_empty(run_dir)
+            raise
+    _spawn(launch, reporter, fn, *args, run_dir=run_dir, start_method=start_method)
+    return None
+
+
+def _timeout(launch: Launch) -> dict:
+    """The process group's bound on every collective (gloo and nccl take one)."""
+    if launch.backend in ("gloo", "nccl"):
+        return {"timeout": timedelta(seconds=launch.timeout_s)}
+    return {}
+
+
+def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = None,
+           start_method: str | None = None) -> None:
+    """``fn(local_rank, *args)`` in ``launch.nproc_per_node`` spawned processes of this
+    node; a failed rank becomes one line naming it (``reporter``: where a rank that
+    raises writes its traceback, see :mod:`distkit.failures`)."""
+    config = launch  # the process fields, under the names Config gives them
+    # Spawned processes inherit this: one thread pool per process, never oversubscribed.
+    os.environ.setdefault("OMP_NUM_THREADS", str(_threads(config)))
+    spawn_kwargs = _timeout(launch)
+    if start_method is None and _fork_is_safe(config):
+        # Forked workers start with torch, ignite and the kit already imported: the
+        # workers were ready 3.5 s after the command started instead of 13.7 s with
+        # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
+        start_method = "fork"
+    if start_method is not None:
+        spawn_kwargs["start_method"] = start_method
+    forking = start_method == "fork" or (start_method is None and in_ipython())
+    if forking and torch.cuda.is_initialized():  # (never initialises CUDA itself)
+        # A forked child cannot use CUDA once this process has (on a GPU runtime, a
+        # notebook that trained in its kernel has). Spawned children start fresh: take
+        # them when nobody asked for fork and what they run can be imported.
+        unimportable = first_unimportable((fn, args))
+        if start_method is not None or unimportable is not None:
+            raise DistkitError(
+                "CUDA is already initialised in this process, and a forked child cannot use it"
+                + (f" ({getattr(unimportable, '__qualname__', unimportable)!r} is defined in this "
+                   "session, so it cannot be spawned instead)" if unimportable is not None else "")
+                + ": restart the kernel and start the processes before any cell touches the GPU, "
+                "or put the function in a module and import it from there")
+        start_method, forking = "spawn", False
+        spawn_kwargs["start_method"] = "spawn"
+    if not forking:  # ignite forks under IPython; elsewhere spawned workers import fn
+        check_spawned_can_import("the training function", (fn, args))
+    interface = None
+    logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
+    before = set(multiprocessing.active_children())  # a notebook's other children stay
+    watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
+    watchdog.start()
+    forwarding = ForwardStopSignals(before)
+    try:
+        if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
+            interface = bind_to_interface_of_master(config, config.master_addr)  # inherited
+        with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
+                idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
+                               nnodes=config.nnodes, node_rank=config.node_rank,
+                               master_addr=config.master_addr, master_port=config.master_port,
+                               **spawn_kwargs) as parallel:
+            with forwarding:
+                parallel.run(_own_session, reporter, fn, *args)
+    except KeyboardInterrupt:
+        # SIGINT to this process only (Jupyter's "interrupt kernel", kill -INT): the
+        # workers are non-daemonic, so without this they train on to the last epoch while
+        # the interpreter's exit waits for them.
+        stopped = stop_workers(set(multiprocessing.active_children()) - before)
+        raise KeyboardInterrupt(interrupted_message(run_dir, stopped)) from None
+    except Exception as e:
+        watchdog.finish()
+        first = (config.node_rank or 0) * config.nproc_per_node
+        if watchdog.stopped:
+            ranks = ", ".join(str(first + r) for r in watchdog.stopped)
+            raise DistkitError(
+                f"rank {ranks} stopped answering (its process was stopped: SIGSTOP, Ctrl-Z or a "
+                f"debugger); the other ranks gave up after --timeout {config.timeout_s:g} s and "
+                "the job was ended. Resume with --resume-from latest (the newest checkpoint "
+                "under --output-dir)") from None
+        failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node)
+        if forwarding.signum and not isinstance(failure, signals.Preempted):
+            # the signal came before the workers could stop at an iteration (start-up)
+            newest = latest_checkpoint_in(run_dir) if run_dir else None
+            failure = signals.Preempted(
+                f"stopped by {signals.name(forwarding.signum)} before training reached an "
+                f"iteration it could stop at ({failure or type(e).__name__}); "
+                + (f"checkpoint: {newest}" if newest else "no checkpoint was written"),
+                forwarding.signum, newest)
+        if failure is None:
+            raise
+        raise failure from None
+    finally:
+        watchdog.finish()
+        logs.restore()  # a notebook's own ignite calls log as before
+        restore_environment(interface)
+        _discard_if_empty(run_dir)
+
+
+class ForwardStopSignals:
+    """While the workers run: SIGTERM / SIGUSR1 to the launcher are remembered
+    (``signum``) and passed on to every worker, which stops at the next iteration with a
+    checkpoint (:mod:`distkit.stopping`); the launcher waits for them. SLURM's ``scancel``
+    signals the launcher only when the job's processes are not in one step, Kubernetes
+    the container's first process: the workers, in sessions of their own, hear it from
+    here."""
+
+    def __init__(self, before: set):
+        self.before, self.signum, self._previous = before, 0, {}
+
+    def _handler(self, signum, frame):
+        self.signum = self.signum or signum
+        for child in set(multiprocessing.active_children()) - self.before:
+            try:
+                os.kill(child.pid, signum)
+            except (ProcessLookupError, TypeError):
+                pass
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in signals.STOP_SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handler)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+
+def _own_session(local_rank, reporter, fn, *args):
+    """``fn(local_rank, *args)`` in a session of its own that ends with the launcher; an
+    exception it raises becomes one line (``distkit.failures.run_reporting``).
+
+    Why a session: torchrun starts its workers so (``start_new_session``), and with the
+    kernel's autogroup scheduling (on by default) the processes of one session share
+    one scheduling group. Workers left in the launcher's session ran tiny steps at 0.91
+    of torchrun's speed; in sessions of their own, 1.05 (6 rounds each, quiet 2-core VM;
+    benchmarks/README.md, tiny steps). A terminal's Ctrl-C and Ctrl-Z then reach the
+    launcher only, which stops the workers itself (``stop_workers``).
+
+    Why "ends with the launcher": outside the launcher's session a worker no longer gets
+    the terminal's hang-up, so it asks the kernel (Linux) for SIGTERM when its parent
+    dies: a killed launcher leaves no orphan training on."""
+    if hasattr(os, "setsid"):
+        try:
+            os.setsid()
+        except OSError:  # already a session leader
+            pass
+    _end_with_parent()
+    return run_reporting(reporter, fn, local_rank, *args)
+
+
+def _end_with_parent() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the launcher was already gone before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class StoppedRankWatchdog:
+    """Watches the spawned ranks; once one has exited while another is *stopped* (state
+    ``T``: SIGSTOP, Ctrl-Z of one process, a debugger), it kills the stopped ones and
+    remembers their local ranks.
+
+    Why: a stopped rank makes the others time out in their next collective (after
+    ``--timeout``); torch then ends the job with SIGTERM, which a stopped process never
+    handles, and waits 30 s before SIGKILL; and the failure it reports is the healthy
+    rank that timed out. It reads ``/proc`` instead of polling the ``Process`` objects,
+    whose reaping belongs to torch's own join."""
+
+    def __init__(self, before: set, nproc: int, poll_s: float = 0.2):
+        self.before, self.nproc, self.poll_s = before, nproc, poll_s
+        self.stopped: list[int] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="distkit-watchdog", daemon=True)
+
+    def start(self) -> None:
+        if os.path.isdir("/proc"):  # Linux only; elsewhere torch's own clean-up applies
+            self._thread.start()
+
+    def finish(self) -> None:
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join(5)
+
+    def _watch(self) -> None:
+        workers = []
+        while not self._done.wait(self.poll_s):
+            if len(workers) < self.nproc:  # spawned in local-rank order
+                workers = sorted(set(multiprocessing.active_children()) - self.before,
+                                 key=lambda p: p._identity)
+                continue
+            states = [_process_state(p.pid) for p in workers]
+            if any(state in (None, "Z", "X") for state in states):  # one has exited
+                for rank, (process, state) in enumerate(zip(workers, states)):
+                    if state == "T":
+                        self.stopped.append(rank)
+                        os.kill(process.pid, 9)  # SIGKILL works on a stopped process
+                return
+
+
+def _process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (R, S, D, T, Z...), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def stop_workers(children, grace_s: float = 3.0) -> int:
+    """Stop these child processes (SIGTERM, then SIGKILL after ``grace_s``) and reap
+    them; a repeated Ctrl-C meanwhile is ignored, so the cleanup cannot be cut short.
+    Returns how many were running."""
+    children = [c for c in children if c.is_alive()]
+    if not children:
+        return 0
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
+    try:
+        for child in children:
+            child.terminate()
+        deadline = time.monotonic() + grace_s
+        for child in children:
+            child.join(max(0.0, deadline - time.monotonic()))
+        for child in children:
+            if child.is_alive():
+                child.kill()
+                child.join(2.0)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+    return len(children)
+
+
+def interrupted_message(run_dir: str | None, stopped: int) -> str:
+    """What an interrupt left behind, and how to go on from it."""
+    newest = latest_checkpoint_in(run_dir) if run_dir else None
+    kept = (f"resume from the last complete checkpoint with --resume-from {newest}"
+            if newest else "no checkpoint had been written yet, so nothing is left behind")
+    return f"stopped {stopped} worker process(es); {kept}"
+
+
+def _discard_if_empty(run_dir) -> None:
+    """A run that ended before writing anything of value leaves no folder behind."""
+    if run_dir:
+        remove_run_dir_if_empty(run_dir)
+
+
+def _threads(config) -> int:
+    return config.threads_per_process or threads_per_process(config.nproc_per_node)
+
+
+def _fork_is_safe(config) -> bool:
+    """Fork rather than spawn the workers: on Linux, with gloo, CUDA never initialised in
+    this process, at any number of threads per worker (so the same code behaves the same
+    on a 2-core VM and a 16-core laptop: a function defined in ``python -c`` or a cell
+    works on both). What makes several threads safe is :func:`fork_threads`."""
+    return (sys.platform == "linux" and config.backend == "gloo"
+            and not torch.cuda.is_initialized())
+
+
+def fork_threads(config):
+    """The config to fork with: its threads per process, or 1 where this process's
+    OpenMP thread pool is already running.
+
+    Why: libgomp (the OpenMP of torch's Linux wheels) does not survive a fork: a forked
+    child that runs a parallel region on several threads after its parent started the
+    pool waits forever for pool threads that were not copied (measured here: a 2-thread
+    matmul in the parent, then the same in a forked child: hung). A child on one thread
+    runs OpenMP regions inline and is safe. The launcher itself never starts the pool
+    (``distkit train`` pins its own process to 1 thread before any work); a script or a
+    notebook may have, which :func:`openmp_pool_forks_cleanly` finds out."""
+    if _threads(config) == 1 or openmp_pool_forks_cleanly():
+        return config
+    sys.stderr.write(
+        f"distkit: this process already runs OpenMP threads, which a forked worker cannot use: "
+        f"each worker runs 1 thread instead of {_threads(config)} (start the launch before "
+        "any multi-threaded torch work, or call torch.set_num_threads(1) first)\n")
+    return config.replace(threads_per_process=1)
+
+
+def openmp_pool_forks_cleanly(timeout_s: float = 5.0) -> bool:
+    """Fork a child that runs one parallel region on 2 threads: True if it ends within
+    ``timeout_s`` (this process's OpenMP pool was never started, or survives a fork),
+    False if it hangs (it is killed). About 10 ms when it ends."""
+    pid = os.fork()
+    if pid == 0:  # the child: one OpenMP region, then leave without any clean-up
+        code = 1
+        try:
+            torch.set_num_threads(2)
+            torch.ones(1 << 18).exp_()  # above ATen's grain size: a parallel region
+            code = 0
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status == 0
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
+
+
+def check_spawned_can_import(what: str, objects) -> None:
+    """Spawned processes import the functions they run by module and name; a function of
+    ``python -c``, of standard input or of an interactive session has no module file to
+    import. Refuse in one line before any process starts (forked processes need none)."""
+    fn = first_unimportable(objects)
+    if fn is not None:
+        raise DistkitError(
+            f"{what} ({getattr(fn, '__qualname__', fn)!r}) is defined in `python -c`, "
+            "standard input or an interactive session, which spawned processes cannot "
+            "import: put it in a file (a module, or a script with an "
+            "`if __name__ == \"__main__\":` guard) and import it from there")
+
+
+def first_unimportable(objects):
+    """The first callable in ``objects`` (searched through tuples, lists and dataclass
+    fields) that a spawned process could not import, or None."""
+    main = sys.modules.get("__main__")
+    if getattr(main, "__file__", None) and os.path.exists(main.__file__):
+        return None
+
+    def callables(obj):
+        if is_dataclass(obj) and not isinstance(obj, type):
+            for f in fields(obj):
+                yield from callables(getattr(obj, f.name))
+        elif isinstance(obj, (tuple, list)):
+            for item in obj:
+                yield from callables(item)
+        elif isinstance(obj, dict):
+            for item in obj.values():
+                yield from callables(item)
+        elif callable(obj):
+            yield obj
+
+    return next((fn for fn in callables(objects) if getattr(fn, "__module__", None) == "__main__"), None)
+
+
+def bind_to_interface_of_master(config, master_addr) -> dict | None:
+    """Set ``GLOO_SOCKET_IFNAME`` (``NCCL_SOCKET_IFNAME``) in this process to the
+    interface that routes to the master, unless the user set it
+    (:func:`distkit.machine.socket_interface`); before any process group is made.
+    Returns the previous values, to put back with :func:`restore_environment`."""
+    pick = socket_interface(config.backend, master_addr)
+    if pick is None or pick["set_by"] == "you":
+        return None
+    previous = {pick["variable"]: os.environ.get(pick["variable"])}
+    os.environ[pick["variable"]] = pick["interface"]
+    if config.verbose:
+        sys.stderr.write(f"distkit: {pick['variable']}={pick['interface']} ({pick['address']}, "
+                         f"the interface that routes to the master {master_addr})\n")
+    return previous
+
+
+def _join(launch: Launch, reporter: Reporter, fn, *args):
+    """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
+    that raises prints one line (the first of its node) and records it for torchrun's
+    summary (:func:`distkit.failures.report_from_worker`)."""
+    several_nodes = world_layout().nnodes > 1
+    if several_nodes:
+        try:
+            bind_to_interface_of_master(launch, os.environ.get("MASTER_ADDR"))
+        except DistkitError as e:  # the same on every rank of this node: one line per node
+            raise report_from_worker(e) from None
+    if launch.backend == "gloo":  # this process is the rank: hide the GPUs before ignite's set_device
+        os.environ.update(CPU_ONLY_ENVIRONMENT)
+    idist.initialize(launch.backend, **_timeout(launch))
+    try:
+        return run_reporting(reporter, fn, idist.get_local_rank(), *args)
+    except signals.Preempted as e:  # every rank stopped at one iteration: one line per node
+        if e.checkpoint:
+            e.args = (f"{e}; resume: the same {world_layout().launcher} command with "
+                      f"--resume-from {e.checkpoint}",)
+        if first_on_this_node():
+            sys.stderr.write(f"distkit: {e}\n")
+            sys.stderr.flush()
+        e.reported = True
+        raise
+    except RankFailed as e:
+        raise report_from_worker(e) from None
+    except BaseException as e:
+        if idist.get_rank() == 0:  # the folder is rank 0's; a failure in training names it
+            _discard_if_empty(getattr(e, "distkit_run_dir", None))
+        raise
+    finally:
+        idist.finalize()
+
+
+def describe_process_failure(error: Exception, node_rank: int, nproc: int) -> DistkitError | None:
+    """Turn torch.multiprocessing's report of a dead or failed child into one line that
+    names the rank."""
+    index = getattr(error, "error_index", None)
+    if index is None:
+        return None
+    rank = node_rank * nproc + index
+    signal_name = getattr(error, "signal_name", None)
+    exit_code = getattr(error, "exit_code", None)
+    if signal_name:
+        return DistkitError(f"rank {rank} (local rank {index}) was killed by {signal_name}; the other "
+                            "processes were stopped. Resume with --resume-from latest (the newest checkpoint under --output-dir)")
+    if exit_code is not None:
+        return DistkitError(f"rank {rank} (local rank {index}) exited with code {exit_code}; the "
+                            "other processes were stopped. See its output above")
+    # ProcessRaisedException: the child's traceback as text. Keep its exception's line:
+    # the first unindented line after the last frame (a CUDA error goes on for three
+    # lines of debugging hints after "CUDA error: invalid device ordinal").
+    text = str(error).strip().splitlines()
+    frames = [i for i, ln in enumerate(text) if ln.startswith("  File ")]
+    after_frames = [ln for ln in text[frames[-1] + 1:] if ln.strip() and not ln.startswith(" ")] \
+        if frames else []
+    last = after_frames[0] if after_frames else (text[-1] if text else repr(error))
+    m = re.match(r"^distkit\.signals\.Preempted: (.*)$", last)
+    if m:  # the ranks stopped at a signal, with a checkpoint
+        return signals.Preempted.from_line(m.group(1))
+    m = re.match(r"^distkit\.failures\.RankFailed: (.*)$", last)
+    if m:  # the rank's own line: type, first line, file:line, traceback file
+        return DistkitError(m.group(1))
+    m = re.match(r"^distkit\.errors\.DistkitError: (.*)$", last)
+    if m:
+        return DistkitError(f"rank {rank}: {m.group(1)}")
+    return DistkitError(f"rank {rank} (local rank {index}) failed: {last}")
+

@@ -1,0 +1,251 @@
+"""Stopping and coming back ends exactly where a run that was never stopped ends.
+
+The invariant, over a covering set of conditions (every pair of interruption x task x
+launcher appears at least once; issue 30):
+
+- interruptions: SIGTERM mid-epoch; SIGINT (a terminal's Ctrl-C through a pty, or sent to
+  torchrun); SIGKILL of one rank, then ``--resume-from latest``; ``--max-iters`` landing
+  on an epoch's end;
+- tasks: the course task of tests/preemption_course.py (dict batches padded per batch,
+  dropout, AdamW, a per-iteration schedule, early stopping and the best model, a stateful
+  handler of its own) and the kit's default task (digits x cnn, SGD and the kit's schedule);
+- launchers: the kit's spawn and torchrun.
+
+Asserted for each: the resumed run's final weights ``torch.equal`` to the uninterrupted
+run's, early stopping at the same epoch, the same best model (file and weights), the
+task's own state equal; and for the signals: one ``distkit:`` line, exit 128 + signal,
+a complete checkpoint, no process left. Real processes and real signals throughout.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import REPO_ROOT, subprocess_env
+from distkit.lessons import failure
+
+pytestmark = [pytest.mark.slow]
+
+TESTS = Path(__file__).resolve().parent
+COURSE = ["--task", "preemption_course:task", "--epochs", "8", "--batch-size", "16",
+          "--early-stopping-patience", "2", "--checkpoint-every", "2"]
+DEFAULT = ["--epochs", "6", "--batch-size", "128", "--checkpoint-every", "3"]
+COMMON = ["--no-progress", "--timeout", "60"]
+SLOW_STEPS = ["--set", "step_sleep=0.04"]  # the course task's steps, long enough to be hit
+TASKS = {"course": COURSE, "default": DEFAULT}
+
+
+def env() -> dict:
+    path = os.pathsep.join([str(TESTS), str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    return subprocess_env(PYTHONPATH=path)
+
+
+def command(launcher: str, args) -> list[str]:
+    if launcher == "spawn":
+        return [sys.executable, "-m", "distkit", "train", "--nproc-per-node", "2", *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "distkit", "train", *args]
+
+
+def run_to_end(cwd: Path, launcher: str, args, timeout=300) -> subprocess.CompletedProcess:
+    done = subprocess.run(command(launcher, [*args, *COMMON]), cwd=cwd, env=env(), text=True,
+                          capture_output=True, timeout=timeout)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    return done
+
+
+def newest_results(output_dir: Path) -> dict:
+    found = sorted(output_dir.glob("*/results.json"), key=lambda p: p.stat().st_mtime)
+    assert found, f"no results under {output_dir}"
+    results = json.loads(found[-1].read_text())
+    for key in ("last_checkpoint", "best_model"):  # relative to the run's cwd, output_dir's parent
+        if results.get(key) and not os.path.isabs(results[key]):
+            results[key] = str(output_dir.parent / results[key])
+    return results
+
+
+def outcome(results: dict) -> dict:
+    """What the invariant compares: final weights, the epoch training ended at, the best
+    model (file name with its score, and weights), the task's own state."""
+    last = torch.load(results["last_checkpoint"], map_location="cpu", weights_only=True)
+    best = torch.load(results["best_model"], map_location="cpu", weights_only=True)
+    return {"weights": last["model"], "epoch": results["final"]["epoch"],
+            "iterations": results["iterations"], "best_name": os.path.basename(results["best_model"]),
+            "best": best, "task_state": {k: v for k, v in last.items() if k.startswith("task.")},
+            "early_stopping": last.get("early_stopping")}
+
+
+def assert_same(resumed: dict, whole: dict) -> None:
+    assert resumed["iterations"] == whole["iterations"]
+    assert resumed["epoch"] == whole["epoch"], "early stopping at another epoch"
+    assert resumed["weights"].keys() == whole["weights"].keys()
+    for name in whole["weights"]:
+        assert torch.equal(resumed["weights"][name], whole["weights"][name]), f"{name} differs"
+    assert resumed["best_name"] == whole["best_name"], "another best model"
+    for name in whole["best"]:
+        assert torch.equal(resumed["best"][name], whole["best"][name]), f"best model's {name} differs"
+    assert resumed["task_state"] == whole["task_state"]
+    assert resumed["early_stopping"] == whole["early_stopping"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Each task trained once, never stopped (spawn: spawn, torchrun and SLURM train
+    bit-identical weights, tests/test_scripts.py and tests/test_slurm.py)."""
+    folder = tmp_path_factory.mktemp("whole")
+    out = {}
+    for name, args in TASKS.items():
+        run_to_end(folder, "spawn", [*args, "--output-dir", f"runs-{name}"])
+        out[name] = outcome(newest_results(folder / f"runs-{name}"))
+    # the course task's early stopping did stop early: the check below can fail
+    assert out["course"]["epoch"] < 8, out["course"]["epoch"]
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def tree(pid: int) -> list[int]:
+    """``pid``'s descendants (workers in sessions of their own included)."""
+    found, frontier = [], [pid]
+    while frontier:
+        parent = frontier.pop()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent:
+                child = int(stat.parent.name)
+                found.append(child)
+                frontier.append(child)
+    return found
+
+
+def start(cwd: Path, launcher: str, args, pty_fd: int | None = None) -> subprocess.Popen:
+    def controlling_terminal():  # the pty becomes this session's terminal: Ctrl-C reaches it
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if pty_fd is not None:
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    io = dict(stdin=pty_fd, stdout=pty_fd, stderr=pty_fd) if pty_fd is not None else \
+        dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(command(launcher, [*args, *COMMON]), cwd=cwd, env=env(), text=True,
+                            start_new_session=True, preexec_fn=controlling_terminal, **io)
+
+
+def wait_for_checkpoints(runs: Path, count: int, proc, timeout: float = 150) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list(runs.glob("*/checkpoints/*.pt"))) < count:
+        assert proc.poll() is None, "the run ended before it was interrupted"
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+
+
+def read_pty(master: int) -> str:
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    return b"".join(chunks).decode(errors="replace")
+
+
+# (interruption, task, launcher): every pair of the three appears at least once
+CASES = [
+    ("sigterm", "course", "spawn"),
+    ("sigterm", "default", "torchrun"),
+    ("sigint", "default", "spawn"),     # Ctrl-C through a pty
+    ("sigint", "course", "torchrun"),   # SIGINT sent to torchrun
+    ("sigkill", "course", "torchrun"),
+    ("sigkill", "default", "spawn"),
+    ("max-iters", "default", "torchrun"),
+    ("max-iters", "course", "spawn"),
+]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("how, task, launcher", CASES, ids=["-".join(c) for c in CASES])
+def test_stopped_and_resumed_ends_where_the_uninterrupted_run_ends(how, task, launcher, tmp_path,
+                                                                   uninterrupted):
+    args = [*TASKS[task], "--output-dir", "runs"]
+    slow = SLOW_STEPS if task == "course" and how != "max-iters" else []
+    runs = tmp_path / "runs"
+    if how == "max-iters":
+        epoch_length = 6 if task == "course" else 12
+        first = run_to_end(tmp_path, launcher, [*args, "--max-iters", str(epoch_length)])
+        assert newest_results(runs)["iterations"] == epoch_length
+        resume = ["--resume-from", "latest"]
+    else:
+        master = None
+        if how == "sigint" and launcher == "spawn":
+            master, slave = os.openpty()
+            proc = start(tmp_path, launcher, [*args, *slow], pty_fd=slave)
+            os.close(slave)
+        else:
+            proc = start(tmp_path, launcher, [*args, *slow])
+        try:
+            wait_for_checkpoints(runs, 1, proc)
+            processes = tree(proc.pid)
+            if how == "sigterm":
+                proc.send_signal(signal.SIGTERM)
+            elif how == "sigint" and master is not None:
+                os.write(master, b"\x03")  # the terminal's Ctrl-C: SIGINT to its foreground group
+            elif how == "sigint":
+                proc.send_signal(signal.SIGINT)
+            else:  # SIGKILL one rank: rank 1's process
+                ranks = failure.worker_pids(proc.pid)
+                os.kill(ranks[1], signal.SIGKILL)
+            if master is not None:
+                proc.wait(timeout=120)
+                err = read_pty(master)
+            else:
+                _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            if master is not None:
+                os.close(master)
+        lines = [ln for ln in err.splitlines() if ln.startswith("distkit:")]
+        deadline = time.monotonic() + 10
+        while any(alive(p) for p in processes) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not [p for p in processes if alive(p)], "a process outlived the run"
+        assert not list(runs.glob("*/checkpoints/tmp*")), "a half-written checkpoint was left"
+        if how == "sigkill":
+            assert proc.returncode != 0
+            resume = ["--resume-from", "latest"]
+        else:
+            code = 128 + (signal.SIGTERM if how == "sigterm" else signal.SIGINT)
+            if launcher == "spawn":
+                assert proc.returncode == code, err[-3000:]
+                assert len(lines) == 1, err[-3000:]
+            else:  # torchrun's own exit and lines are its own; each node's worker says one line
+                assert len([ln for ln in lines if "stopped by" in ln]) == 1, err[-3000:]
+            m = re.search(r"--resume-from (\S+\.pt)", lines[-1])
+            assert m, err[-3000:]
+            path = m.group(1) if os.path.isabs(m.group(1)) else str(tmp_path / m.group(1))
+            assert os.path.exists(path)
+            resume = ["--resume-from", path]
+    run_to_end(tmp_path, launcher, [*args, *slow, *resume])
+    assert_same(outcome(newest_results(runs)), uninterrupted[task])

@@ -226,7 +226,8 @@ def test_stopped_and_resumed_ends_where_the_uninterrupted_run_ends(how, task, la
                 proc.kill()
             if master is not None:
                 os.close(master)
-        lines = [ln for ln in err.splitlines() if ln.startswith("distkit:")]
+        # (a terminal echoes Ctrl-C as ^C before the line)
+        lines = [ln.replace("^C", "") for ln in err.splitlines() if ln.replace("^C", "").startswith("distkit:")]
         deadline = time.monotonic() + 10
         while any(alive(p) for p in processes) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -249,3 +250,26 @@ def test_stopped_and_resumed_ends_where_the_uninterrupted_run_ends(how, task, la
             resume = ["--resume-from", path]
     run_to_end(tmp_path, launcher, [*args, *slow, *resume])
     assert_same(outcome(newest_results(runs)), uninterrupted[task])
+
+
+@pytest.mark.timeout(600)
+def test_torchrun_restart_continues_from_the_newest_checkpoint_by_itself(tmp_path, uninterrupted):
+    """``torchrun --max-restarts=2`` with rank 1 SIGKILLed mid-run, no --resume-from: the
+    restarted group says so in one line, continues from the run's newest checkpoint and
+    ends bit-identical to the uninterrupted run."""
+    args = [*COURSE, *SLOW_STEPS, "--output-dir", "runs", *COMMON]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           "--max-restarts", "2", "-m", "distkit", "train", *args]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env(), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_checkpoints(tmp_path / "runs", 2, proc)
+        os.kill(failure.worker_pids(proc.pid)[1], signal.SIGKILL)
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-3000:]
+    said = [ln for ln in out.splitlines() if "TORCHELASTIC_RESTART_COUNT=1" in ln]
+    assert len(said) == 1 and "resuming from" in said[0], out[-3000:]
+    assert_same(outcome(newest_results(tmp_path / "runs")), uninterrupted["course"])

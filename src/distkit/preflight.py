@@ -183,6 +183,9 @@ def check_training(config, launch: Launch, task=None):
     if launch.spawning and config.nproc_per_node is None:  # else validate() checked it
         config.check_batch_fits(launch.world_size)
     config = config.replace(backend=launch.backend, nproc_per_node=launch.nproc_per_node)
+    if not config.resume_from and restarted_by_torchrun():
+        # the same run, started again: it goes on from its newest checkpoint by itself
+        config = config.replace(resume_from="latest")
     if config.resume_from == "latest":  # the newest checkpoint under --output-dir, if any
         config = resolve_resume_from(config)
     if config.resume_from:
@@ -191,6 +194,12 @@ def check_training(config, launch: Launch, task=None):
         # Download once here, before any process starts, so an offline machine fails fast.
         fetch_torchvision(config.dataset, config.data_dir)
     return config
+
+
+def restarted_by_torchrun() -> bool:
+    """True in a worker group that ``torchrun --max-restarts`` started again after a
+    failure (``TORCHELASTIC_RESTART_COUNT`` > 0): the same command, the same run."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
 
 
 def preflight(config, spawning: bool | None = None, task=None):

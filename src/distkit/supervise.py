@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import multiprocessing
 import os
 import re
@@ -113,6 +114,11 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         check_spawned_can_import("the training function", (fn, args))
     interface = None
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
+    # torch's "Terminating process N via signal SIGTERM" when one worker ends first: the
+    # launcher's own line says what happened
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")
+    spawn_level = spawn_log.level
+    spawn_log.setLevel(logging.ERROR)
     before = set(multiprocessing.active_children())  # a notebook's other children stay
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
@@ -158,8 +164,41 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     finally:
         watchdog.finish()
         logs.restore()  # a notebook's own ignite calls log as before
+        spawn_log.setLevel(spawn_level)
         restore_environment(interface)
         _discard_if_empty(run_dir)
+
+
+class bounded_wait:
+    """Ends this process (one line, exit 1) if the block has not finished within
+    ``seconds``: the process group's own timeout does not bound everything. A group that
+    torchrun restarted hung in gloo's connect step for 150-408 s with --timeout 120 (3 of
+    6 tries, issue 30), silently; torchrun then restarts it again or gives up."""
+
+    def __init__(self, seconds: float, what: str):
+        self.seconds, self.what = seconds, what
+        self._done = threading.Event()
+
+    def _watch(self):
+        if self._done.wait(self.seconds):
+            return
+        layout = world_layout()
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        sys.stderr.write(
+            f"distkit: error: rank {layout.rank} could not {self.what} within --timeout "
+            f"{self.seconds - 15:g} s (+15){f' after torchrun restart {restart}' if restart != '0' else ''}: "
+            "a rank of this launch did not start or cannot be reached; with torchrun "
+            "--max-restarts, launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and "
+            "--rdzv-backend=c10d (scripts/torchrun_1node.sh)\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+    def __enter__(self):
+        threading.Thread(target=self._watch, name="distkit-bounded-wait", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
 
 
 class ForwardStopSignals:
@@ -440,7 +479,8 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
             raise report_from_worker(e) from None
     if launch.backend == "gloo":  # this process is the rank: hide the GPUs before ignite's set_device
         os.environ.update(CPU_ONLY_ENVIRONMENT)
-    idist.initialize(launch.backend, **_timeout(launch))
+    with bounded_wait(launch.timeout_s + 15, "connect to the other ranks"):
+        idist.initialize(launch.backend, **_timeout(launch))
     try:
         return run_reporting(reporter, fn, idist.get_local_rank(), *args)
     except signals.Preempted as e:  # every rank stopped at one iteration: one line per node

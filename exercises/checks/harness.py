@@ -463,6 +463,19 @@ def run_layouts(target, *args, layouts=LAYOUTS) -> dict:
     return results
 
 
+def each_layout(target, *args, layouts=LAYOUTS):
+    """Like :func:`run_layouts`, one layout at a time: yields ``(layout name, [what each
+    rank returned])``, so a check judges a layout before the next one starts (and stops at
+    the first wrong one)."""
+    for layout in layouts:
+        yield layout[0], run_layouts(target, *args, layouts=[layout])[layout[0]]
+
+
+# the processes' layouts first, then one process: a learner reads first what the
+# exercise is about, then that the code must also run with no process group
+MULTI_FIRST = LAYOUTS[1:] + LAYOUTS[:1]
+
+
 def load_reference(number: str) -> ModuleType:
     """Import the reference solution of exercise ``number``, whatever folder is graded: the
     checks run it beside the learner's answer, on the same inputs, and compare."""

@@ -593,13 +593,14 @@ class Recorder:
     """Notes, in order, every ``torch.distributed`` call made inside it (``idist``'s
     collectives call those too): ``{"op", "shapes", "devices", "peer", "copy", "time"}``,
     where ``copy`` is a copy of the first tensor as given (before a collective changes it);
-    and, with ``compute=True``, every matrix product as ``{"op": "matmul"}``. The handles of
-    asynchronous calls note ``{"op": "wait"}`` when waited on. Received buffers are noted as
-    weak references (``received``), so a check can ask which are still alive."""
+    and, with ``compute=True``, every matrix product as ``{"op": "matmul",
+    "received_alive"}``: how many of the buffers received so far were still alive then
+    (noted as weak references: a buffer the answer let go of is dead). The handles of
+    asynchronous calls note ``{"op": "wait", "of": index of the call}`` when waited on."""
 
     def __init__(self, compute: bool = False):
         self.log, self.compute, self.received = [], compute, []
-        self._saved, self._mode = {}, None
+        self._saved, self._mode, self._inside = {}, None, []
 
     def _note(self, name, args, kwargs):
         import time
@@ -634,11 +635,11 @@ class Recorder:
         recorder = self
 
         class Handle:
-            def __init__(self, work):
-                self._work = work
+            def __init__(self, work, index):
+                self._work, self._index = work, index
 
             def wait(self, *a, **k):
-                recorder.log.append({"op": "wait", "devices": ()})
+                recorder.log.append({"op": "wait", "of": self._index, "devices": ()})
                 return self._work.wait(*a, **k)
 
             def __getattr__(self, name):
@@ -646,11 +647,21 @@ class Recorder:
 
         def wrap(name, original):
             def recorded(*args, **kwargs):
+                # torch's own functions call each other (send may call isend): note the
+                # outermost call only, except inside batch_isend_irecv (its isend/irecv are
+                # the transfers)
+                if recorder._inside and recorder._inside[-1] != "batch_isend_irecv":
+                    return original(*args, **kwargs)
                 if name != "batch_isend_irecv":
                     recorder._note(name, args, kwargs)
-                result = original(*args, **kwargs)
+                index = len(recorder.log) - 1
+                recorder._inside.append(name)
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    recorder._inside.pop()
                 if name in ("isend", "irecv") or kwargs.get("async_op"):
-                    return Handle(result) if result is not None else result
+                    return Handle(result, index) if result is not None else result
                 return result
             recorded.__wrapped__ = original
             return recorded
@@ -671,7 +682,8 @@ class Recorder:
             class Compute(TorchDispatchMode):
                 def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                     if func.__name__.split(".")[0] in ("mm", "bmm", "addmm", "baddbmm"):
-                        recorder.log.append({"op": "matmul", "devices": ()})
+                        recorder.log.append({"op": "matmul", "devices": (),
+                                             "received_alive": recorder.alive_received()})
                     return func(*args, **(kwargs or {}))
 
             self._mode = Compute()

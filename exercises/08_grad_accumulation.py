@@ -7,8 +7,11 @@ mean loss of the whole batch.
 
 Under DistributedDataParallel every ``backward()`` also all-reduces the gradients across
 the processes. With 4 micro-batches that is 4 exchanges where 1 would do: inside
-``with model.no_sync():`` DDP only adds up the gradients locally; the first backward
-outside it exchanges the accumulated sum, once.
+``with model.no_sync():`` DDP only adds up the gradients locally. DDP decides at FORWARD
+time: a micro-batch whose forward ran inside ``no_sync()`` is not exchanged, one whose
+forward ran outside it is (its backward then exchanges the sum accumulated so far, once).
+So run the forward AND the backward of every micro-batch but the last inside it, and the
+last one's forward and backward outside.
 
 Task: write ``accumulation_step(model, optimizer, loss_fn, micro_batches)``: one
 optimizer step from the list of ``(x, y)`` micro-batches of this process, such that

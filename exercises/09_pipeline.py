@@ -20,8 +20,9 @@ processes at once:
 
 Rank 0 sends each micro-batch's activations as its own tensor, and sends those of the
 next micro-batch before it waits for the gradient of the previous one (here: all the
-forwards, then all the backwards, as GPipe does), so that the two stages work at the same
-time. Sends and receives pair up in the same order on both sides.
+forwards, then all the backwards, as GPipe does), and rank 1 computes on each micro-batch
+as soon as it has arrived, before the next one arrives, so that the two stages work at the
+same time. Sends and receives pair up in the same order on both sides.
 
 Afterwards each stage's parameters must hold in ``.grad`` exactly the gradients that one
 process would compute for the whole model on the whole batch, with the loss
@@ -29,7 +30,8 @@ process would compute for the whole model on the whole batch, with the loss
 that loss (a Python float) on rank 1 and None on rank 0. Do not step an optimizer.
 
 Tools: ``torch.distributed.send(tensor, dst)`` / ``recv(tensor, src)`` (point to point;
-``idist`` has no wrapper for them), ``tensor.detach()``, ``requires_grad_()``,
+``idist`` has no wrapper for them), ``dist.isend(tensor, dst)`` (returns at once, with a
+handle to ``wait()`` on), ``tensor.detach()``, ``requires_grad_()``,
 ``tensor.backward(gradient)``.
 
 Check it:  pytest exercises -m ex09     (or: distkit check 09)

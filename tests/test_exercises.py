@@ -657,6 +657,34 @@ def pipeline_step(stage, inputs, targets, activation_shape):
      [("        for out in outputs:\n", "        for out in reversed(outputs):\n")],
      r"stage 0 \(rank 0\) has other gradients .*each gradient rank 1 sends back belongs to one "
      r"micro-batch: backpropagate them in the order they were sent"),
+    ("09", "rank 1 receives every micro-batch before computing any (right gradients, no overlap)", """
+def pipeline_step(stage, inputs, targets, activation_shape):
+    if idist.get_rank() == 0:
+        outputs = []
+        for x in inputs:
+            out = stage(x)
+            dist.send(out.detach(), dst=1)
+            outputs.append(out)
+        for out in outputs:
+            grad = torch.empty_like(out)
+            dist.recv(grad, src=1)
+            out.backward(grad)
+        return None
+    n = len(targets)
+    activations = []
+    for _ in range(n):
+        a = torch.empty(activation_shape)
+        dist.recv(a, src=0)
+        activations.append(a.requires_grad_())
+    total = 0.0
+    for a, y in zip(activations, targets):
+        loss = F.cross_entropy(stage(a), y) / n
+        loss.backward()
+        dist.send(a.grad, dst=0)
+        total += loss.item()
+    return total
+""", r"rank 1 received all 4 micro-batches before computing on the first: the gradients are right, but the "
+     r"stages never work at the same time"),
     # 10 sharded memory
     ("10", "FSDP predicted like DDP", [('shards = world_size if strategy == "fsdp" else 1', "shards = 1")],
      r"under FSDP with 2 ranks you predicted \d+ bytes of params .*that is what DDP keeps; under "

@@ -24,4 +24,21 @@ WRONG_ANSWERS_14 = [
     ("14", "the causal half of attention",
      [("attention = 3 * L * (2 * T * d + 2 * T * d)", "attention = 3 * L * (T * d + T * d)")],
      r"you counted half of attention's products"),
+    # an extra or missing term: far below the old 2.5% tolerance, caught by the exact count
+    ("14", "the biases and LayerNorm weights left out of N",
+     [('\n            if not name.startswith(("tok_emb.", "pos_emb.")))',
+       '\n            if not name.startswith(("tok_emb.", "pos_emb.")) and p.dim() == 2)')],
+     r"the reference count is \d+ \(per token of the step's \d+ tokens yours is -\d+ FLOPs off the reference's "
+     r"6 N \+ 12 L T d.*that is 6 x -\d+ parameters: N should count \d+\).*DISTKIT_CHECK_SEED=\d+ replays"),
+    ("14", "attention's backward counted once, not twice",
+     [("attention = 3 * L *", "attention = 2 * L *")],
+     r"step_flops gave \d+ FLOPs .* the reference count is \d+ \(per token of the step's \d+ tokens yours is -\d+ "
+     r"FLOPs off"),
+    ("14", "a tensor returned", [("    return (weights + attention) * tokens",
+                                  "    import torch\n    return torch.tensor((weights + attention) * tokens)")],
+     r"step_flops returned a int64 tensor of shape \(\) for the GPT .*: return a number"),
+    ("14", "the MFU as a formatted string", [("    return achieved / peak_flops", '    return f"{achieved / peak_flops:.1%}"')],
+     r"mfu\(6e\+12 FLOPs a step, a step every 500 ms, peak 2e\+13 FLOP/s\) returned '60\.0%': return a number"),
+    ("14", "the MFU with integer division", [("    return achieved / peak_flops", "    return achieved // peak_flops")],
+     r"returned 0, not 0\.6: the FLOPs of a step divided by its time in seconds is the achieved FLOP/s"),
 ]

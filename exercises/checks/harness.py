@@ -7,6 +7,15 @@
 - :func:`run_ranks` runs a check function in 2 real processes joined by the gloo backend,
   through distkit's one process runner (:func:`distkit.runner.run_per_rank`, which uses
   ``idist.Parallel``), and returns what each rank returned.
+- :func:`run_layouts` runs a check function in every layout a learner's code meets: 1
+  process with no process group at all, 2 and 3 processes on one node, and 2 "nodes" of 2
+  processes (world size 4, processes per node 2); :func:`load_reference` imports the
+  reference solution, so that a check runs the learner's function and the reference's on
+  the same inputs, in the same processes, and compares what they produce
+  (:func:`difference` says how two results differ, whatever they are).
+- :func:`check_seed` chooses the seed of a check's random inputs (``DISTKIT_CHECK_SEED``
+  replays one); :class:`Recorder` notes every ``torch.distributed`` call an answer makes
+  (and, if asked, its matrix products), for the checks of structure.
 - :class:`ExerciseFailure` carries the sentence the learner reads; ``conftest.py`` prints
   it without a traceback.
 
@@ -154,7 +163,7 @@ def run_ranks(target, *args, nproc: int = NPROC) -> list:
     raise AssertionError("unreachable")
 
 
-def run_nodes(target, *args, nnodes: int = 2, nproc_per_node: int = 2) -> list:
+def run_nodes(target, *args, nnodes: int = 2, nproc_per_node: int = 2, group: bool = True) -> list:
     """Run ``target(*args)`` as ``nnodes`` "nodes" of ``nproc_per_node`` processes each, on
     127.0.0.1; return what each rank returned (index = global rank).
 
@@ -164,12 +173,18 @@ def run_nodes(target, *args, nnodes: int = 2, nproc_per_node: int = 2) -> list:
     launched by ``torchrun --nnodes 2`` does. So the world size (4) differs from the
     processes per node (2) and the global rank from the local rank: an answer that uses
     ``idist.get_nproc_per_node()`` or ``idist.get_local_rank()`` where the world size or
-    the rank belongs shows it here, and not on one node."""
+    the rank belongs shows it here, and not on one node. ``nnodes=1`` runs one node of
+    ``nproc_per_node`` processes the same way; ``group=False`` (one process) makes no
+    process group at all."""
     world = nnodes * nproc_per_node
+    if start_method() == "fork":
+        # imported once here, not in every forked process: 0.5 s instead of 10 s for the
+        # four layouts on a loaded 2-core machine
+        import ignite.distributed  # noqa: F401
     for attempt in range(3):
         reports_dir = Path(tempfile.mkdtemp(prefix="distkit-check-nodes-"))
         try:
-            failed = _start_nodes(target, args, nnodes, nproc_per_node, reports_dir)
+            failed = _start_nodes(target, args, nnodes, nproc_per_node, reports_dir, group)
             reports = _read_reports(reports_dir, world)
             if not failed and not reports:
                 return _read_results(reports_dir, world)
@@ -191,9 +206,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir) -> str:
+def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir, group=True) -> str:
     """Start every rank of every node, wait for them; '' when all ended well, else what
-    went wrong. A rank that fails gets the others stopped within a few seconds."""
+    went wrong. A rank that fails gets the others stopped within a few seconds. With
+    ``group=False`` (one process only) no process group is made at all."""
     import multiprocessing
     import time
 
@@ -205,9 +221,9 @@ def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir) -> str:
             env = {"RANK": str(node * nproc_per_node + local), "LOCAL_RANK": str(local),
                    "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(nproc_per_node),
                    "GROUP_RANK": str(node), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-                   "OMP_NUM_THREADS": "1"}
+                   "OMP_NUM_THREADS": "1"} if group else {"OMP_NUM_THREADS": "1"}
             p = context.Process(target=_node_rank_main,
-                                args=(env, target, str(reports_dir), args), daemon=True)
+                                args=(env, target, str(reports_dir), args, group), daemon=True)
             p.start()
             processes.append(p)
     deadline = time.monotonic() + COLLECTIVE_TIMEOUT_S + 60
@@ -219,33 +235,46 @@ def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir) -> str:
         if (failed_at is not None and time.monotonic() > failed_at + 3) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
+    hung = failed_at is None and any(p.is_alive() for p in processes)
     for p in processes:
         if p.is_alive():
             p.terminate()
         p.join(5)
+    if hung:
+        return (f"{HUNG}: the check's processes were still running after "
+                f"{COLLECTIVE_TIMEOUT_S + 60:.0f} s and were stopped")
     bad = [(rank, p.exitcode) for rank, p in enumerate(processes) if p.exitcode != 0]
     return ", ".join(f"rank {rank} ended with exit code {code}" for rank, code in bad)
 
 
-def _node_rank_main(env, check, reports_dir, check_args):
+HUNG = "hung"
+
+
+def _node_rank_main(env, check, reports_dir, check_args, group=True):
     from datetime import timedelta
 
     os.environ.update(env)
+    if not group:  # the 1-process layout: no process group, as a plain `python train.py`
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                     "MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(name, None)
     import ignite.distributed as idist
     import torch
 
     torch.set_num_threads(1)
     logging.getLogger("ignite.distributed.utils").setLevel(logging.WARNING)
-    idist.initialize("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
+    if group:
+        idist.initialize("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     try:
-        value = _rank_main(int(env["LOCAL_RANK"]), check, reports_dir, check_args)
-        path = os.path.join(reports_dir, f"rank{env['RANK']}.pkl")
+        value = _rank_main(int(env.get("LOCAL_RANK", 0)), check, reports_dir, check_args)
+        path = os.path.join(reports_dir, f"rank{env.get('RANK', 0)}.pkl")
         with open(path + ".tmp", "wb") as f:
             pickle.dump(value, f)
         os.replace(path + ".tmp", path)
     except BaseException:
         os._exit(1)  # reported by _rank_main; do not wait on the others in finalize
-    idist.finalize()
+    if group:
+        idist.finalize()
 
 
 def _read_results(reports_dir: Path, world: int) -> list:
@@ -344,6 +373,11 @@ def _rank_failure(reports: dict, error: Exception, finished=()) -> ExerciseFailu
             if kind == "todo":
                 return NotSolved(not_solved_message_from(rep["where"], rep["type"]))
             return ExerciseFailure(_explain_error(rank, rep, list(finished)))
+    if str(error).startswith(HUNG):
+        return ExerciseFailure(
+            f"your code never returned: {str(error)[len(HUNG) + 2:]}. A rank that waits for "
+            f"something no other rank does (a recv with no matching send, a collective only some "
+            f"ranks call, a loop that never ends) hangs like this")
     return ExerciseFailure(f"a process of the check died without a Python error "
                           f"({type(error).__name__}: {str(error).strip()[:300]})")
 
@@ -373,6 +407,13 @@ def _explain_error(rank: int, rep: dict, finished=()) -> str:
         lowered = rep["message"].lower()
         waited = (f" for {COLLECTIVE_TIMEOUT_S:.0f} s" if "timed out" in lowered or "timeout" in lowered
                   else "")
+        if not done and waited:
+            # Nobody finished and nobody raised: the ranks waited for each other, a
+            # mismatch of calls, not necessarily a barrier.
+            return (f"rank {rank} waited{waited} in a collective or a point-to-point transfer "
+                    f"that no other rank matched, and gave up: every rank must call the same "
+                    f"collectives in the same order, and every recv needs the peer's send (and "
+                    f"the other way round).\n{rep['traceback']}")
         return (f"rank {rank} was still waiting{waited} in a collective when {who}: every rank "
                 f"must call the same collectives, in the same order. A barrier or all_reduce "
                 f"that only some ranks reach (inside `if rank == 0:` or `if local_rank == 0:`) is "
@@ -395,3 +436,266 @@ def short_list(values, limit: int = 6) -> str:
     values = list(values)
     shown = ", ".join(str(v) for v in values[:limit])
     return shown + (f" (and {len(values) - limit} more)" if len(values) > limit else "")
+
+
+# --- every layout, against the reference ------------------------------------------------
+
+# (name, nodes, processes per node): the layouts a learner's code meets. The first has no
+# process group at all (a plain `python train.py`); the last has a world size (4) that is
+# not the processes per node (2), and global ranks that are not local ranks.
+LAYOUTS = (("1 process (no process group)", 1, 1), ("2 processes", 1, 2), ("3 processes", 1, 3),
+           ("2 nodes x 2 processes", 2, 2))
+
+
+def run_layouts(target, *args, layouts=LAYOUTS) -> dict:
+    """Run ``target(*args)`` in every layout of ``layouts``, one after the other; return
+    ``{layout name: [what each rank returned]}``. A rank's error is reported with the
+    layout it happened in (``on 2 nodes x 2 processes: rank 3 raised ...``)."""
+    results = {}
+    for name, nnodes, nproc in layouts:
+        try:
+            results[name] = run_nodes(target, *args, nnodes=nnodes, nproc_per_node=nproc,
+                                      group=nnodes * nproc > 1)
+        except NotSolved:
+            raise
+        except ExerciseFailure as failure:
+            raise ExerciseFailure(f"on {name}: {failure}") from None
+    return results
+
+
+def each_layout(target, *args, layouts=LAYOUTS):
+    """Like :func:`run_layouts`, one layout at a time: yields ``(layout name, [what each
+    rank returned])``, so a check judges a layout before the next one starts (and stops at
+    the first wrong one)."""
+    for layout in layouts:
+        yield layout[0], run_layouts(target, *args, layouts=[layout])[layout[0]]
+
+
+# the processes' layouts first, then one process: a learner reads first what the
+# exercise is about, then that the code must also run with no process group
+MULTI_FIRST = LAYOUTS[1:] + LAYOUTS[:1]
+
+
+def load_reference(number: str) -> ModuleType:
+    """Import the reference solution of exercise ``number``, whatever folder is graded: the
+    checks run it beside the learner's answer, on the same inputs, and compare."""
+    path = sorted(SOLUTIONS_DIR.glob(f"{number}_*.py"))[0]
+    name = f"distkit_reference_{number}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules[name] = module
+    return sys.modules[name]
+
+
+def check_seed() -> int:
+    """The seed of a check's random inputs: ``DISTKIT_CHECK_SEED`` if set (to replay a
+    failure), else a new one each run. Every failure message names it (:func:`replay`)."""
+    import random
+
+    chosen = os.environ.get("DISTKIT_CHECK_SEED", "").strip()
+    return int(chosen) if chosen else random.SystemRandom().randrange(1, 10**6)
+
+
+def replay(seed: int) -> str:
+    return f"(random inputs of seed {seed}: DISTKIT_CHECK_SEED={seed} replays them)"
+
+
+def describe(value) -> str:
+    """A short description of any value an answer may return."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return f"a {str(value.dtype).replace('torch.', '')} tensor of shape {tuple(value.shape)}"
+    if isinstance(value, (list, tuple)):
+        return f"a {type(value).__name__} of {len(value)}"
+    if value is None:
+        return "None"
+    text = repr(value)
+    return f"{type(value).__name__} {text[:80]}" if len(text) > 80 else text
+
+
+def difference(expected, got, rtol: float = 0.0, atol: float = 0.0, what: str = "the output"):
+    """``None`` when ``got`` equals ``expected`` (within ``rtol``/``atol`` for floating
+    point), else one sentence saying how they differ: type, length, shape, dtype, NaN,
+    and for numbers the largest difference and where. Never raises, whatever ``got`` is."""
+    import math
+
+    import torch
+
+    try:
+        if isinstance(expected, torch.Tensor):
+            if not isinstance(got, torch.Tensor):
+                return f"{what} should be {describe(expected)}, got {describe(got)}"
+            if tuple(got.shape) != tuple(expected.shape):
+                return f"{what} should have shape {tuple(expected.shape)}, got shape {tuple(got.shape)}"
+            if got.dtype != expected.dtype:
+                return f"{what} should be {describe(expected)}, got {describe(got)}"
+            a, b = got.detach().double().cpu(), expected.detach().double().cpu()
+            if torch.isnan(a).any() and not torch.isnan(b).any():
+                return f"{what} holds NaN at {torch.isnan(a).sum().item()} of {a.numel()} entries"
+            bad = ~torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True)
+            if not bad.any():
+                return None
+            where = tuple(int(i) for i in bad.nonzero()[0])
+            err = (a - b).abs().nan_to_num(float("inf"))
+            return (f"{what} differs at {bad.sum().item()} of {a.numel()} entries: at index {where} "
+                    f"expected {b[where].item():.7g}, got {a[where].item():.7g} (largest difference "
+                    f"{err.max().item():.3g}, allowed {atol:.1g} + {rtol:.1g} x |expected|)")
+        if isinstance(expected, (list, tuple)):
+            if not isinstance(got, (list, tuple)):
+                return f"{what} should be {describe(expected)}, got {describe(got)}"
+            if len(got) != len(expected):
+                return f"{what} should have {len(expected)} items, got {len(got)}"
+            for i, (e, g) in enumerate(zip(expected, got)):
+                found = difference(e, g, rtol, atol, f"{what}[{i}]")
+                if found:
+                    return found
+            return None
+        if isinstance(expected, dict):
+            if not isinstance(got, dict) or set(got) != set(expected):
+                return f"{what} should be a dict with keys {sorted(expected)}, got {describe(got)}"
+            for key in expected:
+                found = difference(expected[key], got[key], rtol, atol, f"{what}[{key!r}]")
+                if found:
+                    return found
+            return None
+        if isinstance(expected, (int, float)) and not isinstance(expected, bool):
+            if isinstance(got, bool) or not isinstance(got, (int, float)):
+                return f"{what} should be a number ({expected!r}), got {describe(got)}"
+            if math.isclose(got, expected, rel_tol=rtol, abs_tol=atol) or got == expected:
+                return None
+            return f"{what} should be {expected!r}, got {got!r}"
+        return None if got == expected else f"{what} should be {describe(expected)}, got {describe(got)}"
+    except Exception as error:  # an answer's object that cannot even be compared
+        return f"{what} could not be compared with the expected {describe(expected)}: {error}"
+
+
+def on_device(log, device) -> str:
+    """'' when every tensor of the recorded calls lives on ``device``, else which did not."""
+    for call in log:
+        for dev in call.get("devices", ()):
+            if dev != str(device):
+                return (f"{call['op']} was given a tensor on {dev}, not on idist.device() ({device}): "
+                        f"on GPUs (nccl) a collective needs its tensors on this rank's device; "
+                        f"move them with .to(idist.device())")
+    return ""
+
+
+_RECORDED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
+             "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
+             "broadcast", "broadcast_object_list", "reduce", "gather", "scatter", "barrier",
+             "send", "recv", "isend", "irecv", "batch_isend_irecv")
+
+
+class Recorder:
+    """Notes, in order, every ``torch.distributed`` call made inside it (``idist``'s
+    collectives call those too): ``{"op", "shapes", "devices", "peer", "copy", "time"}``,
+    where ``copy`` is a copy of the first tensor as given (before a collective changes it);
+    and, with ``compute=True``, every matrix product as ``{"op": "matmul",
+    "received_alive"}``: how many of the buffers received so far were still alive then
+    (noted as weak references: a buffer the answer let go of is dead). The handles of
+    asynchronous calls note ``{"op": "wait", "of": index of the call}`` when waited on."""
+
+    def __init__(self, compute: bool = False):
+        self.log, self.compute, self.received = [], compute, []
+        self._saved, self._mode, self._inside = {}, None, []
+
+    def _note(self, name, args, kwargs):
+        import time
+
+        import torch
+
+        tensors = []
+        for value in list(args) + list(kwargs.values()):
+            if isinstance(value, torch.Tensor):
+                tensors.append(value)
+            elif isinstance(value, (list, tuple)):
+                tensors += [t for t in value if isinstance(t, torch.Tensor)]
+        peer = kwargs.get("dst", kwargs.get("src", kwargs.get("group_dst", kwargs.get("group_src"))))
+        if peer is None and name in ("send", "recv", "isend", "irecv") and len(args) > 1:
+            peer = args[1]
+        entry = {"op": name, "shapes": [tuple(t.shape) for t in tensors],
+                 "devices": [str(t.device) for t in tensors], "peer": peer, "time": time.perf_counter(),
+                 "copy": tensors[0].detach().clone() if tensors else None}
+        self.log.append(entry)
+        if name in ("recv", "irecv") and tensors:
+            import weakref
+
+            self.received.append((len(self.log) - 1, weakref.ref(tensors[0])))
+
+    def alive_received(self) -> int:
+        return sum(1 for _, ref in self.received if ref() is not None)
+
+    def __enter__(self):
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        recorder = self
+
+        class Handle:
+            def __init__(self, work, index):
+                self._work, self._index = work, index
+
+            def wait(self, *a, **k):
+                recorder.log.append({"op": "wait", "of": self._index, "devices": ()})
+                return self._work.wait(*a, **k)
+
+            def __getattr__(self, name):
+                return getattr(self._work, name)
+
+        def wrap(name, original):
+            def recorded(*args, **kwargs):
+                # torch's own functions call each other (send may call isend): note the
+                # outermost call only, except inside batch_isend_irecv (its isend/irecv are
+                # the transfers)
+                if recorder._inside and recorder._inside[-1] != "batch_isend_irecv":
+                    return original(*args, **kwargs)
+                if name != "batch_isend_irecv":
+                    recorder._note(name, args, kwargs)
+                index = len(recorder.log) - 1
+                recorder._inside.append(name)
+                try:
+                    result = original(*args, **kwargs)
+                finally:
+                    recorder._inside.pop()
+                if name in ("isend", "irecv") or kwargs.get("async_op"):
+                    return Handle(result, index) if result is not None else result
+                return result
+            recorded.__wrapped__ = original
+            return recorded
+
+        for name in _RECORDED:
+            original = getattr(dist, name, None)
+            if original is None:
+                continue
+            # one wrapper in both modules: P2POp compares its op with distributed_c10d's isend
+            recorded = wrap(name, original)
+            for module in (dist, c10d):
+                if getattr(module, name, None) is not None:
+                    self._saved[(module, name)] = getattr(module, name)
+                    setattr(module, name, recorded)
+        if self.compute:
+            from torch.utils._python_dispatch import TorchDispatchMode
+
+            class Compute(TorchDispatchMode):
+                def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                    if func.__name__.split(".")[0] in ("mm", "bmm", "addmm", "baddbmm"):
+                        recorder.log.append({"op": "matmul", "devices": (),
+                                             "received_alive": recorder.alive_received()})
+                    return func(*args, **(kwargs or {}))
+
+            self._mode = Compute()
+            self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self._mode is not None:
+            self._mode.__exit__(*exc)
+        for (module, name), original in self._saved.items():
+            setattr(module, name, original)
+        return False
+
+    def ops(self) -> list:
+        return [e["op"] for e in self.log]

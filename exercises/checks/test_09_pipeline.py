@@ -31,21 +31,6 @@ def data():
     return x, y
 
 
-def record_point_to_point(ops):
-    """Note every send and receive this process starts (torch's own functions still do
-    the work), to see how the batch travels between the stages."""
-    import torch.distributed as dist
-
-    for name in ("send", "recv", "isend", "irecv"):
-        real = getattr(dist, name)
-
-        def recording(tensor, *args, _real=real, _name=name, **kwargs):
-            ops.append((_name, tuple(tensor.shape)))
-            return _real(tensor, *args, **kwargs)
-
-        setattr(dist, name, recording)
-
-
 def swapped_pairing_grads():
     """Stage 0's gradients when micro-batch k's output is backpropagated with the gradient
     rank 1 sent for micro-batch n-1-k (gradients received in one order, used in another)."""
@@ -77,9 +62,10 @@ def on_rank():
     wanted = (reference[:CUT] if rank == 0 else reference[CUT:]).parameters()
     inputs = list(x.split(MICRO_SIZE)) if rank == 0 else None
     targets = list(y.split(MICRO_SIZE)) if rank == 1 else None
-    ops = []
-    record_point_to_point(ops)
-    returned = ex.pipeline_step(stage, inputs, targets, (MICRO_SIZE, HIDDEN))
+    with harness.Recorder(compute=True) as record:  # its sends, receives and products, in order
+        returned = ex.pipeline_step(stage, inputs, targets, (MICRO_SIZE, HIDDEN))
+    ops = [(c["op"], c["shapes"][0] if c.get("shapes") else ()) for c in record.log
+           if c["op"] not in ("wait",)]
     grads = [None if p.grad is None else p.grad.clone() for p in stage.parameters()]
     if isinstance(returned, torch.Tensor):
         returned = {"tensor": repr(returned)}
@@ -106,6 +92,7 @@ def check_micro_batches(ops):
             f"micro-batch, of activation_shape ({MICRO_SIZE}, {HIDDEN}). Cut in micro-batches, "
             f"rank 1 starts on the first while rank 0 computes the next; the whole batch at "
             f"once leaves one stage idle while the other works")
+    ops = [(op, shape) for op, shape in ops if op != "matmul"]
     order = [op for op, _ in ops]
     if "recv" in order and order.index("recv") < 2:
         raise harness.ExerciseFailure(
@@ -113,6 +100,18 @@ def check_micro_batches(ops):
             f"then the stages never work at the same time (one micro-batch at a time is no "
             f"pipeline). Run the forward of every micro-batch first, sending each, then "
             f"receive the gradients (the GPipe schedule)")
+
+
+def check_stage_1_starts_early(ops):
+    """Rank 1 computes on micro-batch 1 before the last micro-batch has arrived."""
+    receives = [i for i, (op, _) in enumerate(ops) if op in ("recv", "irecv")]
+    products = [i for i, (op, _) in enumerate(ops) if op == "matmul"]
+    if len(receives) == MICRO and products and products[0] > receives[-1]:
+        raise harness.ExerciseFailure(
+            f"rank 1 received all {MICRO} micro-batches before computing on the first: the gradients are "
+            f"right, but the stages never work at the same time (rank 1 idles until rank 0 has sent "
+            f"everything). Receive one micro-batch, run its forward and backward, send its gradient back "
+            f"(dist.isend: a blocking send would wait for rank 0, still sending), then receive the next")
 
 
 def test_stage_gradients_equal_the_whole_model():
@@ -124,6 +123,7 @@ def test_stage_gradients_equal_the_whole_model():
                 + ("rank 0 must call out.backward(grad) with the gradient received from rank 1"
                    if rank == 0 else "rank 1 must call backward() on each micro-batch's loss"))
     check_micro_batches(ranks[0]["ops"])
+    check_stage_1_starts_early(ranks[1]["ops"])
     for rank, r in enumerate(ranks):
         got, want = flat(r["grads"]), flat(r["wanted"])
         if torch.allclose(got, want, rtol=1e-4, atol=1e-6):

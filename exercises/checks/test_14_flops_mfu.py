@@ -1,7 +1,10 @@
-"""Checks for exercise 14: the learner's FLOPs of a training step against the FLOPs torch
-itself executes in that step (``FlopCounterMode``, one process, the whole run's batch),
-and their MFU of a real timed step against a measured matmul peak. A wrong count is
-matched against the usual mistakes to name the one made."""
+"""Checks for exercise 14: the learner's FLOPs of a training step against the reference
+solution's count, EXACTLY, on fixed and seeded random GPT shapes and world sizes (1
+included); the reference's count against the FLOPs torch itself executes in that step
+(``FlopCounterMode``, one process, the whole run's batch); and their MFU against the
+reference's on random values and on a real timed step against a measured matmul peak. A
+wrong count is matched against the usual mistakes (exactly) to name the one made;
+otherwise the message says which term differs."""
 import math
 import statistics
 import time
@@ -18,9 +21,24 @@ VOCAB = 50
 # count fitted to one of them fails on the other
 SHAPES = [(2, 4, 64, 64, 4, 2), (3, 2, 64, 32, 3, 4)]
 TOLERANCE = 0.025
-"""The 6N + 12LTd count leaves out what FlopCounterMode adds (the flash-attention backward
-recomputes Q K^T: +0.8% here) and counts the biases and LayerNorm weights as if they were
-multiplied like weights (-1.8% at most here): within 2.5% of torch's count is right."""
+"""How far the REFERENCE's 6N + 12LTd count may be from torch's: it leaves out what
+FlopCounterMode adds (the flash-attention backward recomputes Q K^T: +0.8% here) and counts
+the biases and LayerNorm weights as if they were multiplied like weights (-1.8% at most
+here). The learner's count is compared with the reference's exactly: a whole extra or
+missing term (one bias, one layer's attention) is far below 2.5% and must not pass."""
+
+
+def random_shapes(seed, count=3):
+    """Seeded random shapes (replayable): odd sizes, world size 1 included."""
+    import random
+
+    rng = random.Random(seed)
+    shapes = []
+    for i in range(count):
+        heads = rng.choice([1, 2, 3])
+        shapes.append((rng.randint(1, 3), heads, heads * rng.choice([8, 12, 16]), rng.choice([7, 16, 24]),
+                       rng.randint(1, 5), 1 if i == 0 else rng.choice([2, 3, 5, 8])))
+    return shapes
 
 
 def gpt(layers, heads, d, T):
@@ -80,27 +98,50 @@ def mistakes(model, batch_per_rank, world_size) -> list:
     ]
 
 
-def test_step_flops_against_torchs_own_count():
-    ex = harness.load("14")
-    for layers, heads, d, T, per_rank, world in SHAPES:
+def explain_count(got, want, model, per_rank, world) -> str:
+    """What differs between two counts, in the terms of the formula."""
+    L, d, T = model.n_layer, model.d_model, model.block_size
+    tokens = per_rank * world * T
+    n = sum(p.numel() for name, p in model.named_parameters() if "emb" not in name)
+    per_token = (got - want) / tokens
+    parts = [f"per token of the step's {tokens} tokens yours is {per_token:+.6g} FLOPs off the reference's "
+             f"6 N + 12 L T d = 6 x {n} + 12 x {L} x {T} x {d}"]
+    if per_token == int(per_token) and per_token % 6 == 0 and per_token != 0:
+        parts.append(f"that is 6 x {int(per_token // 6):+d} parameters: N should count {n}")
+    return "; ".join(parts)
+
+
+def test_step_flops_equal_the_reference_count_exactly():
+    ex, ref = harness.load("14"), harness.load_reference("14")
+    seed = harness.check_seed()
+    for layers, heads, d, T, per_rank, world in SHAPES + random_shapes(seed):
         model = gpt(layers, heads, d, T)
         got = ex.step_flops(model, per_rank, world)
-        shape = f"(n_layer {layers}, d_model {d}, block_size {T}, {per_rank} sequences on each of {world} processes)"
+        shape = f"(n_layer {layers}, d_model {d}, block_size {T}, {per_rank} sequences on each of {world} process(es))"
         if not isinstance(got, (int, float)) or isinstance(got, bool):
             raise harness.ExerciseFailure(
-                f"step_flops returned {got!r}: return a number (an int or a float) of FLOPs")
-        want = counted_flops(layers, heads, d, T, per_rank * world)
-        if abs(got / want - 1) <= TOLERANCE:
+                f"step_flops returned {harness.describe(got)} for the GPT {shape}: return a number (an int or a "
+                f"float) of FLOPs")
+        want = ref.step_flops(model, per_rank, world)
+        if math.isclose(got, want, rel_tol=1e-12):
             continue
         for slip, value in mistakes(model, per_rank, world):
-            if math.isclose(got, value, rel_tol=0.01):
+            if math.isclose(got, value, rel_tol=1e-9):
                 raise harness.ExerciseFailure(
-                    f"step_flops gave {got:.4g} FLOPs for a step of the GPT {shape}; torch counts "
-                    f"{want:.4g} (yours is {got / want:.2f}x that): {slip}")
+                    f"step_flops gave {got:.6g} FLOPs for a step of the GPT {shape}; the count is "
+                    f"{want:.6g} (yours is {got / want:.3f}x that): {slip}")
         raise harness.ExerciseFailure(
-            f"step_flops gave {got:.4g} FLOPs for a step of the GPT {shape}; torch counts "
-            f"{want:.4g} (yours is {got / want:.2f}x that, more than {TOLERANCE:.1%} off): per token, "
-            f"6 N for the weights plus attention's products; times every token of every process")
+            f"step_flops gave {got:.10g} FLOPs for a step of the GPT {shape}; the reference count is {want:.10g} "
+            f"({explain_count(got, want, model, per_rank, world)}) {harness.replay(seed)}")
+
+
+def test_the_reference_count_is_torchs_own():
+    """The count the learner must reach is within TOLERANCE of what torch executes."""
+    ref = harness.load_reference("14")
+    for layers, heads, d, T, per_rank, world in SHAPES:
+        want = ref.step_flops(gpt(layers, heads, d, T), per_rank, world)
+        counted = counted_flops(layers, heads, d, T, per_rank * world)
+        assert abs(want / counted - 1) <= TOLERANCE, (want, counted)
 
 
 def timed_step_ms(layers, heads, d, T, sequences) -> float:
@@ -115,33 +156,39 @@ def timed_step_ms(layers, heads, d, T, sequences) -> float:
     return statistics.median(times)
 
 
-def test_mfu_of_a_timed_step():
+def test_mfu_equals_the_reference():
+    import random
+
     from distkit.throughput import matmul_flops_per_second
 
-    ex = harness.load("14")
-    got = ex.mfu(6e12, 500.0, 2e13)
-    if isinstance(got, (int, float)) and math.isclose(got, 0.6, rel_tol=1e-9):
-        layers, heads, d, T, per_rank, world = SHAPES[0]
-        flops = counted_flops(layers, heads, d, T, per_rank * world)
-        ms = timed_step_ms(layers, heads, d, T, per_rank * world)
-        peak = matmul_flops_per_second(n=512, seconds=0.2, device="cpu")
-        got, want = ex.mfu(flops, ms, peak), flops / (ms / 1000) / peak
-        case = f"mfu({flops:.4g} FLOPs, {ms:.1f} ms, peak {peak:.3g} FLOP/s)"
-    else:
-        want, case = 0.6, "mfu(6e12 FLOPs a step, a step every 500 ms, peak 2e13 FLOP/s)"
-    if not isinstance(got, (int, float)) or isinstance(got, bool):
-        raise harness.ExerciseFailure(f"{case} returned {got!r}: return a number, the fraction of the peak")
-    if math.isclose(got, want, rel_tol=1e-6):
-        return
-    if math.isclose(got, want / 1000, rel_tol=1e-6):
-        why = ("1000x too small: step_time_ms is in MILLIseconds and the peak in FLOP per SECOND; "
-               "divide the FLOPs by step_time_ms / 1000")
-    elif math.isclose(got, want * 1000, rel_tol=1e-6):
-        why = "1000x too large: a step of step_time_ms milliseconds lasts step_time_ms / 1000 seconds"
-    elif math.isclose(got, want * 100, rel_tol=1e-6):
-        why = "that is a percentage; return the fraction (0.25, not 25)"
-    elif math.isclose(got, 1 / want, rel_tol=1e-6):
-        why = "upside down: the achieved FLOP/s go on top, the peak below"
-    else:
-        why = "the FLOPs of a step divided by its time in seconds is the achieved FLOP/s; divide that by the peak"
-    raise harness.ExerciseFailure(f"{case} returned {got:.6g}, not {want:.6g}: {why}")
+    ex, ref = harness.load("14"), harness.load_reference("14")
+    seed = harness.check_seed()
+    rng = random.Random(seed)
+    cases = [(6e12, 500.0, 2e13)] + [(rng.uniform(1e9, 1e15), rng.uniform(0.5, 5000.0), rng.uniform(1e11, 1e16))
+                                     for _ in range(3)]
+    for index, (flops, ms, peak) in enumerate(cases):
+        if index == 1:  # once the plain cases pass: a real step, timed, against a measured peak
+            layers, heads, d, T, per_rank, world = SHAPES[0]
+            flops = float(counted_flops(layers, heads, d, T, per_rank * world))
+            ms = timed_step_ms(layers, heads, d, T, per_rank * world)
+            peak = matmul_flops_per_second(n=512, seconds=0.2, device="cpu")
+        got, want = ex.mfu(flops, ms, peak), ref.mfu(flops, ms, peak)
+        case = f"mfu({flops:.6g} FLOPs a step, a step every {ms:.6g} ms, peak {peak:.6g} FLOP/s)"
+        if not isinstance(got, (int, float)) or isinstance(got, bool):
+            raise harness.ExerciseFailure(
+                f"{case} returned {harness.describe(got)}: return a number, the fraction of the peak")
+        if math.isclose(got, want, rel_tol=1e-9):
+            continue
+        if math.isclose(got, want / 1000, rel_tol=1e-6):
+            why = ("1000x too small: step_time_ms is in MILLIseconds and the peak in FLOP per SECOND; "
+                   "divide the FLOPs by step_time_ms / 1000")
+        elif math.isclose(got, want * 1000, rel_tol=1e-6):
+            why = "1000x too large: a step of step_time_ms milliseconds lasts step_time_ms / 1000 seconds"
+        elif math.isclose(got, want * 100, rel_tol=1e-6):
+            why = "that is a percentage; return the fraction (0.25, not 25)"
+        elif math.isclose(got, 1 / want, rel_tol=1e-6):
+            why = "upside down: the achieved FLOP/s go on top, the peak below"
+        else:
+            why = ("the FLOPs of a step divided by its time in seconds is the achieved FLOP/s; divide that by the "
+                   "peak (the whole run's: flops_per_step counts every process's work)")
+        raise harness.ExerciseFailure(f"{case} returned {got:.10g}, not {want:.10g}: {why} {harness.replay(seed)}")

@@ -26,18 +26,21 @@ def pipeline_step(stage, inputs, targets, activation_shape):
         return None
 
     n = len(targets)
-    activations = []
-    for _ in range(n):
+    total, sent = 0.0, []
+    for y in targets:
         a = torch.empty(activation_shape)
         dist.recv(a, src=0)
         # A leaf that requires grad: backward() fills a.grad, the gradient rank 0 needs.
-        activations.append(a.requires_grad_())
-    total = 0.0
-    for a, y in zip(activations, targets):
+        a.requires_grad_()
         # Each micro-batch's mean, divided by n: their sum is the mean over the batch,
-        # so the accumulated .grad equals the whole batch's gradient.
+        # so the accumulated .grad equals the whole batch's gradient. Computed as soon as
+        # this micro-batch has arrived, while rank 0 computes (and sends) the next one.
         loss = F.cross_entropy(stage(a), y) / n
         loss.backward()
-        dist.send(a.grad, dst=0)
+        # isend: returns at once, so this rank goes on to receive the next micro-batch
+        # (a blocking send would wait for rank 0, which is still sending: both would wait)
+        sent.append(dist.isend(a.grad, dst=0))
         total += loss.item()
+    for request in sent:
+        request.wait()  # the gradients must have left before their buffers go
     return total

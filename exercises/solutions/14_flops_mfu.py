@@ -31,7 +31,10 @@ Task:
    parameters (``model.named_parameters()``).
 2. ``mfu(flops_per_step, step_time_ms, peak_flops)``: the model FLOPs utilisation as a
    fraction (0.25, not 25): ``flops_per_step`` done every ``step_time_ms``
-   MILLIseconds, against ``peak_flops`` FLOP per SECOND.
+   MILLIseconds, against ``peak_flops`` FLOP per SECOND. ``peak_flops`` is the whole
+   run's peak, every device together (one device's peak x the number of devices, as
+   ``distkit train`` measures it: every process's matmul FLOP/s, summed), because
+   ``flops_per_step`` is the whole run's work.
 
 The check counts the FLOPs torch itself executes in a step (``FlopCounterMode``, in one
 process, on the whole run's batch) and times a real step against a measured matmul peak.

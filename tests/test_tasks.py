@@ -163,6 +163,9 @@ def _checkpoint(path, model):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.save({"trainer": {"iteration": 3, "epoch_length": 8, "max_epochs": 2},
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "lr_scheduler": {}}, path)
+    from distkit.checkpoint import write_checksum
+
+    write_checksum(path, 3)
     return path
 
 

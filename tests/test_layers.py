@@ -19,7 +19,7 @@ LAYERS = (
     ("config",),
     ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput"),
     ("tasks", "checkpoint"),
-    ("preflight", "training", "reporting", "tracking", "failures"),
+    ("preflight", "training", "reporting", "tracking", "failures", "agreement"),
     ("launch", "runner", "sharding"),
     ("lessons", "commands", "bench", "__main__", "__init__"),
 )

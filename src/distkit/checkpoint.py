@@ -311,7 +311,11 @@ def checkpoint_saver(dirname: str):
                 super().__call__(checkpoint, filename, metadata)
                 path = self.dirname / filename
                 if path.exists() and self.save_on_rank == _rank():
-                    write_checksum(path, _saved_iteration(checkpoint, path))
+                    try:
+                        write_checksum(path, _saved_iteration(checkpoint, path))
+                    except BaseException:
+                        _remove_quietly(path)  # a checkpoint that cannot prove itself is no checkpoint
+                        raise
             except (OSError, RuntimeError) as e:
                 raise save_error(e, checkpoint, self.dirname) from None
 
@@ -552,8 +556,27 @@ def checkpoint_is_finished(ckpt: dict) -> bool:
 
 
 def write_results(run_dir: str, results: dict) -> None:
+    """``<run_dir>/results.json``, whole or not at all: a temporary file, fsync, then a
+    rename (readers never see a half-written file); a failure leaves no temporary file
+    and is one line (a full disk named as such, see :func:`disk_error`)."""
     path = os.path.join(run_dir, "results.json")
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2, default=str)
-    os.replace(tmp, path)  # readers never see a half-written file
+    try:
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise disk_error(e, run_dir) from None
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def _remove_quietly(path) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass

@@ -555,7 +555,6 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     wall = time.perf_counter() - start
 
     profile = profiling.summarize(profiler) if profiler is not None else None
-    tracker.close(profile)
     digests = {"initial": initial_digests, "final": replica_digests(model)}
     memory = peak_memory_per_rank()
     # every rank: a task's summary may run the model (a collective under fsdp)
@@ -572,5 +571,9 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
         best_model=saved_path(run_dir, "best", best), profile=profile, replica_digests=digests,
         peak_memory_per_rank=memory, extras=extras)
     results = report(record) if rank == 0 else None  # rank 0 writes results.json and the plot
+    if rank == 0:  # the tracker is optional: after results.json, a failure is a warning
+        from distkit.reporting import optional_output
+
+        optional_output(f"the --logger {config.logger} files", run_dir, lambda: tracker.close(profile))
     check_replicas_identical(digests)  # on every rank: replicas apart are an error, not a field
     return results

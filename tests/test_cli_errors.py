@@ -105,13 +105,18 @@ def test_garbage_checkpoint(run_cli, tmp_path):
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
     result = run_cli("train", "--output-dir", tmp_path / "runs", "--resume-from", bad, timeout=FAST)
+    assert_one_line_error(result, str(bad), "no checksum beside it", tmp_path=tmp_path)
+    from distkit.checkpoint import write_checksum
+
+    write_checksum(bad)  # it proves its bytes, and they are still not a checkpoint
+    result = run_cli("train", "--output-dir", tmp_path / "runs", "--resume-from", bad, timeout=FAST)
     assert_one_line_error(result, "not a loadable checkpoint", tmp_path=tmp_path)
 
 
 def write_checkpoint(path, model_name, iteration, epoch_length=23, max_epochs=2, **entries):
     """A file shaped like distkit's checkpoints, for a model of the given name, recording
     the settings of a default 2-process run; ``entries`` replace whole entries."""
-    from distkit.checkpoint import resume_settings
+    from distkit.checkpoint import resume_settings, write_checksum
     from distkit.models import get_model
 
     model = get_model(model_name)
@@ -122,6 +127,7 @@ def write_checkpoint(path, model_name, iteration, epoch_length=23, max_epochs=2,
             "settings": resume_settings(Config(epochs=max_epochs), f"digits/{model_name}", 2)}
     ckpt.update(entries)
     torch.save(ckpt, path)
+    write_checksum(path, iteration)  # as distkit's saver does: the file proves its contents
     return path
 
 
@@ -215,27 +221,33 @@ def test_resume_from_latest_falls_back_past_a_corrupt_newest_checkpoint(run_cli,
     (runs / "b" / "checkpoints").mkdir(parents=True)
     bad = runs / "b" / "checkpoints" / "training_checkpoint_50.pt"
     bad.write_bytes(good.read_bytes()[:5000])  # truncated
+    bad.with_name(bad.name + ".sha256").write_bytes(
+        good.with_name(good.name + ".sha256").read_bytes().replace(b": 46}", b": 50}"))
     os.utime(good, ns=(1_000_000_000, 1_000_000_000))  # older
     result = run_cli("train", "--output-dir", runs, "--resume-from", "latest", timeout=FAST)
     assert_one_line_error(result, "--resume-from latest", "finished run", str(good))
-    assert f"1 newer checkpoint(s) do not load (newest: {bad}): falling back to {good}" in result.stderr
+    assert f"1 newer checkpoint(s) do not load (newest: {bad}: damaged: 5000 bytes where" \
+        in result.stderr
+    assert f"falling back to {good}" in result.stderr
     assert sorted(p.name for p in runs.iterdir()) == ["a", "b"]  # nothing new written
 
 
 def test_resume_from_latest_resolves_to_the_newest_loadable(tmp_path, capsys):
     import os
 
-    from distkit.checkpoint import resolve_resume_from
+    from distkit.checkpoint import resolve_resume_from, write_checksum
 
     runs = tmp_path / "runs"
     (runs / "a" / "checkpoints").mkdir(parents=True)
     good = write_checkpoint(runs / "a" / "checkpoints" / "training_checkpoint_30.pt", "cnn", 30)
     os.utime(good, ns=(1_000_000_000, 1_000_000_000))
     (runs / "a" / "checkpoints" / "training_checkpoint_40.pt").write_bytes(b"garbage")
+    write_checksum(runs / "a" / "checkpoints" / "training_checkpoint_40.pt")
     config = Config(output_dir=str(runs), resume_from="latest")
     assert resolve_resume_from(config).resume_from == str(good)
     assert "falling back to" in capsys.readouterr().err
     good.write_bytes(b"garbage too")
+    write_checksum(good)
     with pytest.raises(DistkitError, match="none of the 2 checkpoint"):
         resolve_resume_from(config)
 

@@ -58,19 +58,21 @@ def fake_checkpoint(path: Path, iteration: int, epoch_length: int = 23, max_epoc
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"trainer": {"iteration": iteration, "epoch_length": epoch_length, "max_epochs": max_epochs},
                 "model": {}, "optimizer": {"state": {}, "param_groups": []}, "lr_scheduler": {}}, path)
+    checkpoint.write_checksum(path, iteration)
     return path
 
 
 # --- finding the checkpoint to resume from ----------------------------------------------
 
-def test_latest_checkpoint_is_the_newest_pt_and_ignores_interrupted_saves(tmp_path):
+def test_latest_checkpoint_is_the_highest_iteration_and_ignores_interrupted_saves(tmp_path):
     assert checkpoint.latest_checkpoint(tmp_path) is None
-    old = fake_checkpoint(tmp_path / "run-a" / "checkpoints" / "training_checkpoint_40.pt", 40)
-    new = fake_checkpoint(tmp_path / "run-b" / "checkpoints" / "training_checkpoint_15.pt", 15)
-    os.utime(old, ns=(1_000_000_000, 1_000_000_000))  # older file, higher iteration
+    high = fake_checkpoint(tmp_path / "run-a" / "checkpoints" / "training_checkpoint_40.pt", 40)
+    low = fake_checkpoint(tmp_path / "run-b" / "checkpoints" / "training_checkpoint_15.pt", 15)
+    # an older file time, a higher iteration (a `cp -r` restore renews file times): newest
+    os.utime(high, ns=(1_000_000_000, 1_000_000_000))
     (tmp_path / "run-b" / "checkpoints" / "tmpab12cd").write_bytes(b"half a checkpoint")
-    assert checkpoint.latest_checkpoint(tmp_path) == str(new)
-    assert checkpoint.checkpoint_iteration(new) == 15
+    assert checkpoint.latest_checkpoint(tmp_path) == str(high)
+    assert checkpoint.checkpoint_iteration(low) == 15
 
 
 def test_resume_from_latest_resolves_starts_fresh_or_refuses_a_finished_run(tmp_path, capsys):
@@ -221,11 +223,14 @@ def test_sigkill_during_a_checkpoint_save_leaves_the_previous_one_loadable(tmp_p
     out = finish(proc, 30)
     assert partial is not None, f"never caught a save in progress:\n{out[-2000:]}"
     assert proc.returncode == -signal.SIGKILL
-    complete = sorted(runs.glob("*/checkpoints/*.pt"))
+    # complete = proven by its checksum (a kill between the rename and the checksum's
+    # write leaves a .pt without one: never loaded, see test_checkpoint_integrity)
+    complete = sorted(p for p in runs.glob("*/checkpoints/*.pt")
+                      if checkpoint.checksum_problem(str(p)) is None)
     assert complete, "the previous checkpoint is gone"
     assert partial.exists() and partial.stat().st_size < complete[-1].stat().st_size
-    with pytest.raises(DistkitError, match="not a loadable checkpoint"):
-        load_checkpoint(str(partial))  # the half-written file is garbage...
+    with pytest.raises(DistkitError, match="no checksum beside it"):
+        load_checkpoint(str(partial))  # the half-written file is never even read...
     for path in complete:  # ...but every finished checkpoint loads (weights_only=True)
         ckpt = load_checkpoint(str(path))
         assert ckpt["trainer"]["iteration"] == checkpoint.checkpoint_iteration(path)
@@ -328,8 +333,8 @@ def test_full_disk_while_saving_is_one_line_naming_the_disk(tmp_path, tiny_disk)
     left = [p.relative_to(tiny_disk / "runs") for p in (tiny_disk / "runs").rglob("*") if p.is_file()]
     assert all(p.parts[1] in ("tracebacks", "best") for p in left), left
     for p in left:
-        if p.parts[1] == "best":
-            torch.load(tiny_disk / "runs" / p, weights_only=True)
+        if p.parts[1] == "best" and p.suffix == ".pt":
+            checkpoint.load_verified(tiny_disk / "runs" / p)
 
 
 # --- resuming: what a resumed run reports, and a changed flag refused ---------------------

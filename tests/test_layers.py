@@ -19,7 +19,7 @@ LAYERS = (
     ("config",),
     ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput"),
     ("tasks", "checkpoint"),
-    ("preflight", "training", "reporting", "tracking", "failures", "stopping"),
+    ("preflight", "training", "reporting", "tracking", "failures", "stopping", "agreement"),
     ("supervise",),
     ("launch", "runner", "sharding"),
     ("lessons", "commands", "bench", "__main__", "__init__"),

@@ -140,7 +140,7 @@ def test_a_score_that_names_no_metric_fails_before_any_process(course, tmp_path)
 
 
 def test_a_task_that_cannot_pickle_is_refused_before_spawning(tmp_path):
-    task = Task(datasets=lambda config: ([], []), model=lambda config: nn.Linear(64, 10))
+    task = Task(datasets=lambda config: ([0] * 64, [0] * 8), model=lambda config: nn.Linear(64, 10))
     with pytest.raises(DistkitError) as e:
         run(Config(nproc_per_node=2, output_dir=str(tmp_path / "runs")), task=task)
     assert "the task cannot be sent to spawned processes" in one_line(e)
@@ -163,6 +163,9 @@ def _checkpoint(path, model):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.save({"trainer": {"iteration": 3, "epoch_length": 8, "max_epochs": 2},
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "lr_scheduler": {}}, path)
+    from distkit.checkpoint import write_checksum
+
+    write_checksum(path, 3)
     return path
 
 

@@ -12,6 +12,12 @@ safely (``weights_only=True``), and finding the one to resume from.
 - Checkpoints are written atomically by ignite's ``DiskSaver(atomic=True)``: into a
   temporary file ``tmp*`` in the same folder, then renamed. A process killed during the
   save leaves that temporary file behind and every ``*.pt`` intact.
+- Every checkpoint proves its contents: a sidecar ``<file>.pt.sha256`` (the SHA-256 of
+  the file's bytes, its size and the iteration it holds) is written atomically after the
+  checkpoint, and verified before anything is loaded (:func:`verify_checksum`); a file
+  without one, or whose bytes differ, is never loaded. ``latest`` is the highest
+  iteration recorded, not the newest file time (a ``cp -r`` renews those). See
+  docs/safety.md.
 """
 from __future__ import annotations
 
@@ -40,23 +46,158 @@ def checkpoint_iteration(path) -> int:
 
 
 def find_checkpoints(output_dir) -> list[Path]:
-    """Every checkpoint of every run under ``output_dir``, oldest first (by modification
-    time, then iteration). Temporary files of interrupted saves are not checkpoints."""
-    paths = Path(output_dir).glob("*/checkpoints/*.pt")
-    return sorted(paths, key=lambda p: (p.stat().st_mtime_ns, checkpoint_iteration(p)))
+    """Every checkpoint of every run under ``output_dir``, oldest first: by the iteration
+    it records (:func:`recorded_iteration`), then modification time. Not by time first:
+    ``cp -r`` of a run folder renews every file's time. Temporary files of interrupted
+    saves are not checkpoints."""
+    return _by_iteration(Path(output_dir).glob("*/checkpoints/*.pt"))
+
+
+def _by_iteration(paths) -> list[Path]:
+    def key(p):
+        try:
+            mtime = p.stat().st_mtime_ns
+        except OSError:  # removed meanwhile (a running job keeps its 2 newest)
+            mtime = -1
+        return recorded_iteration(p), mtime
+
+    return sorted(paths, key=key)
 
 
 def latest_checkpoint(output_dir) -> str | None:
-    """The newest checkpoint under ``output_dir``, or None if there is none."""
-    found = find_checkpoints(output_dir)
-    return str(found[-1]) if found else None
+    """The newest complete checkpoint under ``output_dir`` (the highest iteration whose
+    checksum holds), or None if there is none."""
+    for path in reversed(find_checkpoints(output_dir)):
+        if checksum_problem(str(path)) is None:
+            return str(path)
+    return None
 
 
 def latest_checkpoint_in(run_dir) -> str | None:
-    """The newest complete checkpoint of one run folder, or None."""
-    found = sorted(Path(run_dir).glob("checkpoints/*.pt"),
-                   key=lambda p: (p.stat().st_mtime_ns, checkpoint_iteration(p)))
-    return str(found[-1]) if found else None
+    """The newest complete checkpoint of one run folder (proven by its checksum), or None."""
+    for path in reversed(_by_iteration(Path(run_dir).glob("checkpoints/*.pt"))):
+        if checksum_problem(str(path)) is None:
+            return str(path)
+    return None
+
+
+# --- checksums: a checkpoint proves its contents before it is loaded --------------------
+# Why a sidecar rather than a record inside the zip: the checkpoint is written by torch.save
+# through ignite's DiskSaver (a temporary file, then a rename); a record inside the zip
+# would mean rewriting the archive after torch.save, or hashing something other than the
+# bytes on disk. A sidecar is the SHA-256 of exactly the bytes a later torch.load reads,
+# checked without parsing them (a flipped byte in the zip directory or the pickle is caught
+# before any unpickler runs); written after the checkpoint, so a checkpoint whose sidecar
+# is missing was never finished and is not trusted. Costs one read of the file per save.
+CHECKSUM_SUFFIX = ".sha256"
+
+
+def checksum_path(path) -> str:
+    """The sidecar of a checkpoint: ``<path>.sha256``."""
+    return str(path) + CHECKSUM_SUFFIX
+
+
+def file_sha256(path) -> tuple[str, int]:
+    """The SHA-256 (hex) of a file's bytes and its size."""
+    import hashlib
+
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+            size += len(block)
+    return h.hexdigest(), size
+
+
+def write_checksum(path, iteration: int | None = None) -> str:
+    """Write the sidecar of checkpoint ``path`` atomically (a temporary file, fsync, then a
+    rename: a reader sees none or all of it) and return its path. ``iteration``: the
+    trainer's iteration the checkpoint holds (default: from the file name). Call it after
+    the checkpoint itself is in place::
+
+        >>> import tempfile, torch
+        >>> from distkit.checkpoint import write_checksum, verify_checksum
+        >>> path = tempfile.mkdtemp() + "/training_checkpoint_7.pt"
+        >>> torch.save({"w": torch.ones(2)}, path)
+        >>> _ = write_checksum(path)
+        >>> verify_checksum(path)["iteration"]
+        7
+    """
+    digest, size = file_sha256(path)
+    record = {"sha256": digest, "bytes": size,
+              "iteration": checkpoint_iteration(path) if iteration is None else int(iteration)}
+    target = checksum_path(path)
+    tmp = target + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    return target
+
+
+def read_checksum(path) -> dict | None:
+    """The sidecar's record of checkpoint ``path`` (sha256, bytes, iteration), or None if
+    it is missing or not a record."""
+    try:
+        with open(checksum_path(path)) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("sha256"), str) \
+            or not isinstance(record.get("bytes"), int) or not isinstance(record.get("iteration"), int):
+        return None
+    return record
+
+
+def recorded_iteration(path) -> int:
+    """The iteration checkpoint ``path`` holds: its sidecar's, else its file name's."""
+    record = read_checksum(path)
+    return record["iteration"] if record else checkpoint_iteration(path)
+
+
+def checksum_problem(path) -> str | None:
+    """Why checkpoint ``path`` cannot be trusted (a few words), or None if its bytes are
+    the ones its sidecar records."""
+    if not os.path.isfile(path):
+        return "no such file"
+    record = read_checksum(path)
+    if record is None:
+        return (f"no checksum beside it ({os.path.basename(checksum_path(path))} is missing or "
+                "unreadable: the save did not finish, or the file was copied without it)")
+    try:
+        digest, size = file_sha256(path)
+    except OSError as e:
+        return f"unreadable ({e.strerror or e})"
+    if size != record["bytes"]:
+        return f"damaged: {size} bytes where {record['bytes']} were written"
+    if digest != record["sha256"]:
+        return "damaged: its bytes differ from the SHA-256 recorded when it was written"
+    return None
+
+
+def verify_checksum(path) -> dict:
+    """Check checkpoint ``path`` against its sidecar before anything reads it; returns the
+    sidecar's record, or raises a one-line DistkitError naming the file."""
+    problem = checksum_problem(path)
+    if problem is not None:
+        raise DistkitError(f"checkpoint {str(path)!r} is not loaded: {problem}; pass another "
+                           "checkpoint (the run's previous one, or --resume-from latest, which "
+                           "passes over damaged files)")
+    return read_checksum(path)
+
+
+def load_verified(path, **kwargs):
+    """``torch.load(path, map_location="cpu", weights_only=True)`` of a checkpoint whose
+    checksum holds (:func:`verify_checksum`): the best model (``<run>/best/*.pt``) as
+    well as the resumable checkpoints."""
+    verify_checksum(path)
+    return torch.load(path, map_location="cpu", weights_only=True, **kwargs)
 
 
 def remove_run_dir_if_empty(run_dir) -> bool:
@@ -82,21 +223,23 @@ def resolve_resume_from(config):
         return config
     found = find_checkpoints(config.output_dir)
     path, ckpt, unloadable = None, None, []
-    for candidate in reversed(found):  # newest first; a corrupt one is passed over
+    for candidate in reversed(found):  # newest first; a damaged one is passed over
         try:
             ckpt = load_checkpoint(str(candidate))
             path = str(candidate)
             break
-        except DistkitError:
-            unloadable.append(str(candidate))
+        except DistkitError as e:
+            unloadable.append((str(candidate), str(e)))
     if found and path is None:
         raise DistkitError(
             f"--resume-from latest: none of the {len(found)} checkpoint(s) under "
             f"{config.output_dir!r} loads (newest: {found[-1]}): start a new run with its own "
             "--output-dir, or without --resume-from")
     if unloadable and world_layout().rank == 0:
+        newest, why = unloadable[0]
+        why = checksum_problem(newest) or why.split(": ")[0]
         print(f"distkit: warning: --resume-from latest: {len(unloadable)} newer checkpoint(s) do "
-              f"not load (newest: {unloadable[0]}): falling back to {path}", file=sys.stderr,
+              f"not load (newest: {newest}: {why}): falling back to {path}", file=sys.stderr,
               flush=True)
     if path is not None and checkpoint_is_finished(ckpt):
         raise DistkitError(
@@ -167,6 +310,13 @@ def checkpoint_saver(dirname: str):
         def __call__(self, checkpoint, filename, metadata=None):
             try:
                 super().__call__(checkpoint, filename, metadata)
+                path = self.dirname / filename
+                if path.exists() and self.save_on_rank == _rank():
+                    try:
+                        write_checksum(path, _saved_iteration(checkpoint, path))
+                    except BaseException:
+                        _remove_quietly(path)  # a checkpoint that cannot prove itself is no checkpoint
+                        raise
             except (OSError, RuntimeError) as e:
                 raise save_error(e, checkpoint, self.dirname) from None
 
@@ -175,8 +325,26 @@ def checkpoint_saver(dirname: str):
                 super().remove(filename)
             except FileNotFoundError:  # a resumed run's best model of the run before
                 pass
+            sidecar = checksum_path(self.dirname / filename)
+            if os.path.exists(sidecar):
+                os.remove(sidecar)
 
     return OneLineDiskSaver(dirname, require_empty=False, atomic=True)
+
+
+def _rank() -> int:
+    import ignite.distributed as idist
+
+    return idist.get_rank()
+
+
+def _saved_iteration(checkpoint, path) -> int:
+    """The trainer's iteration in a checkpoint being saved (a best model has no trainer:
+    the number in its file name)."""
+    trainer = checkpoint.get("trainer") if isinstance(checkpoint, dict) else None
+    if isinstance(trainer, dict) and isinstance(trainer.get("iteration"), int):
+        return trainer["iteration"]
+    return checkpoint_iteration(path)
 
 
 def save_error(error: Exception, checkpoint, dirname) -> Exception:
@@ -315,6 +483,10 @@ def load_checkpoint(path: str) -> dict:
     if not os.path.isfile(path):
         raise DistkitError(f"--resume-from {path!r}: no such file; pass a checkpoint "
                            "written by a previous run (<run dir>/checkpoints/*.pt)")
+    problem = checksum_problem(path)
+    if problem is not None:  # proven before torch.load reads a byte of it
+        raise DistkitError(f"--resume-from {path!r} is not loaded: {problem}; pass another "
+                           "checkpoint, or --resume-from latest (it passes over damaged files)")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
@@ -388,8 +560,27 @@ def checkpoint_is_finished(ckpt: dict) -> bool:
 
 
 def write_results(run_dir: str, results: dict) -> None:
+    """``<run_dir>/results.json``, whole or not at all: a temporary file, fsync, then a
+    rename (readers never see a half-written file); a failure leaves no temporary file
+    and is one line (a full disk named as such, see :func:`disk_error`)."""
     path = os.path.join(run_dir, "results.json")
     tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(results, f, indent=2, default=str)
-    os.replace(tmp, path)  # readers never see a half-written file
+    try:
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise disk_error(e, run_dir) from None
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+
+
+def _remove_quietly(path) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import dataclasses
 from dataclasses import dataclass
 
@@ -190,9 +191,14 @@ def check_training(config, launch: Launch, task=None):
         config = resolve_resume_from(config)
     if config.resume_from:
         check_checkpoint_fits(config.resume_from, config, task, launch.world_size)
-    if launch.spawning and config.dataset in ("mnist", "cifar10"):
+    if launch.spawning and config.dataset in ("mnist", "cifar10") and config.task is None:
         # Download once here, before any process starts, so an offline machine fails fast.
         fetch_torchvision(config.dataset, config.data_dir)
+    if launch.spawning:
+        warning = oversubscription_warning(launch.nproc_per_node)
+        if warning:
+            print(f"distkit: warning: {warning}", file=sys.stderr, flush=True)
+    check_sizes(config, launch.world_size, task)
     return config
 
 
@@ -200,6 +206,105 @@ def restarted_by_torchrun() -> bool:
     """True in a worker group that ``torchrun --max-restarts`` started again after a
     failure (``TORCHELASTIC_RESTART_COUNT`` > 0): the same command, the same run."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+
+
+def dataset_sizes(config, task=None) -> tuple[int, int] | None:
+    """``(training samples, validation samples)`` of ``task`` (default: the config's),
+    built once here as every process will build them; None where they have no length or
+    building them fails (the ranks then report it as they would)."""
+    from distkit.tasks import resolve_task
+
+    try:
+        train_set, val_set = resolve_task(task if task is not None else config).datasets(config)
+        return len(train_set), len(val_set)
+    except DistkitError:
+        raise
+    except Exception:
+        return None
+
+
+def check_sizes(config, world_size: int, task=None) -> None:
+    """Refuse, in one line before any process starts, sizes that would train on nothing
+    or on something else than asked: an empty training or validation set, a world larger
+    than the training set (``DistributedSampler`` would pad every rank's share with
+    repeated samples), a global batch larger than the training set (one step an epoch,
+    of fewer samples than the batch the records say)::
+
+        >>> from distkit.config import Config
+        >>> check_sizes(Config(batch_size=4096), world_size=2)
+        Traceback (most recent call last):
+        ...
+        distkit.errors.DistkitError: global --batch-size 4096 is larger than the training set of 'digits/cnn' (1437 samples): an epoch would be one step of 1437 samples; use --batch-size 1436 or less (the default is 64)
+    """
+    sizes = dataset_sizes(config, task)
+    if sizes is None:
+        return
+    from distkit.tasks import resolve_task
+
+    name = resolve_task(task if task is not None else config).name
+    n_train, n_val = sizes
+    for what, n in (("training", n_train), ("validation", n_val)):
+        if n == 0:
+            raise DistkitError(
+                f"the {what} set of {name!r} is empty (0 samples): nothing to "
+                f"{'train on' if what == 'training' else 'validate on'}; check the task's "
+                "datasets(config) (its data, its --set settings, --data-dir)")
+    if world_size > n_train:
+        raise DistkitError(
+            f"the world size {world_size} is larger than the training set of {name!r} "
+            f"({n_train} samples): some processes would train on repeated samples only; use "
+            f"{n_train} processes or fewer in all")
+    if config.batch_size > n_train:
+        default = type(config).__dataclass_fields__["batch_size"].default
+        fits = n_train // world_size * world_size
+        raise DistkitError(
+            f"global --batch-size {config.batch_size} is larger than the training set of "
+            f"{name!r} ({n_train} samples): an epoch would be one step of {n_train} samples; "
+            f"use --batch-size {fits} or less (the default is {default})")
+
+
+# More processes than this many per core is "far more": each runs its own interpreter,
+# torch and copy of the data, and they take turns on the cores.
+OVERSUBSCRIBED = 4
+
+
+def process_memory() -> int | None:
+    """Bytes this process holds for itself now (resident less shared pages,
+    ``/proc/self/statm``): roughly what one more process of the kit, with torch and
+    ignite imported and the data built, holds (the shared libraries are counted once)."""
+    try:
+        with open("/proc/self/statm") as f:
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def oversubscription_warning(nproc: int | None, cores: int | None = None) -> str | None:
+    """A warning (one line) when ``nproc`` processes on this node are far more than its
+    cores, with an estimate of the memory they take and what is available. A warning, not
+    a refusal: a larger world than the machine's cores can be worth rehearsing, and the
+    estimate is rough (forked processes share pages)::
+
+        >>> oversubscription_warning(4, cores=2) is None
+        True
+        >>> oversubscription_warning(64, cores=2)  # doctest: +ELLIPSIS
+        '--nproc-per-node 64 on 2 cores: 32 processes per core take turns ... GiB of memory ...'
+    """
+    if not nproc:
+        return None
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if nproc <= OVERSUBSCRIBED * cores:
+        return None
+    each = process_memory() or 0
+    have = available_memory()
+    estimate = (f"about {nproc * each / 2**30:.1f} GiB of memory ({nproc} x {each / 2**20:.0f} "
+                "MiB, what this process holds for itself)"
+                + (f", {have / 2**30:.1f} GiB available" if have is not None else ""))
+    return (f"--nproc-per-node {nproc} on {cores} cores: {nproc // cores} processes per core "
+            f"take turns (each step waits for the slowest), in {estimate}; use "
+            f"--nproc-per-node {cores} for speed, more only to rehearse a larger world")
 
 
 def preflight(config, spawning: bool | None = None, task=None):

@@ -100,19 +100,70 @@ def results_of(record: RunRecord) -> dict:
 
 
 def report(record: RunRecord) -> dict:
-    """Write ``<run_dir>/results.json`` and ``learning_curves.png`` (call on rank 0 only);
-    return the results dict."""
+    """Write ``<run_dir>/results.json``, then ``learning_curves.png`` (call on rank 0
+    only); return the results dict. results.json comes first, whole (a finished run is
+    never lost to an optional output); a plot that fails is a warning (redraw it with
+    ``distkit plot RUN_DIR``), but a full disk is the kit's one-line error, results.json
+    written whole before it."""
     results = results_of(record)
     write_results(record.run_dir, results)
     if record.history:
-        import matplotlib.pyplot as plt
-
-        from distkit.plots import learning_curves
-
-        fig = learning_curves([results])
-        fig.savefig(os.path.join(record.run_dir, "learning_curves.png"), dpi=100)
-        plt.close(fig)
+        optional_output("learning_curves.png", record.run_dir,
+                        lambda: draw_learning_curves(record.run_dir, results))
     return results
+
+
+def optional_output(name: str, run_dir: str, write) -> bool:
+    """Run ``write()`` (an optional output: the plot, a tracker's files); a failure is a
+    warning line, except a full disk, which is the kit's error naming the folder (a
+    DistkitError). Returns True if it was written."""
+    import errno
+    import sys
+
+    from distkit.checkpoint import disk_error
+
+    try:
+        write()
+        return True
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            error = disk_error(e, run_dir)
+            error.args = (f"{error}; results.json is whole, {name} was not written (redraw it: "
+                          f"distkit plot {run_dir})",)
+            raise error from None
+        why = f"{type(e).__name__}: {e.strerror or e}"
+    except Exception as e:  # an optional output never costs the run its results
+        why = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+    print(f"distkit: warning: {name} was not written ({why}); results.json is whole: redraw "
+          f"with distkit plot {run_dir}", file=sys.stderr, flush=True)
+    return False
+
+
+def draw_learning_curves(run_dir: str, results: dict | None = None) -> str:
+    """Draw ``<run_dir>/learning_curves.png`` from ``results`` (default: the run's
+    results.json), atomically: a temporary file renamed into place, removed if the
+    drawing fails (never a 0-byte or half-written png). Returns the png's path.
+    ``distkit plot RUN_DIR`` calls it."""
+    import json
+
+    import matplotlib.pyplot as plt
+
+    from distkit.plots import learning_curves
+
+    if results is None:
+        with open(os.path.join(run_dir, "results.json")) as f:
+            results = json.load(f)
+    path = os.path.join(run_dir, "learning_curves.png")
+    tmp = path + ".tmp"
+    fig = learning_curves([results])
+    try:
+        fig.savefig(tmp, dpi=100, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
 
 
 def saved_path(run_dir: str, folder: str, checkpoint) -> str | None:

@@ -21,6 +21,7 @@ from ignite.handlers import Checkpoint, EarlyStopping, PiecewiseLinear, Progress
 from ignite.utils import manual_seed
 
 from distkit import profiling, signals, stopping, throughput, tracking
+from distkit.agreement import check_replicas_identical, check_same_settings
 from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_iteration,
                                 checkpoint_saver, load_checkpoint, make_run_dir, resume_settings,
                                 to_save)
@@ -487,6 +488,8 @@ def training(local_rank: int, config, task: Task | None = None,
     task = resolve_task(task if task is not None else config)
     config = task.configure(config)  # the task's own settings, complete and typed
     config.check_batch_fits(idist.get_world_size())
+    # every rank trains what rank 0 trains, or none does (before anything is written)
+    check_same_settings(config, task)
     run_dir = resolve_run_dir(config, run_dir)
     restore_handlers = signals.install(stop_signals())
     try:
@@ -694,7 +697,6 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
             stop.signum, stop.checkpoint)
 
     profile = profiling.summarize(profiler) if profiler is not None else None
-    tracker.close(profile)
     digests = {"initial": initial_digests, "final": replica_digests(model)}
     memory = peak_memory_per_rank()
     # every rank: a task's summary may run the model (a collective under fsdp)
@@ -710,4 +712,10 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
         last_checkpoint=saved_path(run_dir, "checkpoints", checkpoint),
         best_model=saved_path(run_dir, "best", best), profile=profile, replica_digests=digests,
         peak_memory_per_rank=memory, extras=extras)
-    return report(record) if rank == 0 else None  # rank 0 writes results.json and the plot
+    results = report(record) if rank == 0 else None  # rank 0 writes results.json and the plot
+    if rank == 0:  # the tracker is optional: after results.json, a failure is a warning
+        from distkit.reporting import optional_output
+
+        optional_output(f"the --logger {config.logger} files", run_dir, lambda: tracker.close(profile))
+    check_replicas_identical(digests)  # on every rank: replicas apart are an error, not a field
+    return results

@@ -16,7 +16,7 @@ import re
 import sys
 
 from distkit import __version__
-from distkit.commands import bench, check, doctor, shard_check, train
+from distkit.commands import bench, check, doctor, plot, shard_check, train
 from distkit.errors import DistkitError
 
 # name -> (module, one-line help)
@@ -26,6 +26,7 @@ COMMANDS = {
     "bench": (bench, "measure what the kit costs vs hand-written loops, scaling, data loading"),
     "shard-check": (shard_check, "check which process sees which sample: overlap, coverage, padding"),
     "check": (check, "check your exercise files (exercises/), or show a hint or a solution"),
+    "plot": (plot, "redraw a run's learning curves from its results.json"),
 }
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from distkit.errors import DistkitError
 
-from distkit.checkpoint import checkpoint_iteration, find_checkpoints, latest_checkpoint  # noqa: F401  (re-exported for notebooks)
+from distkit.checkpoint import checkpoint_iteration, checksum_problem, find_checkpoints, latest_checkpoint  # noqa: F401  (re-exported for notebooks)
 
 
 # --- killing a rank on purpose (Linux: /proc) -------------------------------------------
@@ -100,7 +100,8 @@ def wait_for_checkpoint(output_dir, min_iteration: int, timeout: float = 60, pol
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for path in reversed(find_checkpoints(output_dir)):
-            if checkpoint_iteration(path) >= min_iteration:
+            # complete: its checksum, written after the file, is there and holds
+            if checkpoint_iteration(path) >= min_iteration and checksum_problem(str(path)) is None:
                 return str(path)
         time.sleep(poll)
     raise TimeoutError(f"no checkpoint at iteration >= {min_iteration} under {output_dir} within {timeout} s")

@@ -18,7 +18,7 @@ LAYERS = (
     ("errors", "machine"),
     ("config",),
     ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput"),
-    ("tasks", "checkpoint"),
+    ("tasks", "checkpoint", "schedules", "effective"),
     ("preflight", "training", "reporting", "tracking", "failures"),
     ("launch", "runner", "sharding"),
     ("lessons", "commands", "bench", "__main__", "__init__"),

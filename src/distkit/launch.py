@@ -33,6 +33,7 @@ import torch.distributed as dist
 from distkit.checkpoint import (check_output_dir, latest_checkpoint_in, make_run_dir,
                                 remove_run_dir_if_empty)
 from distkit.config import Config
+from distkit.effective import check_settings
 from distkit.errors import DistkitError
 from distkit.failures import (RankFailed, Reporter, default_folder, for_function_callers,
                               report_from_worker, run_reporting)
@@ -61,6 +62,7 @@ def run(config, task=None) -> dict | None:
     try:
         task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
         config = task.configure(config)  # its own settings (--set), complete and typed
+        check_settings(task, config.replace().validate())  # a flag with nothing to act on: one line
         config, launch = preflight(config, task=task)  # launch checks, then training checks
         check_output_dir(config.output_dir)
     except DistkitError as e:

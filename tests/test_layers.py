@@ -19,8 +19,8 @@ LAYERS = (
     ("config",),
     ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput"),
     ("tasks", "checkpoint", "schedules", "effective"),
-    ("preflight", "training", "reporting", "tracking", "failures"),
-    ("launch", "runner", "sharding"),
+    ("preflight", "training", "reporting", "tracking", "failures", "script_worker"),
+    ("launch", "runner", "sharding", "script_launch"),
     ("lessons", "commands", "bench", "__main__", "__init__"),
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -41,6 +41,7 @@ from distkit.machine import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipytho
                              launched_externally, ranks_on_this_host, restore_environment,
                              set_ignite_verbosity, socket_interface, threads_per_process)
 from distkit.preflight import Launch, check_launch, check_picklable, preflight
+from distkit.script_launch import call_with_kits_group
 from distkit.tasks import resolve_task
 from distkit.training import training
 
@@ -216,7 +217,7 @@ def pinned(local_rank, fn, threads, *args):
     """``fn`` in this process, with ``threads`` torch threads, else its share of the cores
     (the one rule: the cores divided by the ranks on this host)."""
     torch.set_num_threads(threads or threads_per_process(ranks_on_this_host()))
-    return fn(local_rank, *args)
+    return call_with_kits_group(fn, local_rank, *args)  # fn's own init/destroy: one line
 
 
 def start(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = None,

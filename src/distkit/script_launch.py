@@ -353,3 +353,36 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, timeout_s, grace_s, scrip
                 f"{timeout_s:g} s after another rank ended: stopped (a rank waiting on a "
                 "collective the others never joined?); raise --timeout if it was still working")
         time.sleep(0.1)
+
+
+# --- launch_function with a function that makes or ends the process group itself ----------
+
+def call_with_kits_group(fn, local_rank: int, *args):
+    """``fn(local_rank, *args)`` in a rank whose process group the kit has made
+    (``launch_function``, ``run_per_rank``). A function written for torchrun calls
+    ``init_process_group`` (torch: "trying to initialize the default process group
+    twice!") or ``destroy_process_group`` (then ignite's clean-up: "Default process group
+    has not been initialized"): either becomes one line that says what the kit did and
+    what to do instead."""
+    import torch.distributed as dist
+
+    had_group = dist.is_available() and dist.is_initialized()
+    name = getattr(fn, "__qualname__", repr(fn))
+    try:
+        value = fn(local_rank, *args)
+    except ValueError as e:
+        if had_group and "default process group twice" in str(e):
+            raise DistkitError(
+                f"{name} calls torch.distributed.init_process_group itself, but the kit's launcher "
+                f"has already made the process group ({dist.get_backend()}, rank "
+                f"{dist.get_rank()} of {dist.get_world_size()}): remove its init_process_group "
+                "and destroy_process_group calls, or run the script as written with `distkit "
+                "launch script.py` (distkit.launch_script)") from None
+        raise
+    if had_group and not dist.is_initialized():
+        raise DistkitError(
+            f"{name} called torch.distributed.destroy_process_group(), but the process group is "
+            "the kit's launcher's, which ends it after the function returns: remove that call, "
+            "or run the script as written with `distkit launch script.py` "
+            "(distkit.launch_script)")
+    return value

@@ -337,6 +337,10 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, timeout_s, grace_s, scrip
             for line in lines:
                 sys.stderr.write(f"distkit: error: {line}\n")
             sys.stderr.flush()
+            if ranks.mode == "torchrun":  # torchrun's summary names it as the root cause
+                from distkit.failures import write_error_file
+
+                write_error_file(f"distkit: error: {lines[0]}")
             error = DistkitError(lines[0])
             error.reported = True  # the command line prints nothing more
             raise error

@@ -276,7 +276,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
                                 "every rank has ended") from None
     except _Terminated:
         stopped = _stop(procs, signal.SIGTERM, grace_s)
-        raise ScriptStopped(f"distkit launch got SIGTERM: forwarded it to {stopped} rank(s) of "
+        raise ScriptStopped(f"got SIGTERM: forwarded it to {stopped} rank(s) of "
                             f"{script}; every rank has ended") from None
     finally:
         _stop(procs, signal.SIGKILL, 0)  # nothing left behind, whatever happened
@@ -324,15 +324,30 @@ def _describe(rank: int, local_rank: int, code: int, folder: str, ranks: Ranks) 
     return f"{who} exited with code {code} (see its output above)"
 
 
+_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+                        r"timed out", re.IGNORECASE)
+
+
 def _supervise(procs: dict, ranks: Ranks, folder: str, timeout_s, grace_s, script) -> int:
     first_end = None
+    seen = {}  # rank -> the poll at which it was first seen ended
+    polls = 0
     while True:
+        polls += 1
         codes = {rank: p.poll() for rank, (_, p) in procs.items()}
+        for rank, code in codes.items():
+            if code is not None:
+                seen.setdefault(rank, polls)
         failed = [r for r, c in codes.items() if c not in (None, 0)]
         if failed:
             # the first failure: stop the others now (they would wait on it in a collective)
             _stop(procs, signal.SIGTERM, min(grace_s, 3.0))
             lines = [_describe(r, procs[r][0], codes[r], folder, ranks) for r in failed]
+            # first the rank that failed first; of ranks ended in one poll, a rank that lost
+            # its peer after the one that raised
+            order = sorted(range(len(failed)), key=lambda i: (seen[failed[i]],
+                                                              bool(_PEER_LOST.search(lines[i]))))
+            lines = [lines[i] for i in order]
             lines[0] += "; the other ranks were stopped"
             for line in lines:
                 sys.stderr.write(f"distkit: error: {line}\n")
@@ -356,7 +371,7 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, timeout_s, grace_s, scrip
                 f"rank {', '.join(map(str, hung))} of {script} still running --timeout "
                 f"{timeout_s:g} s after another rank ended: stopped (a rank waiting on a "
                 "collective the others never joined?); raise --timeout if it was still working")
-        time.sleep(0.1)
+        time.sleep(0.05)
 
 
 # --- launch_function with a function that makes or ends the process group itself ----------

@@ -8,10 +8,14 @@
 #   NNODES=2 MASTER_ADDR=10.0.0.1 JOB_ID=job1 bash scripts/torchrun_nnodes.sh --epochs 20
 #   NNODES=2 MASTER_ADDR=10.0.0.1 JOB_ID=job2 bash scripts/torchrun_nnodes.sh --task course:task
 #   (a course's own Task, docs/course.md: course.py importable on every node)
+#   NNODES=2 MASTER_ADDR=10.0.0.1 JOB_ID=job3 SCRIPT=train.py bash scripts/torchrun_nnodes.sh 10 5
+#   (any script that makes its own process group, run by `distkit launch`: docs/launch.md)
 # Two "nodes" on one machine: run it twice with MASTER_ADDR=127.0.0.1.
 #
 # Exact command (printed before it starts; DRY_RUN=1 prints it and stops):
 #   TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=$NNODES --nproc_per_node=$NPROC --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv-id=$JOB_ID --max-restarts=$MAX_RESTARTS -m distkit train --output-dir $OUTPUT_DIR --checkpoint-every $CHECKPOINT_EVERY --resume-from latest "$@"
+# With SCRIPT set:
+#   TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nnodes=$NNODES --nproc_per_node=$NPROC --rdzv-backend=c10d --rdzv-endpoint=$MASTER_ADDR:$MASTER_PORT --rdzv-id=$JOB_ID --max-restarts=$MAX_RESTARTS -m distkit launch $SCRIPT "$@"
 #
 # Why each part:
 #   --rdzv-backend=c10d   nodes meet at MASTER_ADDR:MASTER_PORT and get their node ranks in
@@ -34,9 +38,13 @@ CHECKPOINT_EVERY=${CHECKPOINT_EVERY:-50}
 OUTPUT_DIR=${OUTPUT_DIR:-runs/$JOB_ID}
 
 cmd=(torchrun --nnodes="$NNODES" --nproc_per_node="$NPROC" --rdzv-backend=c10d
-     --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$JOB_ID" --max-restarts="$MAX_RESTARTS"
-     -m distkit train --output-dir "$OUTPUT_DIR" --checkpoint-every "$CHECKPOINT_EVERY"
-     --resume-from latest "$@")
+     --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$JOB_ID" --max-restarts="$MAX_RESTARTS")
+if [[ -n "${SCRIPT:-}" ]]; then  # distkit launch: one line naming a failed rank and file:line
+  cmd+=(-m distkit launch "$SCRIPT" "$@")
+else
+  cmd+=(-m distkit train --output-dir "$OUTPUT_DIR" --checkpoint-every "$CHECKPOINT_EVERY"
+        --resume-from latest "$@")
+fi
 echo "+ TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 ${cmd[*]}"
 [[ "${DRY_RUN:-0}" == 1 ]] && exit 0
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1

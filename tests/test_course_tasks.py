@@ -236,11 +236,15 @@ def test_step_output_contract():
 
 # --- 3. its own optimizer, schedule and handlers -----------------------------------------
 
-def test_an_own_optimizer_trains_at_its_own_lr(tmp_path, capsys):
-    res = run(fast(tmp_path, lr=0.3), task=regression_adam)
+def test_an_own_optimizer_trains_at_its_own_lr_and_refuses_an_lr_it_ignores(tmp_path):
+    res = run(fast(tmp_path), task=regression_adam)
     assert [h["lr"] for h in res["history"]] == [1e-3, 1e-3]
     assert res["lr_schedule"] == "none" and res["peak_lr"] is None
-    assert "trains at its optimizer's lr 0.001, not --lr 0.3" in capsys.readouterr().err
+    assert "lr" not in res["config"] and res["optimizer"]["lr"] == 1e-3
+    with pytest.raises(DistkitError) as e:
+        run(fast(tmp_path, lr=0.3), task=regression_adam)
+    assert ("--lr 0.3: task 'test_course_tasks:regression_adam''s optimizer (Adam, lr 0.001) sets "
+            "the learning rate, and --lr does not reach it: drop --lr") in one_line(e)
 
 
 def test_an_own_optimizer_takes_the_kits_schedule_when_it_asks(tmp_path):

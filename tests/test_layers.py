@@ -18,10 +18,11 @@ LAYERS = (
     ("errors", "machine", "signals"),
     ("config",),
     ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput"),
-    ("tasks", "checkpoint"),
-    ("preflight", "training", "reporting", "tracking", "failures", "stopping", "agreement"),
+    ("tasks", "checkpoint", "schedules", "effective"),
+    ("preflight", "training", "reporting", "tracking", "failures", "stopping", "agreement",
+     "script_worker"),
     ("supervise",),
-    ("launch", "runner", "sharding"),
+    ("launch", "runner", "sharding", "script_launch"),
     ("lessons", "commands", "bench", "__main__", "__init__"),
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}

@@ -9,7 +9,9 @@ public API (imported lazily: ``import distkit`` does not import torch)::
   loss, metrics and score (``distkit.tasks``).
 - :func:`run` ``(config, task=None)`` — train, spawning processes or joining torchrun /
   SLURM (``distkit.launch``); :func:`launch_function` ``(fn, *args, ...)`` — the same
-  launcher for any ``fn(local_rank, ...)`` training function.
+  launcher for any ``fn(local_rank, ...)`` training function; :func:`launch_script`
+  ``(path, args, nproc_per_node=...)`` — any script that makes its own process group
+  (``distkit launch``).
 - ``distkit.training`` — ``training(local_rank, config, task)``, the function every
   launcher runs; ``distkit.sharding``, ``distkit.profiling``, ``distkit.plots``,
   ``distkit.checkpoint``: the kit's other core modules.
@@ -35,10 +37,11 @@ _EXPORTS = {
     "DistkitError": "distkit.errors",
     "run": "distkit.launch",
     "launch_function": "distkit.launch",
+    "launch_script": "distkit.script_launch",
 }
 _MODULES = ("tasks", "training", "launch", "checkpoint", "sharding", "profiling", "plots",
             "data", "models", "config", "runner", "compat", "errors", "machine",
-            "preflight", "reporting")
+            "preflight", "reporting", "schedules", "effective", "script_launch")
 
 __all__ = ["__version__", *_EXPORTS, *_MODULES]
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from distkit import signals
 from distkit.checkpoint import check_output_dir, make_run_dir
 from distkit.config import Config
+from distkit.effective import check_settings
 from distkit.errors import DistkitError
 from distkit.failures import Reporter, default_folder, for_function_callers
 from distkit.machine import inside_launch, launched_externally, ranks_on_this_host, threads_per_process
@@ -32,6 +33,7 @@ from distkit.preflight import check_launch, check_picklable, preflight
 from distkit.supervise import (_fork_is_safe, check_spawned_can_import,  # noqa: F401
                                describe_process_failure, first_unimportable, fork_threads,
                                openmp_pool_forks_cleanly, prepare_fork, start, stop_workers)
+from distkit.script_launch import call_with_kits_group
 from distkit.tasks import resolve_task
 from distkit.training import training
 
@@ -54,6 +56,7 @@ def run(config, task=None) -> dict | None:
     try:
         task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
         config = task.configure(config)  # its own settings (--set), complete and typed
+        check_settings(task, config.replace().validate())  # a flag with nothing to act on: one line
         config, launch = preflight(config, task=task)  # launch checks, then training checks
         check_output_dir(config.output_dir)
     except DistkitError as e:
@@ -205,7 +208,7 @@ def pinned(local_rank, fn, threads, *args):
     """``fn`` in this process, with ``threads`` torch threads, else its share of the cores
     (the one rule: the cores divided by the ranks on this host)."""
     torch.set_num_threads(threads or threads_per_process(ranks_on_this_host()))
-    return fn(local_rank, *args)
+    return call_with_kits_group(fn, local_rank, *args)  # fn's own init/destroy: one line
 
 
 def read_results(run_dir: str) -> dict | None:

@@ -249,7 +249,9 @@ def tpu_available() -> bool:
 
 # Every logger ignite's distributed helpers create with ``ignite.utils.setup_logger``.
 IGNITE_LOGGERS = ("ignite.distributed.launcher.Parallel", "ignite.distributed.auto.auto_dataloader",
-                  "ignite.distributed.auto.auto_model", "ignite.distributed.utils")
+                  "ignite.distributed.auto.auto_model", "ignite.distributed.utils",
+                  # "EarlyStopping: Stop training": the run's summary says it instead
+                  "ignite.handlers.early_stopping.EarlyStopping")
 
 
 class quiet_ignite_logs:

@@ -28,6 +28,7 @@ import torch
 
 from distkit import profiling, throughput
 from distkit.checkpoint import write_results
+from distkit.effective import effective_config
 
 
 @dataclass
@@ -70,7 +71,7 @@ def results_of(record: RunRecord) -> dict:
         "device": str(idist.device()),
         "threads_per_process": torch.get_num_threads(),
         "run_dir": record.run_dir,
-        "config": config.to_dict(),
+        "config": effective_config(config, task),  # what acted on this run
         "task": {"name": task.name, "score": list(task.score), "loss": type(task.loss()).__name__,
                  "metrics": [f"val_{name}" for name in task.metric_names()]},
         "peak_lr": record.peak_lr,
@@ -79,6 +80,7 @@ def results_of(record: RunRecord) -> dict:
         "epochs_completed": history[-1]["epoch"] if history else 0,  # resumed runs included
         "epochs_this_run": len(history),
         "final": history[-1] if history else None,
+        "best": best_epoch(history, task),
         "wall_time_s": wall,
         "first_step_unix_s": record.first_step_unix_s,
         "train_time_s": train_time,
@@ -97,6 +99,18 @@ def results_of(record: RunRecord) -> dict:
         "versions": versions(),
         **record.extras,
     }
+
+
+def best_epoch(history: list, task) -> dict | None:
+    """``{"epoch", "metric", "value"}``: the epoch whose validation score (the task's) was
+    best, the first of equals, as the best-model checkpoint keeps it."""
+    name = f"val_{task.score[0]}"
+    scored = [h for h in history if isinstance(h.get(name), (int, float))]
+    if not scored:
+        return None
+    sign = task.sign()
+    best = max(scored, key=lambda h: sign * h[name])  # max keeps the first of equals
+    return {"epoch": best["epoch"], "metric": name, "value": best[name]}
 
 
 def report(record: RunRecord) -> dict:
@@ -187,6 +201,7 @@ def run_summary(results: dict) -> str:
         + (f"  task {task['name']}" if task.get("name") else ""),
         f"final validation {metrics}  after {results['epochs_completed']} epoch(s), "
         f"{results['iterations']} iterations",
+        *_best_and_stop(results),
         f"{results['seconds_per_epoch'] or float('nan'):.2f} s per epoch (training only)  "
         f"{results['samples_per_second']:.0f} samples/s (end to end)",
         f"results, checkpoints and plots in {results['run_dir']}",
@@ -198,6 +213,21 @@ def run_summary(results: dict) -> str:
     if results.get("profile"):
         lines.insert(-1, profiling.format_summary(results["profile"], top=5))
     return "\n".join(lines)
+
+
+def _best_and_stop(results: dict) -> list:
+    """The summary's lines on the best epoch (and where its model is) and on an early stop."""
+    lines = []
+    best = results.get("best")
+    if best:
+        where = f"; model in {results['best_model']}" if results.get("best_model") else ""
+        lines.append(f"best validation {best['metric'][4:]} {best['value']:.4f} at epoch "
+                     f"{best['epoch']}{where}")
+    stop = results.get("stopped_early")
+    if stop:
+        lines.append(f"stopped early after epoch {stop['after_epoch']} of {stop['of_epochs']} "
+                     f"by {stop['by']}")
+    return lines
 
 
 def versions() -> dict:

@@ -129,10 +129,17 @@ class Task:
       kit's SGD, and none (the optimizer's own lr, constant) when the task brings its own
       optimizer; ``"kit"``: the kit's schedule on the task's optimizer; ``"none"``: no
       schedule; or a factory ``(optimizer, config, epoch_length) -> scheduler``: an
-      ignite param scheduler (stepped at every iteration, ``LRScheduler`` at
-      ``ITERATION_COMPLETED``, the others at ``ITERATION_STARTED``) or a torch
-      ``LRScheduler`` (stepped at every epoch's end, as torch's examples do). Every one
-      is checkpointed and resumed.
+      ignite param scheduler (stepped at every iteration, at ``ITERATION_STARTED`` as
+      ignite's docs attach them) or a torch scheduler, stepped as its class counts: ``OneCycleLR``/``CyclicLR`` once per
+      iteration (wrapped in ignite's ``LRScheduler``), ``StepLR``/``MultiStepLR``/
+      ``ExponentialLR``/``CosineAnnealingLR``/``PolynomialLR`` once per epoch (at its end,
+      after validation); any other class needs ``scheduler_step`` (below). Every one is
+      checkpointed and resumed (:mod:`distkit.schedules`).
+    - ``scheduler_step``: ``None`` (default: as the scheduler's class says),
+      ``"iteration"`` or ``"epoch"``: how often the task's own ``lr_scheduler`` steps.
+      Needed for a torch scheduler whose class can count either (``LambdaLR``,
+      ``LinearLR``, ``SequentialLR``, a subclass of one's own): without it such a run is
+      refused in one line before any process starts.
     - ``handlers(trainer, evaluator, config)``: attaches handlers of the task's own to
       ignite's trainer and evaluator, after the kit's (``EarlyStopping`` on another score,
       a log line of its own); called once per process.
@@ -178,6 +185,7 @@ class Task:
     settings: dict = dataclasses.field(default_factory=dict)
     summary: Optional[Callable] = None
     stateful: Optional[Callable] = None
+    scheduler_step: Optional[str] = None
 
     def __post_init__(self):
         if self.metrics is None:
@@ -198,6 +206,10 @@ class Task:
             raise DistkitError(
                 f"Task(lr_scheduler={self.lr_scheduler!r}) must be None, 'kit', 'none' or a "
                 "function (optimizer, config, epoch_length) -> scheduler")
+        if self.scheduler_step not in (None, "iteration", "epoch"):
+            raise DistkitError(
+                f"Task(scheduler_step={self.scheduler_step!r}) must be None, 'iteration' (one "
+                "step of the lr_scheduler per batch) or 'epoch' (one per epoch)")
         if not isinstance(self.settings, dict) or not all(
                 isinstance(k, str) and k.isidentifier() for k in self.settings):
             raise DistkitError(f"Task(settings={self.settings!r}) must be a dict of "

@@ -17,7 +17,7 @@ import ignite.distributed as idist
 import torch
 from ignite.engine import Events, create_supervised_evaluator
 from ignite.engine.deterministic import DeterministicEngine
-from ignite.handlers import Checkpoint, EarlyStopping, PiecewiseLinear, ProgressBar
+from ignite.handlers import Checkpoint, EarlyStopping, ProgressBar
 from ignite.utils import manual_seed
 
 from distkit import profiling, signals, stopping, throughput, tracking
@@ -31,6 +31,8 @@ from distkit.reporting import RunRecord, report, saved_path
 from distkit.strategies import (checkpoint_objects, full_state_dict_everywhere,
                                  peak_memory_per_rank, prepare_model)
 from distkit.errors import DistkitError
+from distkit.schedules import (LrTrace, NoSchedule, create_lr_scheduler, peak_lr,  # noqa: F401
+                               schedule_kind, scheduler_name, scheduler_step, task_lr_scheduler)
 from distkit.tasks import Task, prepare_xy, resolve_task
 
 
@@ -56,96 +58,20 @@ def initialize(config, task: Task | None = None):
     return model, optimizer, criterion
 
 
-def note_unused_lr(task: Task, config, optimizer) -> None:
-    """Say so when ``--lr`` was given but the task's own optimizer trains at its own lr:
-    nothing the learner asked for is dropped without a word."""
-    import sys
-
-    lr = optimizer.param_groups[0]["lr"]
-    default = type(config).__dataclass_fields__["lr"].default
-    if schedule_kind(task) != "kit" and config.lr != default and config.lr != lr:
-        print(f"distkit: note: task {task.name!r} trains at its optimizer's lr {lr:g}, not "
-              f"--lr {config.lr:g}: ask for the kit's schedule with Task(lr_scheduler='kit')",
-              file=sys.stderr, flush=True)
-
-
-def peak_lr(config, world_size: int) -> float:
-    """The linear scaling rule (Goyal et al. 2017), when asked for."""
-    return config.lr * world_size if config.scale_lr else config.lr
-
-
-def create_lr_scheduler(config, optimizer, epoch_length: int):
-    """Linear warm-up from 0 to the peak lr (if any), then linear decay to 0."""
-    peak = peak_lr(config, idist.get_world_size())
-    total = config.epochs * epoch_length
-    warmup = min(int(config.warmup_epochs * epoch_length), total - 1)
-    milestones = [(0, 0.0), (warmup, peak)] if warmup > 0 else [(0, peak)]
-    milestones.append((total, 0.0))
-    return PiecewiseLinear(optimizer, "lr", milestones_values=milestones)
-
-
-class NoSchedule:
-    """The lr schedule of a task that keeps its optimizer's lr: nothing to step, an empty
-    state to checkpoint."""
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-def schedule_kind(task: Task) -> str:
-    """``"kit"``, ``"none"`` or ``"task"``: which lr schedule ``task`` trains with. A task
-    that brings its own optimizer keeps that optimizer's lr unless it asks for the kit's
-    schedule (``Task(lr_scheduler="kit")``)."""
-    from distkit.tasks import sgd
-
-    if task.lr_scheduler is None:
-        return "kit" if task.optimizer is sgd else "none"
-    return task.lr_scheduler if isinstance(task.lr_scheduler, str) else "task"
-
-
-def task_lr_scheduler(task: Task, config, optimizer, epoch_length: int):
-    """``(scheduler, event)``: the lr schedule ``task`` asks for (see :class:`distkit.Task`)
-    and the trainer event that steps it (None: nothing to step). The scheduler is what
-    the checkpoint saves under ``lr_scheduler``::
-
-        >>> import torch
-        >>> from distkit import Config, Task
-        >>> from distkit.data import get_datasets
-        >>> def adam(params, config):
-        ...     return torch.optim.Adam(params, lr=1e-3)
-        >>> task = Task(datasets=get_datasets, model=torch.nn.Linear, optimizer=adam)
-        >>> opt = adam(torch.nn.Linear(2, 1).parameters(), Config())
-        >>> scheduler, event = task_lr_scheduler(task, Config(), opt, epoch_length=10)
-        >>> type(scheduler).__name__, event, opt.param_groups[0]["lr"]
-        ('NoSchedule', None, 0.001)
-    """
-    from torch.optim.lr_scheduler import LRScheduler as TorchLRScheduler
-    from torch.optim.lr_scheduler import ReduceLROnPlateau
-    from ignite.handlers import LRScheduler, ParamScheduler
-
-    kind = schedule_kind(task)
-    if kind == "kit":
-        return create_lr_scheduler(config, optimizer, epoch_length), Events.ITERATION_STARTED
-    if kind == "none":
-        return NoSchedule(), None
-    scheduler = task.lr_scheduler(optimizer, config, epoch_length)
-    if isinstance(scheduler, LRScheduler):  # ignite's wrapper of a torch scheduler
-        return scheduler, Events.ITERATION_COMPLETED
-    if isinstance(scheduler, ParamScheduler):
-        return scheduler, Events.ITERATION_STARTED
-    if isinstance(scheduler, ReduceLROnPlateau):
-        raise DistkitError(
-            f"task {task.name!r}: its lr_scheduler returned ReduceLROnPlateau, which steps on a "
-            "metric: use ignite's ReduceLROnPlateauScheduler attached to the evaluator in "
-            "Task(handlers=...)")
-    if isinstance(scheduler, TorchLRScheduler):
-        return scheduler, Events.EPOCH_COMPLETED
-    raise DistkitError(
-        f"task {task.name!r}: its lr_scheduler returned a {type(scheduler).__name__}: return an "
-        "ignite param scheduler (e.g. PiecewiseLinear) or a torch.optim.lr_scheduler.LRScheduler")
+def stopped_early(trainer, evaluator, config) -> dict | None:
+    """How the run ended before its last epoch, if it did: ``{"after_epoch", "of_epochs",
+    "by"}`` where ``by`` names the handler (an ``EarlyStopping`` of the kit's or the
+    task's, with its patience), or None when it ran to its end or to ``--max-iters``."""
+    epoch = trainer.state.epoch
+    if epoch >= config.epochs or (config.max_iters is not None
+                                  and trainer.state.iteration >= config.max_iters):
+        return None
+    stoppers = [h for engine in (evaluator, trainer) for handlers in engine._event_handlers.values()
+                for h, _, _ in handlers if isinstance(h, EarlyStopping)]
+    fired = [s for s in stoppers if s.counter >= s.patience]
+    by = (f"EarlyStopping (patience {fired[0].patience})" if fired
+          else "a handler (engine.terminate())")
+    return {"after_epoch": epoch, "of_epochs": config.epochs, "by": by}
 
 
 def _step_scheduler(scheduler):
@@ -285,6 +211,12 @@ def create_trainer(model, optimizer, criterion, config, prepare_batch=None, trai
                 f"the task's train_step returned a {type(update).__name__}, not a function: "
                 "return update(engine, batch), the step ignite's Engine runs")
         count_with = prepare_batch or prepare_xy
+        if config.amp:  # --amp acts on a task's own step too: bfloat16 autocast around it
+            own_update = update
+
+            def update(engine, batch):
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    return own_update(engine, batch)
 
         def own_step(engine, batch):
             if not model.training:
@@ -593,9 +525,13 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     # epoch's lr) and before the checkpoint (which must hold the stepped state)
     attach_step_handlers(trainer, train_loader, lr_scheduler,
                          None if lr_event == Events.EPOCH_COMPLETED else lr_event)
-    if rank == 0:
-        note_unused_lr(task, config, optimizer)
+    planned = config.epochs * len(train_loader)
+    lr_trace = LrTrace(optimizer, min(planned, config.max_iters or planned)).attach(trainer)
     clock = throughput.attach(trainer, model, config)  # tokens/s and MFU, if the model counts FLOPs
+    if clock is None and config.peak_flops:
+        raise DistkitError(f"--peak-flops: the model of task {task.name!r} does not count its FLOPs "
+                           "(no flops_per_token() and block_size), so there is no MFU to measure "
+                           "against it: drop --peak-flops")
 
     history = []
 
@@ -703,7 +639,14 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     extras = {**throughput.report(clock),
               "task_summary": task.summary(model, config) if task.summary else None,
               # kit: --lr and its schedule; none: the optimizer's own lr; task: its scheduler
-              "lr_schedule": schedule_kind(task)}
+              "lr_schedule": schedule_kind(task), "lr_scheduler": scheduler_name(lr_scheduler),
+              "scheduler_step": scheduler_step(task, lr_event), "lr_trace": lr_trace.record(),
+              "optimizer": {"type": type(optimizer).__name__,
+                            **{k: _jsonable(v) for k, v in optimizer.defaults.items()
+                               if isinstance(v, (int, float, bool, str, torch.Tensor))}},
+              "train_step": "task" if task.train_step is not None else "kit",
+              "amp": "bfloat16 autocast" if config.amp else None,
+              "stopped_early": stopped_early(trainer, evaluator, config)}
     record = RunRecord(
         run_dir=run_dir, config=config, task=task, history=history,
         iterations=trainer.state.iteration, samples_trained=trainer.state.samples * world_size,

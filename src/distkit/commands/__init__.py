@@ -16,12 +16,14 @@ import re
 import sys
 
 from distkit import __version__
-from distkit.commands import bench, check, doctor, plot, shard_check, train
+from distkit.commands import bench, check, doctor, launch_script, plot, shard_check, train
 from distkit.errors import DistkitError
 
 # name -> (module, one-line help)
 COMMANDS = {
     "train": (train, "train a model, spawning processes or joining torchrun/SLURM"),
+    "launch": (launch_script, "run any script that makes its own process group on N ranks, "
+                              "as torchrun does, with the kit's supervision"),
     "doctor": (doctor, "report versions, cores, GPUs, TPU, backends and the launch to use"),
     "bench": (bench, "measure what the kit costs vs hand-written loops, scaling, data loading"),
     "shard-check": (shard_check, "check which process sees which sample: overlap, coverage, padding"),
@@ -84,8 +86,10 @@ def report_error(error: DistkitError) -> None:
 
     line = f"distkit: error: {error}"
     under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
-    if not (under_torchrun and getattr(error, "every_rank", False)
-            and os.environ.get("RANK", "0") != "0"):
+    # under torchrun or srun every rank refuses alike: one line per run, from rank 0
+    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
+    if not ((under_torchrun or "SLURM_PROCID" in os.environ)
+            and getattr(error, "every_rank", False) and rank != "0"):
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")

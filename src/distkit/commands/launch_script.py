@@ -1,0 +1,56 @@
+"""``distkit launch``: run any script that makes its own process group (torchrun-style:
+it reads RANK, LOCAL_RANK, WORLD_SIZE) on N ranks, with the kit's supervision; see
+:mod:`distkit.script_launch`."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.usage = ("distkit launch [--nproc-per-node N] [--nnodes N --node-rank R --master-addr A "
+               "--master-port P] [--timeout S] SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+    p.description = ("Run SCRIPT on N ranks as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, "
+                     "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT set; threads per "
+                     "process; gloo ranks kept off the GPUs), reporting a rank that fails in one "
+                     "line with the file:line in your script. Inside an srun job step it maps "
+                     "SLURM's variables to torchrun's and runs the script once per task. Options "
+                     "go before SCRIPT; everything after it goes to the script.")
+    p.add_argument("--nproc-per-node", "--nproc_per_node", type=int, default=None, metavar="N",
+                   help="ranks on this node (default: one per GPU with nccl, 2 on a CPU)")
+    p.add_argument("--nnodes", type=int, default=1)
+    p.add_argument("--node-rank", "--node_rank", type=int, default=None, metavar="R")
+    p.add_argument("--master-addr", "--master_addr", default=None, metavar="ADDR",
+                   help="address of the node with --node-rank 0 (default: 127.0.0.1 on one node)")
+    p.add_argument("--master-port", "--master_port", type=int, default=None, metavar="PORT",
+                   help="default: a free port on one node, 29500 on several")
+    p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="what the script's process group uses: gloo ranks see no GPU; auto: "
+                        "nccl where CUDA is, else gloo")
+    p.add_argument("--timeout", dest="timeout_s", type=float, default=None, metavar="S",
+                   help="once a rank has ended, the others must end within S seconds or are "
+                        "stopped (default: no bound)")
+    p.add_argument("--grace", dest="grace_s", type=float, default=10.0, metavar="S",
+                   help="seconds a rank gets to end after Ctrl-C or SIGTERM before SIGKILL")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print a failed rank's full traceback (it is always in a file)")
+    p.add_argument("-m", "--module", action="store_true",
+                   help="SCRIPT is a module name, run as python -m MODULE")
+    p.add_argument("script", metavar="SCRIPT", help="the .py file to run (or the module, with -m)")
+    p.add_argument("args", nargs=argparse.REMAINDER, metavar="ARGS",
+                   help="the script's own arguments")
+
+
+def main(args) -> int:
+    import sys
+
+    from distkit.script_launch import ScriptStopped, launch_script
+
+    try:
+        return launch_script(args.script, args.args, nproc_per_node=args.nproc_per_node,
+                             nnodes=args.nnodes, node_rank=args.node_rank,
+                             master_addr=args.master_addr, master_port=args.master_port,
+                             backend=args.backend, timeout_s=args.timeout_s,
+                             grace_s=args.grace_s, module=args.module, verbose=args.verbose)
+    except ScriptStopped as e:
+        sys.stderr.write(f"distkit: {e}\n")
+        return e.exit_code

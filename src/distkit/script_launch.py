@@ -1,0 +1,407 @@
+"""``distkit launch``: any script that makes its own process group, with the kit's
+supervision — a torchrun-compatible launcher.
+
+The script stays as written (pytorch/examples' ``multigpu_torchrun.py``, a course's own
+loop): it reads ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` from the environment and calls
+``init_process_group`` / ``destroy_process_group`` itself, as under ``torchrun``. The
+launcher sets, for every rank, what torchrun sets: ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node), ``GROUP_WORLD_SIZE``,
+``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
+``TORCHELASTIC_ERROR_FILE`` (for ``@record``), and ``OMP_NUM_THREADS`` (this machine's
+cores divided by its ranks, unless you set it); for gloo runs it hides the GPUs
+(``CUDA_VISIBLE_DEVICES=""``, as every gloo launch of the kit: :data:`distkit.machine.
+CPU_ONLY_ENVIRONMENT`). Then it starts one process per rank and supervises them:
+
+- a rank that raises: one line naming the rank, the exception's type and first line and
+  the ``file:line`` in the script; its full traceback in a file whose path the line
+  gives (:mod:`distkit.script_worker`); the other ranks are stopped; exit 1;
+- a rank killed by a signal or exiting non-zero: one line naming it and how;
+- ``timeout_s`` (``--timeout``): once a rank has ended, the others must end within it, or
+  they are stopped and named (none by default: a rank 0 that evaluates alone after the
+  others have left is not a hang);
+- Ctrl-C (``KeyboardInterrupt``, a notebook's "interrupt kernel") and SIGTERM: forwarded
+  to every rank, which gets ``grace_s`` seconds before SIGKILL; one line says so;
+- no rank outlives the launcher (each ends with it: ``PR_SET_PDEATHSIG``).
+
+Inside an ``srun`` job step (``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS`` set) it maps
+SLURM's variables to torchrun's (``RANK=SLURM_PROCID``, ``WORLD_SIZE=SLURM_STEP_NUM_TASKS``,
+``LOCAL_RANK=SLURM_LOCALID``, ``GROUP_RANK=SLURM_NODEID``, ``MASTER_ADDR`` the first host
+of the step's node list, ``MASTER_PORT`` 15000 + the job id's last 4 digits, as ignite
+derives them) and runs the script once, as this task's rank. Inside torchrun
+(``WORLD_SIZE`` set) it runs the script once with torchrun's variables.
+
+From Python (a notebook cell: the ranks' output is relayed to the cell)::
+
+    from distkit import launch_script
+    launch_script("multigpu_torchrun.py", ["10", "5"], nproc_per_node=2)
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+
+from distkit.errors import DistkitError
+from distkit.machine import (CPU_ONLY_ENVIRONMENT, check_address_resolves, check_port_free,
+                             free_port, in_ipython, socket_interface, threads_per_process)
+
+CPU_DEFAULT_NPROC = 2
+DEFAULT_PORT = 29500  # torchrun's, for several nodes
+
+
+class ScriptStopped(DistkitError):
+    """The launcher was told to stop (SIGTERM) and stopped every rank; ``exit_code`` 143."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
+@dataclass
+class Ranks:
+    """The ranks this launcher starts and the variables every one of them gets."""
+
+    mode: str  # "spawn", "slurm" or "torchrun"
+    first_rank: int
+    local_ranks: list
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    nnodes: int
+    master_addr: str
+    master_port: int
+    backend: str
+    extra_env: dict = field(default_factory=dict)
+
+    def env(self, local_rank: int) -> dict:
+        rank = self.first_rank + local_rank if self.mode == "spawn" else self.first_rank
+        values = {"RANK": rank, "WORLD_SIZE": self.world_size, "LOCAL_RANK": local_rank,
+                  "LOCAL_WORLD_SIZE": self.local_world_size, "GROUP_RANK": self.node_rank,
+                  "GROUP_WORLD_SIZE": self.nnodes, "ROLE_RANK": rank,
+                  "ROLE_WORLD_SIZE": self.world_size, "ROLE_NAME": "default",
+                  "MASTER_ADDR": self.master_addr, "MASTER_PORT": self.master_port}
+        return {k: str(v) for k, v in values.items()} | self.extra_env
+
+
+def in_srun_step(environ=os.environ) -> bool:
+    """True in a task that ``srun`` started (not the batch script of ``sbatch`` itself)."""
+    return "SLURM_PROCID" in environ and "SLURM_STEP_NUM_TASKS" in environ \
+        and "WORLD_SIZE" not in environ
+
+
+def tasks_on_node(environ=os.environ) -> int:
+    """This node's tasks in the step: ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1`` form)."""
+    spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
+    node = int(environ.get("SLURM_NODEID", "0"))
+    if spec:
+        counts = []
+        for part in spec.split(","):
+            m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+            if m:
+                counts += [int(m.group(1))] * int(m.group(2) or 1)
+        if node < len(counts):
+            return counts[node]
+    if environ.get("SLURM_NTASKS_PER_NODE"):
+        return int(environ["SLURM_NTASKS_PER_NODE"])
+    nnodes = int(environ.get("SLURM_STEP_NUM_NODES", environ.get("SLURM_NNODES", "1")))
+    return max(1, int(environ["SLURM_STEP_NUM_TASKS"]) // max(1, nnodes))
+
+
+def slurm_ranks(backend: str, environ=os.environ) -> Ranks:
+    """torchrun's variables from srun's, for this task."""
+    from ignite.distributed.comp_models.native import _expand_hostlist
+
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "localhost")
+    addr = environ.get("MASTER_ADDR") or _expand_hostlist(nodelist)[0]
+    job = environ.get("SLURM_JOB_ID", environ.get("SLURM_JOBID", "0"))
+    port = int(environ.get("MASTER_PORT") or 15000 + int(job[-4:] or 0))
+    nnodes = int(environ.get("SLURM_STEP_NUM_NODES", environ.get("SLURM_NNODES", "1")))
+    return Ranks("slurm", int(environ["SLURM_PROCID"]), [int(environ.get("SLURM_LOCALID", "0"))],
+                 int(environ["SLURM_STEP_NUM_TASKS"]), tasks_on_node(environ),
+                 int(environ.get("SLURM_NODEID", "0")), nnodes, addr, port, backend)
+
+
+def _backend(backend: str) -> tuple[str, int]:
+    """(gloo or nccl, the GPUs visible). ``auto``: nccl where CUDA is, else gloo."""
+    if backend not in ("auto", "gloo", "nccl"):
+        raise DistkitError(f"unknown --backend {backend!r} for distkit launch: choose auto, gloo "
+                           "(CPU processes: the GPUs are hidden from them) or nccl")
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if backend == "auto":
+        backend = "nccl" if gpus else "gloo"
+    if backend == "nccl" and not gpus:
+        raise DistkitError("--backend nccl needs CUDA GPUs and none is visible here: use "
+                           "--backend gloo (CPU processes), or run on a GPU machine")
+    return backend, gpus
+
+
+def plan_ranks(nproc_per_node=None, nnodes=1, node_rank=None, master_addr=None, master_port=None,
+               backend="auto", environ=os.environ) -> Ranks:
+    """The ranks to start here, checked: one line for a wrong count, node, address or port."""
+    from distkit.config import Config
+
+    backend, gpus = _backend(backend)
+    inside = "WORLD_SIZE" in environ or in_srun_step(environ)
+    if inside:
+        if nproc_per_node not in (None, 1) or nnodes != 1:
+            who = "torchrun" if "WORLD_SIZE" in environ else "srun"
+            raise DistkitError(
+                f"--nproc-per-node/--nnodes inside a {who} launch, which starts the processes "
+                f"itself: drop them ({who} sets the counts), and distkit launch runs the script "
+                "once per task")
+        if in_srun_step(environ):
+            return slurm_ranks(backend, environ)
+        return Ranks("torchrun", int(environ.get("RANK", "0")), [int(environ.get("LOCAL_RANK", "0"))],
+                     int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_WORLD_SIZE", "1")),
+                     int(environ.get("GROUP_RANK", "0")), int(environ.get("GROUP_WORLD_SIZE", "1")),
+                     environ.get("MASTER_ADDR", "127.0.0.1"),
+                     int(environ.get("MASTER_PORT", DEFAULT_PORT)), backend)
+    if nproc_per_node is None:
+        nproc_per_node = gpus if backend == "nccl" else CPU_DEFAULT_NPROC
+    Config(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+           master_addr=master_addr, master_port=master_port).validate_processes()
+    if backend == "nccl" and nproc_per_node > gpus:
+        raise DistkitError(f"--nproc-per-node {nproc_per_node} with nccl needs {nproc_per_node} "
+                           f"GPUs but this node has {gpus}: use --nproc-per-node {gpus} or fewer")
+    if master_addr is not None:
+        check_address_resolves(master_addr)
+    if nnodes == 1:
+        master_addr = master_addr or "127.0.0.1"
+        if master_port is None:
+            master_port = free_port()
+        else:
+            check_port_free(master_port)
+    else:
+        master_port = master_port or DEFAULT_PORT
+        if node_rank == 0:
+            check_port_free(master_port)
+    node_rank = node_rank or 0
+    return Ranks("spawn", node_rank * nproc_per_node, list(range(nproc_per_node)),
+                 nproc_per_node * nnodes, nproc_per_node, node_rank, nnodes, master_addr,
+                 master_port, backend)
+
+
+def _child_env(ranks: Ranks, local_rank: int, folder: str, verbose: bool) -> dict:
+    env = dict(os.environ)
+    env.update(ranks.env(local_rank))
+    if "OMP_NUM_THREADS" not in os.environ:  # yours wins, as under torchrun
+        cpus = os.environ.get("SLURM_CPUS_PER_TASK") if ranks.mode == "slurm" else None
+        env["OMP_NUM_THREADS"] = cpus or str(threads_per_process(ranks.local_world_size))
+    if ranks.backend == "gloo":
+        env.update(CPU_ONLY_ENVIRONMENT)
+    if ranks.nnodes > 1:  # gloo / nccl bind to the interface that routes to the master
+        pick = socket_interface(ranks.backend, ranks.master_addr, env)
+        if pick is not None:
+            env[pick["variable"]] = pick["interface"]
+    env["TORCHELASTIC_ERROR_FILE"] = os.path.join(folder, f"error{env['RANK']}.json")
+    env["DISTKIT_SCRIPT_REPORTS"] = folder
+    env["DISTKIT_LAUNCHER_PID"] = str(os.getpid())
+    env["DISTKIT_VERBOSE"] = "1" if verbose else "0"
+    return env
+
+
+def _relay(stream, out) -> None:
+    for line in iter(stream.readline, ""):
+        out.write(line)
+        out.flush()
+
+
+def _has_real_stdout() -> bool:
+    try:
+        sys.stdout.fileno()
+        sys.stderr.fileno()
+        return not in_ipython()
+    except (AttributeError, OSError, ValueError):
+        return False
+
+
+class _Terminated(Exception):
+    pass
+
+
+def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nnodes: int = 1,
+                  node_rank: int | None = None, master_addr: str | None = None,
+                  master_port: int | None = None, backend: str = "auto",
+                  timeout_s: float | None = None, grace_s: float = 10.0, module: bool = False,
+                  verbose: bool = False, cwd: str | None = None) -> int:
+    """Run ``script`` (a path; ``module=True``: a module name, as ``python -m``) with
+    ``args`` on ``nproc_per_node`` ranks of this node, as torchrun would, with the kit's
+    supervision (see the module's docstring). Returns 0 when every rank ended with 0;
+    otherwise raises :class:`~distkit.errors.DistkitError` with the first failure's line
+    (every failure's line is also printed to stderr), ``KeyboardInterrupt`` after Ctrl-C,
+    :class:`ScriptStopped` after SIGTERM."""
+    if not module and not os.path.isfile(os.path.join(cwd or "", script)):
+        raise DistkitError(f"no such script {script!r} (from {os.path.abspath(cwd or '.')!r}): "
+                           "pass the path of the .py file to launch, or -m MODULE")
+    if timeout_s is not None and not (timeout_s > 0 and timeout_s < float("inf")):
+        raise DistkitError(f"--timeout {timeout_s!r} must be a finite number of seconds > 0: "
+                           "e.g. --timeout 120, or leave it out (no bound)")
+    ranks = plan_ranks(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend)
+    folder = tempfile.mkdtemp(prefix="distkit-launch-")
+    target = ["-m", script] if module else [script]
+    command = [sys.executable, "-m", "distkit.script_worker", *target, *map(str, args)]
+    relay = not _has_real_stdout()
+    procs, threads = {}, []
+    previous_term = None
+    in_main = threading.current_thread() is threading.main_thread()
+    if in_main:
+        def on_term(signum, frame):
+            raise _Terminated()
+        previous_term = signal.signal(signal.SIGTERM, on_term)
+    try:
+        for local_rank in ranks.local_ranks:
+            env = _child_env(ranks, local_rank, folder, verbose)
+            p = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True,
+                                 stdout=subprocess.PIPE if relay else None,
+                                 stderr=subprocess.STDOUT if relay else None,
+                                 text=relay or None)
+            procs[int(env["RANK"])] = (local_rank, p)
+            if relay:
+                t = threading.Thread(target=_relay, args=(p.stdout, sys.stdout), daemon=True)
+                t.start()
+                threads.append(t)
+        code = _supervise(procs, ranks, folder, timeout_s, grace_s, script)
+        shutil.rmtree(folder, ignore_errors=True)  # no failure: no traceback to keep
+        return code
+    except KeyboardInterrupt:
+        stopped = _stop(procs, signal.SIGINT, grace_s)
+        raise KeyboardInterrupt(f"forwarded Ctrl-C (SIGINT) to {stopped} rank(s) of {script}; "
+                                "every rank has ended") from None
+    except _Terminated:
+        stopped = _stop(procs, signal.SIGTERM, grace_s)
+        raise ScriptStopped(f"got SIGTERM: forwarded it to {stopped} rank(s) of "
+                            f"{script}; every rank has ended") from None
+    finally:
+        _stop(procs, signal.SIGKILL, 0)  # nothing left behind, whatever happened
+        for t in threads:
+            t.join(2)
+        if in_main and previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+
+
+def _signal_group(p, sig) -> None:
+    try:
+        os.killpg(p.pid, sig)  # the rank and whatever it started (data-loader workers)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(procs: dict, sig, grace_s: float) -> int:
+    """Send ``sig`` to every rank still running, wait up to ``grace_s``, then SIGKILL;
+    returns how many were running."""
+    running = [p for _, p in procs.values() if p.poll() is None]
+    for p in running:
+        _signal_group(p, sig)
+    deadline = time.monotonic() + grace_s
+    for p in running:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in running:
+        if p.poll() is None:
+            _signal_group(p, signal.SIGKILL)
+            p.wait()
+    return len(running)
+
+
+def _describe(rank: int, local_rank: int, code: int, folder: str, ranks: Ranks) -> str:
+    path = os.path.join(folder, f"rank{rank}.line")
+    if os.path.exists(path):
+        with open(path) as f:
+            return f.read().strip()
+    node = f", node {ranks.node_rank} of {ranks.nnodes}" if ranks.nnodes > 1 else ""
+    who = f"rank {rank} (local rank {local_rank}{node})"
+    if code < 0:
+        return f"{who} was killed by {signal.Signals(-code).name}"
+    return f"{who} exited with code {code} (see its output above)"
+
+
+_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
+                        r"timed out", re.IGNORECASE)
+
+
+def _supervise(procs: dict, ranks: Ranks, folder: str, timeout_s, grace_s, script) -> int:
+    first_end = None
+    seen = {}  # rank -> the poll at which it was first seen ended
+    polls = 0
+    while True:
+        polls += 1
+        codes = {rank: p.poll() for rank, (_, p) in procs.items()}
+        for rank, code in codes.items():
+            if code is not None:
+                seen.setdefault(rank, polls)
+        failed = [r for r, c in codes.items() if c not in (None, 0)]
+        if failed:
+            # the first failure: stop the others now (they would wait on it in a collective)
+            _stop(procs, signal.SIGTERM, min(grace_s, 3.0))
+            lines = [_describe(r, procs[r][0], codes[r], folder, ranks) for r in failed]
+            # first the rank that failed first; of ranks ended in one poll, a rank that lost
+            # its peer after the one that raised
+            order = sorted(range(len(failed)), key=lambda i: (seen[failed[i]],
+                                                              bool(_PEER_LOST.search(lines[i]))))
+            lines = [lines[i] for i in order]
+            lines[0] += "; the other ranks were stopped"
+            for line in lines:
+                sys.stderr.write(f"distkit: error: {line}\n")
+            sys.stderr.flush()
+            if ranks.mode == "torchrun":  # torchrun's summary names it as the root cause
+                from distkit.failures import write_error_file
+
+                write_error_file(f"distkit: error: {lines[0]}")
+            error = DistkitError(lines[0])
+            error.reported = True  # the command line prints nothing more
+            raise error
+        if all(c == 0 for c in codes.values()):
+            return 0
+        if first_end is None and any(c == 0 for c in codes.values()):
+            first_end = time.monotonic()
+        if timeout_s is not None and first_end is not None \
+                and time.monotonic() - first_end > timeout_s:
+            hung = [r for r, c in codes.items() if c is None]
+            _stop(procs, signal.SIGTERM, grace_s)
+            raise DistkitError(
+                f"rank {', '.join(map(str, hung))} of {script} still running --timeout "
+                f"{timeout_s:g} s after another rank ended: stopped (a rank waiting on a "
+                "collective the others never joined?); raise --timeout if it was still working")
+        time.sleep(0.05)
+
+
+# --- launch_function with a function that makes or ends the process group itself ----------
+
+def call_with_kits_group(fn, local_rank: int, *args):
+    """``fn(local_rank, *args)`` in a rank whose process group the kit has made
+    (``launch_function``, ``run_per_rank``). A function written for torchrun calls
+    ``init_process_group`` (torch: "trying to initialize the default process group
+    twice!") or ``destroy_process_group`` (then ignite's clean-up: "Default process group
+    has not been initialized"): either becomes one line that says what the kit did and
+    what to do instead."""
+    import torch.distributed as dist
+
+    had_group = dist.is_available() and dist.is_initialized()
+    name = getattr(fn, "__qualname__", repr(fn))
+    try:
+        value = fn(local_rank, *args)
+    except ValueError as e:
+        if had_group and "default process group twice" in str(e):
+            raise DistkitError(
+                f"{name} calls torch.distributed.init_process_group itself, but the kit's launcher "
+                f"has already made the process group ({dist.get_backend()}, rank "
+                f"{dist.get_rank()} of {dist.get_world_size()}): remove its init_process_group "
+                "and destroy_process_group calls, or run the script as written with `distkit "
+                "launch script.py` (distkit.launch_script)") from None
+        raise
+    if had_group and not dist.is_initialized():
+        raise DistkitError(
+            f"{name} called torch.distributed.destroy_process_group(), but the process group is "
+            "the kit's launcher's, which ends it after the function returns: remove that call, "
+            "or run the script as written with `distkit launch script.py` "
+            "(distkit.launch_script)")
+    return value

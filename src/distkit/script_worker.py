@@ -1,0 +1,99 @@
+"""One rank of ``distkit launch``: run the user's script as ``python script.py`` would, and
+turn an exception it raises into one line.
+
+``python -m distkit.script_worker SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the
+script with ``runpy`` as ``__main__`` (``sys.argv`` and ``sys.path[0]`` as Python sets
+them for a script, so its imports, its ``if __name__ == "__main__":`` and the pickling of
+its classes work as usual). The launcher (:mod:`distkit.script_launch`) sets the
+torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...) and
+``DISTKIT_SCRIPT_REPORTS``, a folder where a rank whose script raises writes:
+
+- ``rank<R>.txt``: the full traceback;
+- ``rank<R>.line``: one line: the exception's type, its first line and the ``file:line``
+  in the user's script where it was raised (:func:`distkit.failures.cause`), and the
+  traceback's path. The launcher prints it.
+
+The exit status is the script's: 0, its ``sys.exit`` code, 1 when it raised, 130 after
+Ctrl-C (the launcher has said so in one line). The worker ends when its launcher dies
+(Linux: ``PR_SET_PDEATHSIG``), so no rank is left behind.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import traceback
+
+from distkit.failures import cause, write_traceback
+
+
+def _end_with_parent(launcher_pid: int | None) -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if launcher_pid and os.getppid() != launcher_pid:  # the launcher died before prctl
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _report(error: BaseException) -> None:
+    rank, local_rank = os.environ.get("RANK", "0"), os.environ.get("LOCAL_RANK", "0")
+    nnodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
+    node = f", node {os.environ.get('GROUP_RANK', '0')} of {nnodes}" if nnodes > 1 else ""
+    folder = os.environ.get("DISTKIT_SCRIPT_REPORTS")
+    path = write_traceback(folder, int(rank), error) if folder else None
+    where = f"; full traceback in {path}" if path else ""
+    line = f"rank {rank} (local rank {local_rank}{node}) raised {cause(error)}{where}"
+    if folder:
+        try:
+            partial = os.path.join(folder, f"rank{rank}.line.partial")
+            with open(partial, "w") as f:
+                f.write(line)
+            os.replace(partial, os.path.join(folder, f"rank{rank}.line"))
+        except OSError:
+            pass
+    if os.environ.get("DISTKIT_VERBOSE") == "1" or not folder:
+        sys.stderr.write("".join(traceback.format_exception(type(error), error,
+                                                            error.__traceback__)))
+        sys.stderr.flush()
+
+
+def main(argv: list[str]) -> int:
+    if not argv or argv == ["-m"]:
+        sys.stderr.write("usage: python -m distkit.script_worker SCRIPT [ARGS...] | -m MODULE [ARGS...]\n")
+        return 2
+    launcher = os.environ.get("DISTKIT_LAUNCHER_PID")
+    _end_with_parent(int(launcher) if launcher else None)
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]  # runpy sets argv[0] to the module's file
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            script = argv[0]
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script.py`
+            runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        code = e.code
+        if code is None or isinstance(code, int):
+            return code or 0
+        sys.stderr.write(f"{code}\n")  # sys.exit("message"): Python prints it, exit 1
+        return 1
+    except KeyboardInterrupt:
+        return 130  # the launcher forwarded Ctrl-C and says so in one line
+    except BaseException as e:  # noqa: BLE001 - any failure of the script is reported
+        _report(e)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sys.exit(code)

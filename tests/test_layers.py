@@ -17,7 +17,7 @@ SRC = REPO_ROOT / "src"
 LAYERS = (
     ("errors", "machine"),
     ("config",),
-    ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput"),
+    ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput", "tracing"),
     ("tasks", "checkpoint"),
     ("preflight", "training", "reporting", "tracking", "failures"),
     ("launch", "runner", "sharding"),

@@ -20,7 +20,7 @@ from ignite.engine.deterministic import DeterministicEngine
 from ignite.handlers import Checkpoint, EarlyStopping, PiecewiseLinear, ProgressBar
 from ignite.utils import manual_seed
 
-from distkit import profiling, throughput, tracking
+from distkit import profiling, throughput, tracing, tracking
 from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_saver, load_checkpoint,
                                 make_run_dir, resume_settings, to_save)
 from distkit.data import get_dataflow
@@ -249,14 +249,22 @@ def create_trainer(model, optimizer, criterion, config, prepare_batch=None, trai
         def prepare(batch):
             return prepare_batch(batch, device, True)
 
+    def backward(loss):
+        loss.backward()  # under DDP this also all-reduces (averages) the gradients
+
+    optimizer_step = optimizer.step
+    if getattr(config, "trace", False):  # --trace: each phase a range of the profiler's trace
+        forward, backward = tracing.ranged("forward", forward), tracing.ranged("backward", backward)
+        optimizer_step = tracing.ranged("optimizer step", optimizer.step)
+
     def train_step(engine, batch):
         if not model.training:  # validation left it in eval mode; checking is ~free
             model.train()
         x, y = prepare(batch)
         loss = forward(x, y)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # under DDP this also all-reduces (averages) the gradients
-        optimizer.step()
+        backward(loss)
+        optimizer_step()
         mark_step()
         value = loss.item()  # .item(): a device sync point
         engine.state.loss_sum += value
@@ -546,12 +554,15 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
                                           event_name=Events.ITERATION_COMPLETED(
                                               event_filter=at_most_every(0.1)))
 
+    tracer = tracing.attach(trainer, evaluator, run_dir, _planned_steps(config, train_loader)) \
+        if config.trace else None
     tracker = tracking.attach(config, trainer, evaluator, optimizer, run_dir)  # --logger, rank 0
     start = time.perf_counter()
     trainer.run(train_loader, max_epochs=config.epochs)
     wall = time.perf_counter() - start
 
     profile = profiling.summarize(profiler) if profiler is not None else None
+    trace = tracer.finish() if tracer is not None else None  # a collective; paths on rank 0
     tracker.close(profile)
     digests = {"initial": initial_digests, "final": replica_digests(model)}
     memory = peak_memory_per_rank()
@@ -560,6 +571,8 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
               "task_summary": task.summary(model, config) if task.summary else None,
               # kit: --lr and its schedule; none: the optimizer's own lr; task: its scheduler
               "lr_schedule": schedule_kind(task)}
+    if trace is not None:
+        extras["trace"] = trace
     record = RunRecord(
         run_dir=run_dir, config=config, task=task, history=history,
         iterations=trainer.state.iteration, samples_trained=trainer.state.samples * world_size,
@@ -569,3 +582,12 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
         best_model=saved_path(run_dir, "best", best), profile=profile, replica_digests=digests,
         peak_memory_per_rank=memory, extras=extras)
     return report(record) if rank == 0 else None  # rank 0 writes results.json and the plot
+
+
+def _planned_steps(config, train_loader) -> int | None:
+    """The steps this run will train (None: unknown), so that --trace records within them."""
+    try:
+        steps = config.epochs * len(train_loader)
+    except TypeError:  # a loader without a length
+        return config.max_iters
+    return min(steps, config.max_iters) if config.max_iters else steps

@@ -116,7 +116,7 @@ class Tracer:
 
     def batch_started(self, engine):
         if self.profiler is not None and self.steps == self.wait + self.warmup:
-            self.clock_sync()  # the first recorded step, before its data wait
+            clock_sync()  # the first recorded step, before its data wait
             self.synced = True
 
     def step_completed(self, *_):
@@ -139,36 +139,6 @@ class Tracer:
             with open(path) as f:
                 self.trace = json.load(f)
 
-    @staticmethod
-    def clock_sync():
-        """Ping-pong between rank 0 and every other rank, each side marking its moments."""
-        import torch.distributed as dist
-        from torch.profiler import record_function
-
-        if idist.get_world_size() == 1 or not dist.is_initialized():
-            return
-        rank, ball = idist.get_rank(), torch.zeros(1)
-        whole = record_function(CLOCK_SYNC)  # the whole exchange, left out of the drawing
-        whole.__enter__()
-        for peer in range(1, idist.get_world_size()):
-            if rank not in (0, peer):
-                continue
-            for _ in range(SYNC_ROUNDS):
-                if rank == 0:
-                    with record_function(f"{CLOCK_SYNC} {peer}"):  # A
-                        pass
-                    dist.send(ball, dst=peer)
-                    dist.recv(ball, src=peer)
-                    with record_function(f"{CLOCK_SYNC} {peer}"):  # C
-                        pass
-                else:
-                    dist.recv(ball, src=0)
-                    with record_function(f"{CLOCK_SYNC} {peer}"):  # B
-                        pass
-                    dist.send(ball, dst=0)
-        idist.barrier()
-        whole.__exit__(None, None, None)
-
     # --- after the run ------------------------------------------------------------------
     def finish(self) -> dict | None:
         """Gather every rank's trace on rank 0 (a collective: call on every rank), which
@@ -179,6 +149,38 @@ class Tracer:
         if idist.get_rank() != 0:
             return None
         return write(traces, os.path.join(self.run_dir, "trace"))
+
+
+def clock_sync():
+    """Ping-pong between rank 0 and every other rank, each side marking its moments in
+    its own trace (call on every rank, inside a recorded step): what :func:`merge` aligns
+    the ranks' clocks by."""
+    import torch.distributed as dist
+    from torch.profiler import record_function
+
+    if idist.get_world_size() == 1 or not dist.is_initialized():
+        return
+    rank, ball = idist.get_rank(), torch.zeros(1)
+    whole = record_function(CLOCK_SYNC)  # the whole exchange, left out of the drawing
+    whole.__enter__()
+    for peer in range(1, idist.get_world_size()):
+        if rank not in (0, peer):
+            continue
+        for _ in range(SYNC_ROUNDS):
+            if rank == 0:
+                with record_function(f"{CLOCK_SYNC} {peer}"):  # A
+                    pass
+                dist.send(ball, dst=peer)
+                dist.recv(ball, src=peer)
+                with record_function(f"{CLOCK_SYNC} {peer}"):  # C
+                    pass
+            else:
+                dist.recv(ball, src=0)
+                with record_function(f"{CLOCK_SYNC} {peer}"):  # B
+                    pass
+                dist.send(ball, dst=0)
+    idist.barrier()
+    whole.__exit__(None, None, None)
 
 
 def attach(trainer, evaluator, run_dir: str, total_steps: int | None = None) -> Tracer:
@@ -271,8 +273,7 @@ def merge(traces: list) -> dict:
         names.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0,
                       "args": {"sort_index": rank}})
     return {"traceEvents": names + shifted, "displayTimeUnit": "ms",
-            "distkit": {"world_size": len(traces), "clock": clock,
-                        "schedule": {"wait": WAIT, "warmup": WARMUP, "active": ACTIVE}}}
+            "distkit": {"world_size": len(traces), "clock": clock}}
 
 
 def write(traces: list, folder: str) -> dict:

@@ -163,12 +163,14 @@ SLOW, SLEEP_S, STEPS = 2, 0.08, dict(wait=1, warmup=1, active=3)
 def traced_rank(folder):
     """One rank: a few steps of (compute, two all-reduces in flight at once), profiled;
     rank SLOW sleeps SLEEP_S in each. Writes and returns its Chrome trace's path."""
+    import os
     import time
 
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
+    os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # no kineto ERROR line on a CPU-only machine
     rank = dist.get_rank()
     path = f"{folder}/rank{rank}.json"
     grads = [torch.ones(2 ** 18), torch.ones(2 ** 18)]

@@ -404,8 +404,10 @@ def timeline(trace, phases=None, window_ms=None, title=None):
                 continue
             kind = next((k for k in TRACE_COLLECTIVE_COLOURS if k.replace("_", "") in
                          e["name"].replace("_", "").lower()), "other")
+            colour = TRACE_COLLECTIVE_COLOURS.get(kind, "#999999")
+            # an edge line keeps a collective of a few microseconds visible at any width
             ax.broken_barh([(e["ts"] / 1e3, e.get("dur", 0.0) / 1e3)], (y + 0.05, 0.8),
-                           facecolors=TRACE_COLLECTIVE_COLOURS.get(kind, "#999999"), alpha=0.75)
+                           facecolors=colour, edgecolors=colour, linewidth=0.8, alpha=0.75)
             used.add(("collective", kind))
         rank_steps = steps(trace, rank)
         all_steps += rank_steps

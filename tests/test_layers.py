@@ -17,7 +17,8 @@ SRC = REPO_ROOT / "src"
 LAYERS = (
     ("errors", "machine", "signals"),
     ("config",),
-    ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput"),
+    ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput",
+     "tracing"),
     ("tasks", "checkpoint", "schedules", "effective"),
     ("preflight", "training", "reporting", "tracking", "failures", "stopping", "agreement",
      "script_worker"),

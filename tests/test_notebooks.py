@@ -43,6 +43,9 @@ REQUIRED_CALLS = {
     "14": ["init_device_mesh", "parallelize_module", "ColwiseParallel", "RowwiseParallel", "PipelineStage",
            "ScheduleGPipe", "fully_shard", "idist.auto_model", "Engine", "engine.run", "dist.all_reduce",
            "SequenceParallel", "PrepareModuleInput", "full_tensor"],
+    # profiler traces of every rank (issue 34)
+    "15": ["idist.Parallel", "parallel.run", "profile", "schedule", "record_function", "export_chrome_trace",
+           "no_sync", "fully_shard"],
 }
 # Notebooks whose cells leave files behind (runs, checkpoints, CSVs: 03 on a TPU, 04, 06,
 # 08, 09) write them in a folder of their own made by tempfile.mkdtemp, new at every run,

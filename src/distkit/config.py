@@ -97,6 +97,9 @@ class Config:
 
     # --- what to observe and keep ----------------------------------------------------
     profile: bool = False
+    trace: bool = False
+    """torch.profiler on every rank for a few steps after a warm-up; per-rank traces, one
+    merged Chrome trace and its drawing in ``<run dir>/trace/`` (see ``distkit.tracing``)."""
     progress_bar: bool = True
     """Show ignite's progress bar where someone watches it: stdout a terminal or a notebook.
     Elsewhere (CI logs, SLURM output files) one line per epoch instead."""

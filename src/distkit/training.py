@@ -20,7 +20,7 @@ from ignite.engine.deterministic import DeterministicEngine
 from ignite.handlers import Checkpoint, EarlyStopping, ProgressBar
 from ignite.utils import manual_seed
 
-from distkit import profiling, signals, stopping, throughput, tracking
+from distkit import profiling, signals, stopping, throughput, tracing, tracking
 from distkit.agreement import check_replicas_identical, check_same_settings
 from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_iteration,
                                 checkpoint_saver, load_checkpoint, make_run_dir, resume_settings,
@@ -246,14 +246,22 @@ def create_trainer(model, optimizer, criterion, config, prepare_batch=None, trai
         def prepare(batch):
             return prepare_batch(batch, device, True)
 
+    def backward(loss):
+        loss.backward()  # under DDP this also all-reduces (averages) the gradients
+
+    optimizer_step = optimizer.step
+    if getattr(config, "trace", False):  # --trace: each phase a range of the profiler's trace
+        forward, backward = tracing.ranged("forward", forward), tracing.ranged("backward", backward)
+        optimizer_step = tracing.ranged("optimizer step", optimizer.step)
+
     def train_step(engine, batch):
         if not model.training:  # validation left it in eval mode; checking is ~free
             model.train()
         x, y = prepare(batch)
         loss = forward(x, y)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # under DDP this also all-reduces (averages) the gradients
-        optimizer.step()
+        backward(loss)
+        optimizer_step()
         mark_step()
         value = loss.item()  # .item(): a device sync point
         engine.state.loss_sum += value
@@ -621,6 +629,8 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
                                           event_name=Events.ITERATION_COMPLETED(
                                               event_filter=at_most_every(0.1)))
 
+    tracer = tracing.attach(trainer, evaluator, run_dir, _planned_steps(config, train_loader)) \
+        if config.trace else None
     tracker = tracking.attach(config, trainer, evaluator, optimizer, run_dir)  # --logger, rank 0
     start = time.perf_counter()
     trainer.run(train_loader, max_epochs=config.epochs)
@@ -633,6 +643,7 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
             stop.signum, stop.checkpoint)
 
     profile = profiling.summarize(profiler) if profiler is not None else None
+    trace = tracer.finish() if tracer is not None else None  # a collective; paths on rank 0
     digests = {"initial": initial_digests, "final": replica_digests(model)}
     memory = peak_memory_per_rank()
     # every rank: a task's summary may run the model (a collective under fsdp)
@@ -647,6 +658,8 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
               "train_step": "task" if task.train_step is not None else "kit",
               "amp": "bfloat16 autocast" if config.amp else None,
               "stopped_early": stopped_early(trainer, evaluator, config)}
+    if trace is not None:
+        extras["trace"] = trace
     record = RunRecord(
         run_dir=run_dir, config=config, task=task, history=history,
         iterations=trainer.state.iteration, samples_trained=trainer.state.samples * world_size,
@@ -662,3 +675,12 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
         optional_output(f"the --logger {config.logger} files", run_dir, lambda: tracker.close(profile))
     check_replicas_identical(digests)  # on every rank: replicas apart are an error, not a field
     return results
+
+
+def _planned_steps(config, train_loader) -> int | None:
+    """The steps this run will train (None: unknown), so that --trace records within them."""
+    try:
+        steps = config.epochs * len(train_loader)
+    except TypeError:  # a loader without a length
+        return config.max_iters
+    return min(steps, config.max_iters) if config.max_iters else steps

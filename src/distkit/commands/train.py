@@ -73,6 +73,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
     g.add_argument("--profile", action="store_true",
                    help="profile handlers and data/compute time; summary in results.json")
+    g.add_argument("--trace", action="store_true",
+                   help="torch.profiler on every rank for a few steps after a warm-up: per-rank "
+                        "traces, one merged Chrome trace (one row per rank, clocks aligned) and "
+                        "its timeline.png in <run dir>/trace/, named in results.json")
     g.add_argument("--no-progress", dest="progress_bar", action="store_false",
                    help="one line per epoch even in a terminal (the progress bar shows only when "
                         "output goes to a terminal or a notebook; in logs, one line per epoch)")

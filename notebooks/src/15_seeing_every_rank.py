@@ -1,0 +1,315 @@
+# %% [markdown]
+# # 15 · Seeing every rank: profiler traces, merged and drawn (CPU, gloo)
+#
+# ignite's profilers (notebook 06) and `Timer` (notebook 07) say how long each event
+# takes *on average*. They cannot say **when**: whether the gradient all-reduce runs
+# while the backward is still computing, whether a slow rank makes the others wait,
+# when FSDP gathers a layer's weights. A **trace** says it: `torch.profiler` records
+# every operator with its start and end on each rank, and the ranks' traces, merged on
+# one time axis, show who did what, when. This notebook, on nothing but a CPU:
+#
+# 1. records a trace on every rank of a DDP run with `torch.profiler.profile`, a
+#    `schedule` and `record_function` ranges, writes it with `export_chrome_trace`,
+#    merges the ranks into one timeline and draws it;
+# 2. measures how much of DDP's all-reduce is hidden under the backward, for small and
+#    large gradient buckets (`bucket_cap_mb`) and under `no_sync`;
+# 3. slows one rank on purpose and reads, off the trace, how long the others wait;
+# 4. shows FSDP's all-gathers in the forward and its reduce-scatters in the backward.
+#
+# Hardware: any CPU. Backend: `gloo`. The timings come from a loaded 2-core machine, so
+# every assertion below leaves room for scheduling noise and says how much.
+
+# %%
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import ignite
+import ignite.distributed as idist
+import matplotlib.pyplot as plt
+import torch
+import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from distkit import tracing
+from distkit.machine import cpu_only_processes, free_port, quiet_ignite_logs
+
+quiet_ignite_logs()
+os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # no kineto ERROR lines on a CPU-only torch build
+folder = tempfile.mkdtemp(prefix="distkit-nb15-")  # every trace of this notebook goes here
+print(f"torch {torch.__version__}, ignite {ignite.__version__}, {os.cpu_count()} CPU cores")
+
+# %% [markdown]
+# ## 1. A trace on every rank
+#
+# `torch.profiler.profile` records the operators that run inside it. A long run would
+# make a huge file, so a `schedule` says which steps to record: skip `wait` steps, run
+# `warmup` steps with the profiler on but throw them away (its start-up cost lands
+# there), then record `active` steps. `prof.step()` marks the end of each step, and
+# `on_trace_ready` runs when the active steps are done: here it calls
+# `export_chrome_trace`, which writes the Chrome trace format that Perfetto
+# (ui.perfetto.dev) and `chrome://tracing` open.
+#
+# `record_function("forward")` adds a named range of our own to the trace: the phases
+# of a step. The collectives name themselves: gloo's work shows as `gloo:all_reduce`
+# on gloo's own worker threads, from the moment it starts to the moment every peer has
+# answered.
+#
+# The model: 8 linear layers of 256 x 256 (2.1 MB of fp32 gradients), wrapped in
+# `DistributedDataParallel`. DDP groups the gradients into **buckets** of at most
+# `bucket_cap_mb` (25 MB by default) and launches a bucket's all-reduce as soon as
+# every gradient in it is ready, while the backward computes the earlier layers.
+
+# %%
+STEPS = dict(wait=1, warmup=1, active=3)
+LAYERS, WIDTH, BATCH = 8, 256, 64
+
+
+def ddp_steps(name, bucket_cap_mb=None, accumulate=1, straggle=0.0):
+    """Train a few steps under DDP with the profiler on; in each recorded step rank 1
+    sleeps ``straggle`` times the warm-up step's time (the slowest rank's) in its forward.
+    Writes this rank's trace to ``<folder>/<name>-rank<r>.json``."""
+    rank = idist.get_rank()
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(LAYERS)])
+    kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    model = torch.nn.parallel.DistributedDataParallel(model, **kwargs)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(BATCH // idist.get_world_size(), WIDTH)
+    path = f"{folder}/{name}-rank{rank}.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(**STEPS),
+                 on_trace_ready=lambda prof: prof.export_chrome_trace(path)) as prof:
+        for step in range(sum(STEPS.values())):
+            recording = step >= STEPS["wait"] + STEPS["warmup"]
+            if step == STEPS["wait"] + STEPS["warmup"]:
+                tracing.clock_sync()  # marks for aligning the ranks' clocks (section 1)
+            started = time.perf_counter()
+            for micro in range(accumulate):
+                last = micro == accumulate - 1
+                # no_sync: no all-reduce in this backward; the gradients accumulate locally
+                with (model.no_sync() if not last else torch.enable_grad()):
+                    with record_function("forward"):
+                        if rank == 1 and straggle and recording:
+                            with record_function("straggle"):
+                                time.sleep(min(2.0, straggle * step_s))
+                        loss = model(x).square().mean()
+                    with record_function("backward"):
+                        loss.backward()
+            with record_function("optimizer step"):
+                optimizer.step()
+                optimizer.zero_grad()
+            if step == STEPS["wait"]:  # the warm-up step: how long a step takes, slowest rank
+                step_s = idist.all_reduce(time.perf_counter() - started, op="MAX")
+            prof.step()
+    return path
+
+
+def launch(fn, *args):
+    """Run ``fn(*args)`` on 2 gloo ranks started by idist.Parallel (fork)."""
+    # (cpu_only_processes: gloo processes on the CPU, even where a GPU is; notebook 01 says why)
+    with cpu_only_processes(), idist.Parallel(backend="gloo", nproc_per_node=2,
+                                              master_port=free_port()) as parallel:
+        parallel.run(fn, *args)
+
+
+def merged(name, world_size=2):
+    return tracing.merge([tracing.load(f"{folder}/{name}-rank{r}.json") for r in range(world_size)])
+
+
+# %% [markdown]
+# Each rank wrote its own trace. Their clocks need not agree (on two machines they
+# never do), so at the first recorded step `tracing.clock_sync()` plays ping-pong
+# between rank 0 and each other rank and marks the moments in each trace; rank r's
+# clock offset is read from those marks, within half the shortest round trip, as NTP
+# does. `tracing.merge` then shifts every rank's events by its offset and makes each
+# rank one process row (`pid` = rank, named "rank r"), the file Perfetto shows as one
+# row per rank.
+
+# %%
+def all_ddp_runs(local_rank):
+    ddp_steps("default")                     # DDP's own buckets (25 MB)
+    ddp_steps("small", bucket_cap_mb=0.25)   # a quarter MiB: one layer per bucket, 8 buckets
+    ddp_steps("large", bucket_cap_mb=100)    # one bucket holds every gradient
+    ddp_steps("no_sync", accumulate=4)       # 4 micro-batches, all-reduce on the last only
+    ddp_steps("straggler", straggle=2.0)      # section 3
+
+
+start = time.perf_counter()
+launch(all_ddp_runs)
+print(f"5 traced runs on 2 ranks in {time.perf_counter() - start:.1f} s")
+trace = merged("default")
+clock = trace["distkit"]["clock"]
+print(f"rank 1's clock minus rank 0's: {clock['offset_us'][1]:+.0f} us, "
+      f"known within +-{clock['error_us'][1]:.0f} us")
+rows = {e["pid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+print(rows, f"{len(trace['traceEvents'])} events,",
+      f"{len(json.dumps(trace)) / 1e6:.1f} MB as JSON")
+assert rows == {0: "rank 0", 1: "rank 1"}
+# one host, one clock: the offset found is the alignment's own error, within its bound
+assert abs(clock["offset_us"][1]) <= clock["error_us"][1] + 1
+
+# %%
+tracing.timeline(trace, phases=("forward", "backward", "optimizer step"),
+                 title="DDP, default buckets: 2 ranks, 3 recorded steps");
+
+# %% [markdown]
+# ## 2. How much of the all-reduce hides under the backward
+#
+# The picture shows the all-reduce starting inside the backward. To measure it: the
+# backward's own **compute** is the autograd operators on the rank's main thread
+# (`autograd::engine::evaluate_function: ...`); the **communication** is the
+# `gloo:all_reduce` ranges. The hidden fraction is the time both ran at once, divided
+# by the communication time (`tracing.overlap` and `tracing.total` intersect and add up
+# intervals).
+
+# %%
+def backward_compute(trace, rank):
+    return tracing.spans(trace, rank, lambda n: n.startswith("autograd::engine::evaluate_function"))
+
+
+def hidden(trace):
+    """Per rank: (all-reduce calls, communication ms, fraction hidden under backward compute)."""
+    out = []
+    for rank in (0, 1):
+        comm = tracing.collective_spans(trace, rank, "all_reduce")
+        both = tracing.overlap(comm, backward_compute(trace, rank))
+        out.append((len(comm), tracing.total(comm) / 1e3, both / tracing.total(comm)))
+    return out
+
+
+study = {name: hidden(merged(name)) for name in ("small", "default", "large", "no_sync")}
+for name, ranks in study.items():
+    print(f"{name:8s}", "   ".join(f"rank {r}: {n:2d} all-reduces, {ms:6.1f} ms, {f:4.0%} hidden"
+                                    for r, (n, ms, f) in enumerate(ranks)))
+
+# %% [markdown]
+# What the numbers say, each checked below:
+#
+# - with DDP's **default** buckets some of the all-reduce is hidden under the backward
+#   (more than 0 on every rank): DDP's first bucket is small (1 MB,
+#   `dist._DEFAULT_FIRST_BUCKET_BYTES`), so it starts while most layers still compute;
+# - with **small** buckets (a quarter MiB) there are more all-reduces, each launched earlier, and
+#   more of the communication hides than with **one large** bucket, whose single
+#   all-reduce can only start when the last gradient is ready;
+# - under **`no_sync`**, 3 of every 4 backwards all-reduce nothing: over the same 3
+#   recorded optimizer steps, the number of all-reduces is that of the default run,
+#   for 4 times the samples.
+
+# %%
+fraction = {name: statistics.mean(f for _, _, f in ranks) for name, ranks in study.items()}
+calls = {name: [n for n, _, _ in ranks] for name, ranks in study.items()}
+assert all(f > 0 for _, _, f in study["default"]), study["default"]
+assert calls["small"][0] > calls["large"][0], calls
+assert fraction["small"] > fraction["large"], fraction
+assert calls["no_sync"] == calls["default"], calls
+print({k: round(v, 2) for k, v in fraction.items()})
+
+# %% [markdown]
+# ## 3. A straggler: everyone waits for the slowest rank
+#
+# In the run named `straggler`, rank 1 slept in every recorded forward, twice as long
+# as a warm-up step took (at most 2 s; a range named `straggle` in its trace says how
+# long).
+# Synchronous data parallelism cannot leave it behind: rank 0's all-reduce starts on
+# time, but it cannot finish until rank 1 joins. So rank 0's all-reduces last longer
+# than rank 1's, by about the time rank 1 slept. The slow rank is the one that **waits least** in the collectives: it arrives
+# last and finds the others there.
+
+# %%
+slow = merged("straggler")
+slept_ms = tracing.total(tracing.spans(slow, 1, "straggle")) / 1e3 / len(tracing.steps(slow, 1))
+comm_ms = [tracing.total(tracing.collective_spans(slow, r, "all_reduce")) / 1e3 for r in (0, 1)]
+step_ms = [statistics.median(b - a for a, b in tracing.steps(slow, r)) / 1e3 for r in (0, 1)]
+found = min((0, 1), key=lambda r: comm_ms[r])
+waited_ms = (comm_ms[0] - comm_ms[1]) / len(tracing.steps(slow, 0))
+print(f"time in all-reduce per rank (3 steps): {comm_ms[0]:.1f} ms, {comm_ms[1]:.1f} ms; "
+      f"step {step_ms[0]:.1f} ms")
+print(f"the slow rank is rank {found}; it slept {slept_ms:.1f} ms a step, and rank 0 waited "
+      f"{waited_ms:.1f} ms a step for it, {waited_ms / step_ms[0]:.0%} of its step")
+assert found == 1
+# rank 0 waited at least half of what rank 1 slept (the bound leaves room for a loaded
+# machine, where either rank may lose the core for a while)
+assert waited_ms > 0.5 * slept_ms, (waited_ms, slept_ms)
+
+# %%
+tracing.timeline(slow, phases=("forward", "backward", "optimizer step"),
+                 title="rank 1 sleeps in each forward: rank 0's all-reduce waits");
+
+# %% [markdown]
+# ## 4. FSDP: gather before the forward, reduce-scatter in the backward
+#
+# `fully_shard` (notebook 10) keeps 1/N of each layer on each rank. Before a unit's
+# forward it **all-gathers** the full weights; in the backward it gathers them again,
+# computes the gradients and **reduce-scatters** them, so each rank receives the sum for
+# its own shard. FSDP names its steps in the trace itself (`FSDP::all_gather (0)`,
+# `FSDP::pre_backward`, ...); the c10d call `c10d::_reduce_scatter_base_` is the
+# reduce-scatter, which gloo carries out as an all-reduce (`gloo:all_reduce`: gloo has
+# no reduce-scatter of its own).
+
+# %%
+def fsdp_steps(local_rank):
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(WIDTH, WIDTH) for _ in range(4)])
+    for layer in model:
+        fully_shard(layer)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(BATCH // 2, WIDTH)
+    path = f"{folder}/fsdp-rank{idist.get_rank()}.json"
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(**STEPS),
+                 on_trace_ready=lambda prof: prof.export_chrome_trace(path)) as prof:
+        for step in range(sum(STEPS.values())):
+            if step == STEPS["wait"] + STEPS["warmup"]:
+                tracing.clock_sync()
+            with record_function("forward"):
+                loss = model(x).square().mean()
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer step"):
+                optimizer.step()
+                optimizer.zero_grad()
+            prof.step()
+
+
+launch(fsdp_steps)
+fsdp = merged("fsdp")
+for rank in (0, 1):
+    forward, backward = tracing.spans(fsdp, rank, "forward"), tracing.spans(fsdp, rank, "backward")
+    gathers = tracing.collective_spans(fsdp, rank, "all_gather")
+    scatters = tracing.spans(fsdp, rank, "c10d::_reduce_scatter_base_")
+    matmuls = tracing.spans(fsdp, rank, "aten::addmm")
+    in_forward = [g for g in gathers if tracing.overlap([g], forward) > 0]
+    print(f"rank {rank}: {len(gathers)} all-gathers ({len(in_forward)} in the forwards), "
+          f"{len(scatters)} reduce-scatters, all in the backwards: "
+          f"{tracing.overlap(scatters, backward) == tracing.total(scatters)}")
+    # every step's first all-gather starts before that step's first matmul
+    for a, b in forward:
+        first_gather = min(g[0] for g in gathers if a <= g[0] <= b)
+        first_matmul = min(m[0] for m in matmuls if a <= m[0] <= b)
+        assert first_gather < first_matmul
+    assert len(scatters) == 3 * 4  # 3 steps x 4 layers (the root holds no parameters)
+    assert tracing.overlap(scatters, backward) == tracing.total(scatters)
+
+# %%
+tracing.timeline(fsdp, phases=("forward", "backward", "optimizer step"),
+                 title="FSDP: all-gathers in the forward, reduce-scatters (as gloo all-reduces) in the backward");
+
+# %% [markdown]
+# ## What you saw
+#
+# - `torch.profiler.profile` with a `schedule` records a few steps after a warm-up;
+#   `record_function` names your phases; `export_chrome_trace` writes one file per rank;
+#   merged with their clocks aligned, they show every rank on one time axis.
+# - DDP hides part of its all-reduce under the backward, more with smaller buckets;
+#   `no_sync` skips the all-reduce of the micro-batches it covers.
+# - One slow rank makes every other rank wait in the collective; the trace says which
+#   rank and for how long.
+# - FSDP all-gathers before computing and reduce-scatters in the backward.
+#
+# `distkit train --trace` does all of this for a training run: per-rank traces, the
+# merged file and its drawing in the run folder (`docs/tracing.md`). Exercise 15 asks you
+# to find the slow rank in such a trace yourself.

@@ -218,3 +218,53 @@ def test_readme_commands_pass_as_written_in_a_fresh_venv_with_its_own_pip(tmp_pa
         assert after.stdout.split()[1] == pip_before, (pip_before, after.stdout)
     finally:
         shutil.rmtree(tree / ".venv", ignore_errors=True)  # about 6 GB
+
+
+# --------------------------------------------------------------------------------------
+# The torch floor: stated in requirements.txt, enforced at `import distkit`
+# --------------------------------------------------------------------------------------
+
+def _floor(name: str) -> tuple[int, ...]:
+    for line in (REPO_ROOT / "requirements.txt").read_text().splitlines():
+        found = re.match(rf"{re.escape(name)}\s*>=\s*([\d.]+)", line.strip())
+        if found:
+            return tuple(int(n) for n in found.group(1).split("."))
+    raise AssertionError(f"requirements.txt states no lower bound for {name}")
+
+
+def test_torch_floor_is_the_oldest_tested_and_what_import_distkit_enforces():
+    """requirements.txt's torch and torchvision floors are the Colab-like environment's
+    versions (the oldest the suite runs on), and ``import distkit`` refuses below the same."""
+    import distkit
+    from test_scripts import COLAB_PREINSTALLED
+
+    colab = dict(p.split("==") for p in COLAB_PREINSTALLED if "==" in p)
+    assert _floor("torch") == tuple(int(n) for n in colab["torch"].split(".")[:2]) == distkit.TORCH_NEEDED
+    assert _floor("torchvision") == tuple(int(n) for n in colab["torchvision"].split(".")[:2])
+
+
+@pytest.mark.parametrize("version, refused", [
+    ("2.2.0", True), ("2.8.0+cu126", True), ("1.13.1", True),
+    ("2.9.0", False), ("2.9.0+cu128", False), ("2.10.0a0+git1a2b", False), ("2.15.0+cu132", False)])
+def test_the_version_comparison(version, refused):
+    import distkit
+
+    line = distkit.torch_too_old(version)
+    assert (line is not None) == refused
+    if refused:
+        assert "\n" not in line and version in line and "torch >= 2.9" in line and "pip install 'torch>=2.9'" in line
+
+
+def test_an_older_torch_is_refused_at_import_in_one_line(tmp_path):
+    """A real ``import distkit`` in a fresh interpreter that finds torch 2.2.0's metadata
+    first on its path (no old torch is installed: only its dist-info is made)."""
+    info = tmp_path / "torch-2.2.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.2.0\n")
+    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO_ROOT / "src")]))
+    out = subprocess.run([sys.executable, "-c", "import distkit"], capture_output=True, text=True,
+                         env=env, timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == (
+        "ImportError: distkit needs torch >= 2.9, found torch 2.2.0: pip install 'torch>=2.9'")
+    assert "import torch" not in out.stderr  # refused before torch itself is imported

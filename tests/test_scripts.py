@@ -68,14 +68,36 @@ def test_slurm_script_directives_come_before_any_command():
     assert "--kill-on-bad-exit=1" in text and "#SBATCH --requeue" in text
 
 
-def test_what_ignite_reads_from_slurm():
-    """ignite's own translation of srun's variables (no process started)."""
+SLURM_TASK = dict(procid=3, ntasks=4, localid=1, nnodes=2, nodeid=1, job_id="5551234", nodelist="gpu[07-08]")
+IGNITE_READS = {"RANK": 3, "LOCAL_RANK": 1, "WORLD_SIZE": 4, "MASTER_ADDR": "gpu07", "MASTER_PORT": 15000 + 1234}
+
+
+def fake_scontrol(bindir: Path, hostnames: list[str]) -> Path:
+    """A stand-in ``scontrol`` whose ``show hostnames`` prints ``hostnames``, as a
+    configured cluster's does (a real one installed without a slurm.conf fails instead)."""
+    bindir.mkdir(exist_ok=True)
+    script = bindir / "scontrol"
+    script.write_text(f"#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] || exit 2\nprintf '%s\\n' {' '.join(hostnames)}\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_what_ignite_reads_from_slurm(tmp_path, monkeypatch):
+    """ignite's own translation of srun's variables (no process started). ignite asks
+    ``scontrol show hostnames`` to expand the node list when ``scontrol`` is on the PATH
+    and expands it itself otherwise; which one this machine has (none, a configured
+    cluster's, or one installed without a cluster config, which fails) must not decide
+    the test: both routes are taken here, on a PATH this test sets."""
     from ignite.distributed.comp_models.native import _setup_ddp_vars_from_slurm_env
 
-    env = slurm_env(procid=3, ntasks=4, localid=1, nnodes=2, nodeid=1, job_id="5551234",
-                    nodelist="gpu[07-08]")
-    assert _setup_ddp_vars_from_slurm_env(env) == {
-        "RANK": 3, "LOCAL_RANK": 1, "WORLD_SIZE": 4, "MASTER_ADDR": "gpu07", "MASTER_PORT": 15000 + 1234}
+    env = slurm_env(**SLURM_TASK)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no scontrol: ignite's own expansion
+    assert _setup_ddp_vars_from_slurm_env(env) == IGNITE_READS
+    # with scontrol: ignite takes the first host it prints (a different one, to tell)
+    fake_scontrol(tmp_path / "bin", ["gpu99", "gpu08"])
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert _setup_ddp_vars_from_slurm_env(env) == {**IGNITE_READS, "MASTER_ADDR": "gpu99"}
 
 
 @pytest.mark.slow
@@ -149,6 +171,7 @@ def test_slurm_script_in_a_simulated_slurm_job(tmp_path):
     srun = bindir / "srun"
     srun.write_text(FAKE_SRUN.format(python=sys.executable))
     srun.chmod(0o755)
+    fake_scontrol(bindir, ["localhost"])  # ignite's scontrol call must not meet this machine's
     job_id = slurm_port_job_id()
     job_env = {k: v for k, v in slurm_env(0, 2, job_id=job_id, nodelist="localhost").items()
                if k not in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_ID")}

@@ -271,12 +271,16 @@ def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_pat
     from build_notebooks import INSTALL_CELL
 
     (tmp_path / "install_cell.py").write_text(INSTALL_CELL)
-    (tmp_path / "checkout").mkdir()
-    spec = checkout_copy(tmp_path / "checkout")
     (tmp_path / "drive.py").write_text(DRIVER.format(kept=KEPT))
+    # the route without a published repository (docs/colab.md): a wheel built by one
+    # command, "uploaded" to the session's folder, installed by the unchanged cell
     (tmp_path / "work").mkdir()
-    env = {k: v for k, v in subprocess_env(DISTKIT_INSTALL_SPEC=spec).items()
-           if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "work"),
+                            str(checkout_copy(tmp_path / "checkout"))], capture_output=True, text=True,
+                           timeout=800, env=subprocess_env())
+    assert built.returncode == 0, built.stderr[-3000:]
+    env = {k: v for k, v in subprocess_env().items()
+           if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "DISTKIT_INSTALL_SPEC"))}
     env["PATH"] = f"{python.parent}:{env['PATH']}"
     out = subprocess.run([str(python), str(tmp_path / "drive.py"), str(tmp_path / "install_cell.py"),
                           str(tmp_path / "work")],
@@ -292,7 +296,7 @@ def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_pat
     installed = subprocess.run([str(python), "-m", "pip", "show", "distkit", "pytorch-ignite"],
                                capture_output=True, text=True, timeout=60).stdout
     assert "Name: distkit" in installed and "Name: pytorch-ignite" in installed
-    assert "Editable project location" not in installed  # a real install, from the checkout copy
+    assert "Editable project location" not in installed  # a real install, from the wheel
 
 
 def test_the_repository_is_named_in_pyproject_only(tmp_path):
@@ -310,6 +314,15 @@ def test_the_repository_is_named_in_pyproject_only(tmp_path):
     fork = tmp_path / "pyproject.toml"
     fork.write_text((REPO_ROOT / "pyproject.toml").read_text().replace(url, "https://github.com/someone/fork"))
     assert build_notebooks.repository_url(fork) == "https://github.com/someone/fork"
+    (source,) = sorted((REPO_ROOT / "notebooks" / "src").glob("02_*.py"))
     (notebook,) = [json.loads(p.read_text()) for p in sorted((REPO_ROOT / "notebooks").glob("02_*.ipynb"))]
-    assert f"colab.research.google.com/github/{build_notebooks.REPO}/blob/" in "".join(notebook["cells"][0]["source"])
-    assert f'REPO_URL = "{url}"' in "".join(notebook["cells"][1]["source"])
+    assert json.loads(build_notebooks.build(source)) == notebook
+    # with the real repository (here a fork), the badge and the install cell name it
+    published = json.loads(build_notebooks.build(source, "https://github.com/someone/fork"))
+    assert ("colab.research.google.com/github/someone/fork/blob/main/notebooks/02_"
+            in "".join(published["cells"][0]["source"]))
+    assert 'REPO_URL = "https://github.com/someone/fork"' in "".join(published["cells"][1]["source"])
+    if not build_notebooks.is_published(url):  # the placeholder: no badge, no URL to clone
+        assert "colab.research.google.com" not in "".join(notebook["cells"][0]["source"])
+        assert "(../docs/colab.md)" in "".join(notebook["cells"][0]["source"])
+        assert "REPO_URL = None" in "".join(notebook["cells"][1]["source"])

@@ -268,3 +268,16 @@ def test_an_older_torch_is_refused_at_import_in_one_line(tmp_path):
     assert out.stderr.strip().splitlines()[-1] == (
         "ImportError: distkit needs torch >= 2.9, found torch 2.2.0: pip install 'torch>=2.9'")
     assert "import torch" not in out.stderr  # refused before torch itself is imported
+
+
+def test_the_exercises_extra_is_light_and_has_what_the_checks_need():
+    """``pip install -e ".[exercises]"`` grades the exercises: pytest and the timeout plugin
+    exercises/pytest.ini sets, and none of the test extra's trackers, notebook stack or browser."""
+    extra = {_norm(re.split(r"[<>=!;\s]", r)[0]) for r in PYPROJECT["project"]["optional-dependencies"]["exercises"]}
+    assert extra == {"pytest", "pytest-timeout"}
+    ini = (REPO_ROOT / "exercises" / "pytest.ini").read_text()
+    assert re.search(r"^timeout\s*=", ini, re.M)  # pytest-timeout's option
+    checks = "\n".join(p.read_text() for p in (REPO_ROOT / "exercises" / "checks").glob("*.py"))
+    imported = set(re.findall(r"^\s*(?:import|from)\s+(\w+)", checks, re.M))
+    heavy = {"mlflow", "tensorboard", "playwright", "nbclient", "nbformat", "nbconvert", "xdist"}
+    assert not imported & heavy, imported & heavy

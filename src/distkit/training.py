@@ -518,9 +518,13 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
         save_at = save_at | Events.ITERATION_COMPLETED(every=config.checkpoint_every)
     trainer.add_event_handler(save_at, checkpoint)
     # The best model by the task's score, beside (not among) the resumable checkpoints.
+    # Its file name carries the metric as measured (best_model_loss=0.0871.pt), not the
+    # signed score ignite ranks by, which is negative for a "min" metric.
     best = Checkpoint(
         {"model": saved_model}, checkpoint_saver(os.path.join(run_dir, "best")),
-        filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0])
+        filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0],
+        filename_pattern="{filename_prefix}_{name}_{score_name}={global_step}.{ext}",
+        global_step_transform=lambda engine, _: f"{float(engine.state.metrics[task.score[0]]):.4f}")
     evaluator.add_event_handler(Events.COMPLETED, best)
 
     if config.max_iters is not None:

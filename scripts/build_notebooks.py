@@ -6,7 +6,7 @@ like code; this script turns each into a clean .ipynb (no outputs) and prepends 
 cells every notebook needs: the Open-in-Colab badge and the install cell. Both are
 generated from the repository named in pyproject.toml ([project.urls] Repository), the
 one place that names it; never hand-copied. While it names the placeholder owner
-``OWNER``, no badge is shown (a link to docs/colab.md instead) and the install cell
+``OWNER``, the badge leads to docs/colab.md instead of Colab, and the install cell
 installs a wheel uploaded to the session, or stops in one line saying how to make one.
 
     python scripts/build_notebooks.py          # rebuild every notebook
@@ -85,13 +85,14 @@ if importlib.util.find_spec("distkit") is None:
 
 
 def badge(name: str, url: str) -> str:
-    """The Open-in-Colab badge of notebook ``name``; while the repository is unpublished,
-    a link to the page that says how to open it in Colab instead."""
+    """The Open-in-Colab badge of notebook ``name``: it opens the notebook in Colab from the
+    published repository; while there is none, it leads to the page that says how to
+    open the notebook in Colab with an uploaded wheel (docs/colab.md)."""
+    image = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
     if not is_published(url):
-        return "Colab: [how to open this notebook in Colab](../docs/colab.md)"
+        return image + "(../docs/colab.md) (no published repository yet: the badge leads to how to run this on Colab)"
     repo = url.removeprefix("https://github.com/")
-    link = f"https://colab.research.google.com/github/{repo}/blob/{BRANCH}/notebooks/{name}.ipynb"
-    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({link})"
+    return image + f"(https://colab.research.google.com/github/{repo}/blob/{BRANCH}/notebooks/{name}.ipynb)"
 
 
 REPO_URL = repository_url()

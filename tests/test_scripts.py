@@ -323,6 +323,6 @@ def test_the_repository_is_named_in_pyproject_only(tmp_path):
             in "".join(published["cells"][0]["source"]))
     assert 'REPO_URL = "https://github.com/someone/fork"' in "".join(published["cells"][1]["source"])
     if not build_notebooks.is_published(url):  # the placeholder: no badge, no URL to clone
-        assert "colab.research.google.com" not in "".join(notebook["cells"][0]["source"])
-        assert "(../docs/colab.md)" in "".join(notebook["cells"][0]["source"])
+        assert "colab.research.google.com/github/" not in "".join(notebook["cells"][0]["source"])
+        assert "colab-badge.svg)](../docs/colab.md)" in "".join(notebook["cells"][0]["source"])
         assert "REPO_URL = None" in "".join(notebook["cells"][1]["source"])

@@ -5,7 +5,9 @@ Notebooks are written as plain Python files with cell markers, so they diff and 
 like code; this script turns each into a clean .ipynb (no outputs) and prepends the two
 cells every notebook needs: the Open-in-Colab badge and the install cell. Both are
 generated from the repository named in pyproject.toml ([project.urls] Repository), the
-one place that names it; never hand-copied.
+one place that names it; never hand-copied. While it names the placeholder owner
+``OWNER``, the badge leads to docs/colab.md instead of Colab, and the install cell
+installs a wheel uploaded to the session, or stops in one line saying how to make one.
 
     python scripts/build_notebooks.py          # rebuild every notebook
     python scripts/build_notebooks.py --check  # exit 1 if a notebook is out of date
@@ -38,28 +40,64 @@ def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
     return found.group(1)
 
 
-REPO_URL = repository_url()
-REPO = REPO_URL.removeprefix("https://github.com/")  # owner/name, for the Colab badge
+# pyproject.toml names this owner until the repository is published: then the notebooks
+# show no Colab badge (a badge would open a 404) and their install cell, with nothing
+# uploaded, stops in one line that says how to install (docs/colab.md).
+PLACEHOLDER_OWNER = "OWNER"
 
-INSTALL_CELL = f'''# Installs distkit and what the runtime lacks (on Colab: pytorch-ignite). The runtime's own
+
+def is_published(url: str) -> bool:
+    return url.removeprefix("https://github.com/").split("/")[0] != PLACEHOLDER_OWNER
+
+
+def install_cell(url: str) -> str:
+    """The notebooks' first code cell, for the repository ``url``."""
+    repo = f'"{url}"' if is_published(url) else "None  # no published repository yet: see docs/colab.md"
+    return f'''# Installs distkit and what the runtime lacks (on Colab: pytorch-ignite). The runtime's own
 # torch and torchvision are pinned, so pip can neither replace nor upgrade them, and the
 # Jupyter stack is not a dependency. Locally, where distkit is installed, it does nothing.
-import importlib, importlib.metadata, importlib.util, os, subprocess, sys, tempfile
-REPO_URL = "{REPO_URL}"
-# DISTKIT_INSTALL_SPEC: install from a local checkout or a wheel instead (how CI tests this cell)
-SPEC = os.environ.get("DISTKIT_INSTALL_SPEC") or f"git+{{REPO_URL}}@{BRANCH}"
+# It installs the first of: DISTKIT_INSTALL_SPEC (a checkout's path, or a wheel), a
+# distkit-*.whl uploaded to this session's folder, the published repository.
+import glob, importlib, importlib.metadata, importlib.util, os, subprocess, sys, tempfile
+REPO_URL = {repo}
+WHEELS = sorted(glob.glob("distkit-*.whl"))
+SPEC = (os.environ.get("DISTKIT_INSTALL_SPEC") or (WHEELS[-1] if WHEELS else None)
+        or (f"git+{{REPO_URL}}@{BRANCH}" if REPO_URL else None))
+class InstallError(Exception):  # a notebook shows its one line, not a traceback
+    def _render_traceback_(self):
+        return [f"InstallError: {{self}}"]
 if importlib.util.find_spec("distkit") is None:
+    if SPEC is None:
+        raise InstallError("distkit is not installed and this copy names no published repository: in a clone, "
+                           "run `pip wheel --no-deps -w dist .`, upload dist/distkit-*.whl to this session's "
+                           "files, then run this cell again (docs/colab.md)")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as keep:
         keep.write("\\n".join(f"{{p}}=={{importlib.metadata.version(p)}}" for p in ("torch", "torchvision")
                               if importlib.util.find_spec(p)))
     # pip install SPEC -c <the pins>: distkit and pytorch-ignite, torch left as it is
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", SPEC, "-c", keep.name], check=True)
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", SPEC, "-c", keep.name],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        last = [ln.strip() for ln in (pip.stderr + pip.stdout).splitlines()
+                if ln.strip() and not ln.startswith("[notice]")] or ["no output"]
+        raise InstallError(f"pip could not install {{SPEC}}: {{last[-1]}}")
     importlib.invalidate_caches()  # so this kernel finds the package it just installed'''
 
 
-def badge(name: str) -> str:
-    url = f"https://colab.research.google.com/github/{REPO}/blob/{BRANCH}/notebooks/{name}.ipynb"
-    return f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
+def badge(name: str, url: str) -> str:
+    """The Open-in-Colab badge of notebook ``name``: it opens the notebook in Colab from the
+    published repository; while there is none, it leads to the page that says how to
+    open the notebook in Colab with an uploaded wheel (docs/colab.md)."""
+    image = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+    if not is_published(url):
+        return image + "(../docs/colab.md) (no published repository yet: the badge leads to how to run this on Colab)"
+    repo = url.removeprefix("https://github.com/")
+    return image + f"(https://colab.research.google.com/github/{repo}/blob/{BRANCH}/notebooks/{name}.ipynb)"
+
+
+REPO_URL = repository_url()
+REPO = REPO_URL.removeprefix("https://github.com/")  # owner/name
+INSTALL_CELL = install_cell(REPO_URL)
 
 
 def parse(text: str) -> list[tuple[str, str]]:
@@ -88,13 +126,13 @@ def to_source(body: str) -> list[str]:
     return [ln + "\n" for ln in lines[:-1]] + [lines[-1]]
 
 
-def build(src: Path) -> str:
+def build(src: Path, url: str = REPO_URL) -> str:
     name = src.stem
     cells = parse(src.read_text())
     if not cells or cells[0][0] != "markdown":
         raise SystemExit(f"{src}: the first cell must be a markdown title")
     title_kind, title = cells[0]
-    cells = [("markdown", badge(name) + "\n\n" + title), ("code", INSTALL_CELL)] + cells[1:]
+    cells = [("markdown", badge(name, url) + "\n\n" + title), ("code", install_cell(url))] + cells[1:]
     nb = {
         "cells": [
             {"cell_type": k, "metadata": {}, "source": to_source(b),

@@ -8,8 +8,8 @@ tests/test_notebooks.py runs them: about 9 minutes for all on 2 cores), then tur
 one HTML page by nbconvert's ``HTMLExporter`` (Jupyter's own converter, the "lab"
 template): every printed output and every figure (embedded in the page as a PNG), the
 Colab badge as a plain link (no image fetched from outside), links between notebooks
-pointing at their pages. ``index.html`` is the README's notebook map, exercise list and
-layout, converted the same way, with links into the site or, for other files of the
+pointing at their pages. ``index.html`` is the README's Start here, notebook map and
+exercise list, converted the same way, with links into the site or, for other files of the
 repository, to the repository (``[project.urls] Repository`` in pyproject.toml).
 
     python scripts/build_site.py --executed DIR   # use DIR/NN_topic.ipynb, already executed
@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
-README_SECTIONS = ("Notebooks", "Exercises", "Layout")  # the README's maps, in this order
+README_SECTIONS = ("Start here", "Notebooks", "Exercises")  # the README's maps, in this order
 CELL_TIMEOUT_S = 240
 
 

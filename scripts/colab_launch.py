@@ -7,6 +7,9 @@ pyproject.toml's ``[project.urls]``). Extra flags go to ``distkit train``:
 
     !git clone -q $REPO_URL distkit-repo && python distkit-repo/scripts/colab_launch.py --epochs 3
 
+(With a published repository only; until then upload a clone's ``scripts/colab_launch.py``
+beside the wheel and run ``!python colab_launch.py --epochs 3``: docs/colab.md.)
+
 In a clone that is already installed: ``python scripts/colab_launch.py --epochs 3``;
 ``--dry-run`` prints the command it would run and stops.
 
@@ -29,7 +32,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from build_notebooks import REPO_URL  # noqa: E402  (read from pyproject.toml [project.urls])
+from build_notebooks import REPO_URL, is_published  # noqa: E402  (pyproject.toml [project.urls])
 
 
 def in_colab() -> bool:
@@ -61,8 +64,9 @@ def main(argv=None) -> int:
     dry_run = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]
     if importlib.util.find_spec("distkit") is None:
-        print(f"distkit: error: distkit is not installed here: run a notebook's install cell, or "
-              f"pip install git+{REPO_URL}", file=sys.stderr)
+        how = f"pip install git+{REPO_URL}" if is_published(REPO_URL) else "install a wheel (docs/colab.md)"
+        print(f"distkit: error: distkit is not installed here: run a notebook's install cell, or {how}",
+              file=sys.stderr)
         return 1
     cmd, env = choose(argv)
     where = "Colab" if in_colab() else "not Colab"

@@ -1,8 +1,10 @@
 """Shared fixtures: run the real CLI in a subprocess, and small fast configs."""
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,25 @@ def subprocess_env(**extra) -> dict:
     env["PYTHONUNBUFFERED"] = "1"
     env.update({k: str(v) for k, v in extra.items()})
     return env
+
+
+@functools.cache
+def startup_seconds() -> float:
+    """Wall seconds a fresh ``python -c "import torch, ignite.distributed, distkit.training"``
+    takes on this machine now (measured once per test process): what every CLI call pays
+    before its first line of work. It is about 5 s on the quiet 2-core VM and several times
+    that when other jobs share the cores, so bounds on "within seconds" scale with it."""
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch, ignite.distributed, distkit.training"],
+                   env=subprocess_env(), capture_output=True, timeout=600)
+    return time.monotonic() - start
+
+
+def within_seconds(quiet_s: float = 30) -> float:
+    """A bound for "fails within seconds": ``quiet_s`` on a quiet machine, stretched on a
+    loaded one to 6x what starting Python with torch takes there now. A hang still fails
+    (a run that waits minutes is caught), a loaded machine no longer does."""
+    return max(quiet_s, 6 * startup_seconds())
 
 
 def pytest_xdist_auto_num_workers(config):

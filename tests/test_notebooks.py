@@ -9,6 +9,8 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -199,9 +201,15 @@ def executed_dir(tmp_path_factory):
 @pytest.mark.timeout(900)  # notebook 09 took 178 s under load (pyproject's default is 300 s per test)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_runs_top_to_bottom(path, tmp_path, executed_dir):
+    # the notebook's own temporary folders (tempfile.mkdtemp(prefix="distkit-NN-...")):
+    # its last cell removes them, so a run leaves nothing in /tmp either
+    own = f"distkit-{path.name[:2]}-*"
+    before = set(Path(tempfile.gettempdir()).glob(own))
     execute(path, tmp_path, save_to=executed_dir)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert not left, f"{path.name} left {left} in the folder it ran in"
+    left_in_tmp = sorted(str(p) for p in set(Path(tempfile.gettempdir()).glob(own)) - before)
+    assert not left_in_tmp, f"{path.name} left {left_in_tmp}"
 
 
 # Last in this file, so that (with pytest-xdist's whole files per worker, too) it runs after

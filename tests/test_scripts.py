@@ -68,14 +68,36 @@ def test_slurm_script_directives_come_before_any_command():
     assert "--kill-on-bad-exit=1" in text and "#SBATCH --requeue" in text
 
 
-def test_what_ignite_reads_from_slurm():
-    """ignite's own translation of srun's variables (no process started)."""
+SLURM_TASK = dict(procid=3, ntasks=4, localid=1, nnodes=2, nodeid=1, job_id="5551234", nodelist="gpu[07-08]")
+IGNITE_READS = {"RANK": 3, "LOCAL_RANK": 1, "WORLD_SIZE": 4, "MASTER_ADDR": "gpu07", "MASTER_PORT": 15000 + 1234}
+
+
+def fake_scontrol(bindir: Path, hostnames: list[str]) -> Path:
+    """A stand-in ``scontrol`` whose ``show hostnames`` prints ``hostnames``, as a
+    configured cluster's does (a real one installed without a slurm.conf fails instead)."""
+    bindir.mkdir(exist_ok=True)
+    script = bindir / "scontrol"
+    script.write_text(f"#!/bin/sh\n[ \"$1 $2\" = \"show hostnames\" ] || exit 2\nprintf '%s\\n' {' '.join(hostnames)}\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_what_ignite_reads_from_slurm(tmp_path, monkeypatch):
+    """ignite's own translation of srun's variables (no process started). ignite asks
+    ``scontrol show hostnames`` to expand the node list when ``scontrol`` is on the PATH
+    and expands it itself otherwise; which one this machine has (none, a configured
+    cluster's, or one installed without a cluster config, which fails) must not decide
+    the test: both routes are taken here, on a PATH this test sets."""
     from ignite.distributed.comp_models.native import _setup_ddp_vars_from_slurm_env
 
-    env = slurm_env(procid=3, ntasks=4, localid=1, nnodes=2, nodeid=1, job_id="5551234",
-                    nodelist="gpu[07-08]")
-    assert _setup_ddp_vars_from_slurm_env(env) == {
-        "RANK": 3, "LOCAL_RANK": 1, "WORLD_SIZE": 4, "MASTER_ADDR": "gpu07", "MASTER_PORT": 15000 + 1234}
+    env = slurm_env(**SLURM_TASK)
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no scontrol: ignite's own expansion
+    assert _setup_ddp_vars_from_slurm_env(env) == IGNITE_READS
+    # with scontrol: ignite takes the first host it prints (a different one, to tell)
+    fake_scontrol(tmp_path / "bin", ["gpu99", "gpu08"])
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert _setup_ddp_vars_from_slurm_env(env) == {**IGNITE_READS, "MASTER_ADDR": "gpu99"}
 
 
 @pytest.mark.slow
@@ -149,6 +171,7 @@ def test_slurm_script_in_a_simulated_slurm_job(tmp_path):
     srun = bindir / "srun"
     srun.write_text(FAKE_SRUN.format(python=sys.executable))
     srun.chmod(0o755)
+    fake_scontrol(bindir, ["localhost"])  # ignite's scontrol call must not meet this machine's
     job_id = slurm_port_job_id()
     job_env = {k: v for k, v in slurm_env(0, 2, job_id=job_id, nodelist="localhost").items()
                if k not in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_ID")}
@@ -248,12 +271,16 @@ def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_pat
     from build_notebooks import INSTALL_CELL
 
     (tmp_path / "install_cell.py").write_text(INSTALL_CELL)
-    (tmp_path / "checkout").mkdir()
-    spec = checkout_copy(tmp_path / "checkout")
     (tmp_path / "drive.py").write_text(DRIVER.format(kept=KEPT))
+    # the route without a published repository (docs/colab.md): a wheel built by one
+    # command, "uploaded" to the session's folder, installed by the unchanged cell
     (tmp_path / "work").mkdir()
-    env = {k: v for k, v in subprocess_env(DISTKIT_INSTALL_SPEC=spec).items()
-           if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "work"),
+                            str(checkout_copy(tmp_path / "checkout"))], capture_output=True, text=True,
+                           timeout=800, env=subprocess_env())
+    assert built.returncode == 0, built.stderr[-3000:]
+    env = {k: v for k, v in subprocess_env().items()
+           if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "DISTKIT_INSTALL_SPEC"))}
     env["PATH"] = f"{python.parent}:{env['PATH']}"
     out = subprocess.run([str(python), str(tmp_path / "drive.py"), str(tmp_path / "install_cell.py"),
                           str(tmp_path / "work")],
@@ -269,7 +296,7 @@ def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_pat
     installed = subprocess.run([str(python), "-m", "pip", "show", "distkit", "pytorch-ignite"],
                                capture_output=True, text=True, timeout=60).stdout
     assert "Name: distkit" in installed and "Name: pytorch-ignite" in installed
-    assert "Editable project location" not in installed  # a real install, from the checkout copy
+    assert "Editable project location" not in installed  # a real install, from the wheel
 
 
 def test_the_repository_is_named_in_pyproject_only(tmp_path):
@@ -287,6 +314,15 @@ def test_the_repository_is_named_in_pyproject_only(tmp_path):
     fork = tmp_path / "pyproject.toml"
     fork.write_text((REPO_ROOT / "pyproject.toml").read_text().replace(url, "https://github.com/someone/fork"))
     assert build_notebooks.repository_url(fork) == "https://github.com/someone/fork"
+    (source,) = sorted((REPO_ROOT / "notebooks" / "src").glob("02_*.py"))
     (notebook,) = [json.loads(p.read_text()) for p in sorted((REPO_ROOT / "notebooks").glob("02_*.ipynb"))]
-    assert f"colab.research.google.com/github/{build_notebooks.REPO}/blob/" in "".join(notebook["cells"][0]["source"])
-    assert f'REPO_URL = "{url}"' in "".join(notebook["cells"][1]["source"])
+    assert json.loads(build_notebooks.build(source)) == notebook
+    # with the real repository (here a fork), the badge and the install cell name it
+    published = json.loads(build_notebooks.build(source, "https://github.com/someone/fork"))
+    assert ("colab.research.google.com/github/someone/fork/blob/main/notebooks/02_"
+            in "".join(published["cells"][0]["source"]))
+    assert 'REPO_URL = "https://github.com/someone/fork"' in "".join(published["cells"][1]["source"])
+    if not build_notebooks.is_published(url):  # the placeholder: no badge, no URL to clone
+        assert "colab.research.google.com/github/" not in "".join(notebook["cells"][0]["source"])
+        assert "colab-badge.svg)](../docs/colab.md)" in "".join(notebook["cells"][0]["source"])
+        assert "REPO_URL = None" in "".join(notebook["cells"][1]["source"])

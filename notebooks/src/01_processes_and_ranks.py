@@ -33,8 +33,10 @@ from distkit.runner import run_per_rank
 
 logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)  # its INFO lines
 cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-print(f"torch {torch.__version__}, ignite {ignite.__version__}, "
-      f"{cores} CPU cores, backends here: {idist.available_backends()}")
+built = idist.available_backends()  # compiled into this torch (and torch_xla), not all usable here
+usable = [b for b in built if b != "nccl" or torch.cuda.device_count() > 0]  # nccl needs a visible GPU
+print(f"torch {torch.__version__}, ignite {ignite.__version__}, {cores} CPU cores, "
+      f"backends built in: {built}, usable here: {usable} (`distkit doctor` lists both)")
 
 # %% [markdown]
 # ## 1. Starting processes with `idist.Parallel`

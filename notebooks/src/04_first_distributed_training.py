@@ -16,6 +16,7 @@
 
 # %%
 import os
+import sys
 import tempfile
 
 import ignite.distributed as idist
@@ -109,7 +110,9 @@ def initialize(config):
 # every rank gets the global accuracy; the best-model `Checkpoint` keeps the weights of
 # the epoch with the best validation accuracy (its `score_function`); `DiskSaver` writes
 # on rank 0 only. `setup_logger(distributed_rank=rank)` (in `training` below) gives rank
-# 0 a handler and every other rank a `NullHandler`, so one process logs.
+# 0 a handler and every other rank a `NullHandler`, so one process logs. Its lines go to
+# `stream=sys.stdout`: the default, stderr, is shown by Jupyter in a red box, as if
+# something had failed.
 
 # %%
 def attach_validation(trainer, model, criterion, val_loader, config, logger):
@@ -142,7 +145,7 @@ def attach_validation(trainer, model, criterion, val_loader, config, logger):
 # %%
 def training(local_rank, config):
     rank = idist.get_rank()
-    logger = setup_logger("training", distributed_rank=rank)
+    logger = setup_logger("training", distributed_rank=rank, stream=sys.stdout)
     torch.set_num_threads(config["threads"])
     train_loader, val_loader = get_dataflow(config)
     model, optimizer, criterion = initialize(config)
@@ -264,8 +267,8 @@ for call in ("idist.auto_dataloader", "idist.auto_model", "idist.auto_optim", "s
     def hit(dotted):
         return dotted == call or dotted.endswith("." + call)
     where = [f"{module.split('.')[-1]}.py:{line}" for module, found in kit.items() for dotted, line in found if hit(dotted)]
-    mine = any(hit(dotted) for dotted, _ in yours)
-    print(f"  {call:28} {'in your training' if mine else '-':17} distkit: {', '.join(where)}")
+    typed = any(hit(dotted) for dotted, _ in yours)  # (not `mine`: that holds your run's results)
+    print(f"  {call:28} {'in your training' if typed else '-':17} distkit: {', '.join(where)}")
     assert where, call
 
 # %% [markdown]
@@ -409,7 +412,7 @@ else:
     from distkit.config import Config
     from distkit.launch import run
 
-    tb_dir = tempfile.mkdtemp(prefix="distkit-tensorboard-")  # outside the notebook's folder
+    tb_dir = os.path.join(workdir, "tensorboard")  # outside the notebook's folder
     tb_run = run(Config(epochs=2, logger="tensorboard", progress_bar=False, output_dir=tb_dir))
     events = EventAccumulator(os.path.join(tb_run["run_dir"], "tensorboard"))
     events.Reload()
@@ -422,3 +425,14 @@ else:
         get_ipython().run_line_magic("tensorboard", f"--logdir {tb_dir}")
     else:
         print(f"to look at it: tensorboard --logdir {tb_dir}   (then open http://localhost:6006)")
+
+# %% [markdown]
+# ## Cleaning up
+#
+# Every run of this notebook wrote into its own temporary folder (`workdir`: the runs,
+# checkpoints and TensorBoard logs above). The last cell removes it; skip it to keep the
+# files and look at them.
+
+# %%
+shutil.rmtree(workdir)
+print(f"removed {workdir}")

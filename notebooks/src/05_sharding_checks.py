@@ -198,13 +198,27 @@ assert squares["ok"] and squares["epochs"][0]["per_rank"] == [17, 17, 17]
 
 # %% [markdown]
 # Now a classic bug: a hand-made `DistributedSampler` whose rank is hard-coded to 0, so
-# every process reads rank 0's shard. ignite notices the mismatch and prints a warning
-# from rank 1 (above the report below), easy to miss among other logs. The check fails
-# loudly instead:
+# every process reads rank 0's shard. ignite notices the mismatch: `auto_dataloader`
+# calls `warnings.warn("Found distributed sampler with rank=0, but process rank is 1")`
+# on rank 1 (`ignite/distributed/auto.py`, line 94 in ignite 0.5.5). In a training log
+# that is one line among many, easy to miss; here the cell catches it and prints it, so
+# that the warning you see below is *caused by the planted bug*. The check fails loudly
+# instead:
 
 # %%
+import warnings
+
+from distkit.machine import quiet_ignite_logs
+
+
 def buggy(local_rank):
-    return collect_indices(small, batch_size=20, epochs=2, sampler=rank_zero_sampler(small))
+    quiet_ignite_logs()  # only the warning, not ignite's INFO lines about the loader
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record = collect_indices(small, batch_size=20, epochs=2, sampler=rank_zero_sampler(small))
+    for w in caught:
+        print(f"rank {local_rank}: ignite warned: {w.message}")
+    return record
 
 
 bad_record = run_on_ranks(buggy, 2)

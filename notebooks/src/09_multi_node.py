@@ -85,16 +85,28 @@ assert multinode.fork_nodes(node, 2) == [0, 0]
 # the torch ones. Here ignite's own function reads what srun would give 4 tasks on 2
 # nodes (`scripts/slurm.sbatch` is tested in such a simulated job by
 # `tests/test_scripts.py`). The master address is the node list's first host; the port
-# is 15000 + the last 4 digits of the job id.
+# is 15000 + the last 4 digits of the job id. To expand the node list, ignite runs
+# `scontrol show hostnames` when `scontrol` is installed, and expands it itself when it
+# is not; on a machine that has SLURM's tools but no cluster of its own, `scontrol`
+# fails, so this cell hides it from ignite's search (`PATH` without it) to show ignite's
+# own expansion wherever the notebook runs.
 
 # %%
+import os
+import shutil
+from unittest import mock
+
 from ignite.distributed.comp_models.native import _setup_ddp_vars_from_slurm_env
 
-for procid in range(4):
-    env = multinode.slurm_env(procid, ntasks=4, localid=procid % 2, nnodes=2, nodeid=procid // 2,
-                              job_id="314159", nodelist="node[01-02]")
-    shown = {k: env[k] for k in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_NODELIST")}
-    print(shown, "->", _setup_ddp_vars_from_slurm_env(env))
+here = os.environ["PATH"].split(os.pathsep)
+without_scontrol = os.pathsep.join(d for d in here if not os.path.exists(os.path.join(d, "scontrol")))
+print("scontrol on this machine:", shutil.which("scontrol") or "none")
+with mock.patch.dict(os.environ, {"PATH": without_scontrol}):
+    for procid in range(4):
+        env = multinode.slurm_env(procid, ntasks=4, localid=procid % 2, nnodes=2, nodeid=procid // 2,
+                                  job_id="314159", nodelist="node[01-02]")
+        shown = {k: env[k] for k in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_JOB_NODELIST")}
+        print(shown, "->", _setup_ddp_vars_from_slurm_env(env))
 
 # %% [markdown]
 # ## 2. Training on two nodes, unchanged
@@ -278,3 +290,15 @@ for path in caught["complete"]:
 # - A dead rank must end the job, fast and loudly; torchrun's restarts then need a
 #   checkpoint every N iterations, a resume that finds it (`--resume-from latest`), and
 #   atomic writes.
+
+# %% [markdown]
+# ## Cleaning up
+#
+# Every run of this notebook wrote into its own temporary folder (`workdir`). The last cell
+# removes it; skip it to keep the files and look at them.
+
+# %%
+import shutil
+
+shutil.rmtree(workdir)
+print(f"removed {workdir}")

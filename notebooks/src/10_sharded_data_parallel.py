@@ -23,6 +23,7 @@
 
 # %%
 import os
+import shutil
 import tempfile
 
 import ignite
@@ -324,6 +325,7 @@ for rank, (before, after, _) in enumerate(loaded):
           f"after {(after - reference).abs().max():.1e}")
     assert torch.equal(after, reference) and not torch.equal(before, reference)
 assert sorted(f for f in os.listdir(folder) if f.endswith(".distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+shutil.rmtree(folder)  # written for this demonstration only
 
 # %% [markdown]
 # Two shard files (one per saving rank) and a `.metadata` file. Each of the 4 loading

@@ -19,10 +19,41 @@ public API (imported lazily: ``import distkit`` does not import torch)::
 Notebook props live in ``distkit.lessons``, the command line in ``distkit.commands``.
 """
 import importlib
-
-from distkit import compat as _compat
+import importlib.metadata
+import re
 
 __version__ = "0.1.0"
+
+# The oldest torch the test suite runs on (the Colab-like environment's 2.9.0); the kit
+# imports FSDP2's fully_shard, torch.distributed.pipelining and DTensor APIs that older
+# releases lack. requirements.txt states the same floor (tests/test_packaging.py checks).
+TORCH_NEEDED = (2, 9)
+
+
+def torch_too_old(version: str, needed: tuple = TORCH_NEEDED) -> str | None:
+    """The one-line refusal for an installed torch ``version`` older than ``needed``, or
+    None when it will do (``"2.8.0+cu126"``: the line; ``"2.10.0a0+git1"``: None)."""
+    found = tuple(int(n) for n in re.findall(r"\d+", version.split("+")[0])[:2])
+    if found >= needed:
+        return None
+    want = ".".join(map(str, needed))
+    return f"distkit needs torch >= {want}, found torch {version}: pip install 'torch>={want}'"
+
+
+def _check_torch() -> None:
+    # read from the installed metadata: `import distkit` still imports no torch
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return  # no torch at all: the first module that needs it says so
+    problem = torch_too_old(version)
+    if problem:
+        raise ImportError(problem)
+
+
+_check_torch()
+
+from distkit import compat as _compat  # noqa: E402
 
 # ignite and torch_xla are patched before anything uses them; without torch_xla this only
 # sets an environment variable (no torch import).

@@ -19,6 +19,7 @@ refuses its old ``mlruns`` folder store unless told otherwise); ``mlflow ui
 """
 from __future__ import annotations
 
+import importlib.util
 import numbers
 import os
 import re
@@ -34,12 +35,14 @@ from distkit.machine import set_ignite_verbosity
 # --------------------------------------------------------------------------------------
 
 def interactive_output() -> bool:
-    """True where a progress bar is read live: a Jupyter kernel (also in the processes
-    ``idist.Parallel`` forks from it, which inherit the kernel's shell), or a terminal on
+    """True where a progress bar is read live: a Jupyter kernel with ipywidgets (also in
+    the processes ``idist.Parallel`` forks from it, which inherit the kernel's shell), or a terminal on
     both stdout (the per-epoch lines) and stderr (where tqdm draws the bar)."""
     shell = getattr(sys.modules.get("IPython"), "get_ipython", lambda: None)()
     if shell is not None and getattr(shell, "kernel", None) is not None:
-        return True
+        # tqdm draws a widget in a notebook; without ipywidgets it warns "IProgress not
+        # found" and writes every frame of a text bar into the cell: one line per epoch instead
+        return importlib.util.find_spec("ipywidgets") is not None
     return _isatty(sys.stdout) and _isatty(sys.stderr)
 
 

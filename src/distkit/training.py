@@ -503,7 +503,9 @@ def resume_objects(objects: dict, config, run_dir: str) -> None:
             source = os.path.join(old_best, filename)
             if os.path.exists(source):
                 os.makedirs(os.path.join(run_dir, "best"), exist_ok=True)
-                shutil.copy2(source, os.path.join(run_dir, "best", filename))
+                for name in (filename, filename + ".sha256"):  # the file and its proof
+                    if os.path.exists(os.path.join(old_best, name)):
+                        shutil.copy2(os.path.join(old_best, name), os.path.join(run_dir, "best", name))
     trainer_state = ckpt["trainer"]
     mid_epoch = trainer_state["iteration"] % trainer_state["epoch_length"] != 0
     if rank == 0 and mid_epoch and config.num_workers > 0:
@@ -586,9 +588,13 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     # Under fsdp: full (unsharded) state dicts, so the files stay plain model weights.
     saved_model, saved_optimizer = checkpoint_objects(model, optimizer)
     # The best model by the task's score, beside (not among) the resumable checkpoints.
+    # Its file name carries the metric as measured (best_model_loss=0.0871.pt), not the
+    # signed score ignite ranks by, which is negative for a "min" metric.
     best = Checkpoint(
         {"model": saved_model}, checkpoint_saver(os.path.join(run_dir, "best")),
-        filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0])
+        filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0],
+        filename_pattern="{filename_prefix}_{name}_{score_name}={global_step}.{ext}",
+        global_step_transform=lambda engine, _: f"{float(engine.state.metrics[task.score[0]]):.4f}")
     evaluator.add_event_handler(Events.COMPLETED, best)
 
     if task.handlers is not None:  # the task's own, after the kit's, before the checkpoint

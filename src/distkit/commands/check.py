@@ -112,7 +112,7 @@ def main(args) -> int:
     try:
         import pytest  # noqa: F401
     except ImportError:
-        raise DistkitError("pytest is not installed: pip install -e '.[test]' (in the "
+        raise DistkitError("pytest is not installed: pip install -e '.[exercises]' (in the "
                            "cloned repository), then run distkit check again") from None
     command = [sys.executable, "-m", "pytest", str(folder), "-q"]
     if number is not None:

@@ -174,7 +174,8 @@ def _compact(results: dict, job: Job, repeat: int) -> dict:
         "world_size": job.world_size, "per_process_batch": job.per_process_batch,
         "global_batch": job.per_process_batch * job.world_size, "scale_lr": job.scale_lr,
         "labels": [list(label) for label in job.labels], "repeat": repeat,
-        "peak_lr": results["peak_lr"], "threads_per_process": results["config"]["threads_per_process"],
+        "peak_lr": results["peak_lr"],
+        "threads_per_process": results["threads_per_process"],  # torch.get_num_threads(), as measured
         "epochs_completed": results["epochs_completed"], "iterations": results["iterations"],
         "epoch_times_s": times,
         "samples_per_epoch": results["samples_trained"] / max(1, len(history)),

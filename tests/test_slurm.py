@@ -88,3 +88,67 @@ def test_srun_resumes_its_own_checkpoint(slurm_cluster, tmp_path):
 
     a, b = weights(whole), weights(resumed)
     assert all(torch.equal(a[n], b[n]) for n in a), "the resumed job step ends elsewhere"
+
+
+LONGER = ["--epochs", "3", "--no-progress", "--dataset", "synthetic", "--dataset-size", "1536"]
+
+
+def _submit(cluster, folder: Path, *extra) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    return cluster.sbatch(["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                           str(REPO_ROOT / "scripts" / "slurm.sbatch"), *LONGER, *extra],
+                          cwd=folder, env=job_env(CHECKPOINT_EVERY=5))
+
+
+def _wait_for_checkpoint(folder: Path, job: str, cluster, timeout_s: float = 180) -> Path:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = sorted(folder.glob(f"runs/slurm-{job}/*/checkpoints/training_checkpoint_*.pt"))
+        if found:
+            return found[0]
+        assert cluster.job(job).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING"), \
+            next(folder.glob(f"*-{job}.out")).read_text()[-3000:]
+        time.sleep(0.3)
+    raise AssertionError(f"no checkpoint from job {job} after {timeout_s:.0f} s")
+
+
+def _final_model(folder: Path, job: str):
+    import torch
+
+    runs = _results(folder / "runs" / f"slurm-{job}")
+    finished = [r for r in runs if r.get("epochs_completed") == 3]
+    assert finished, f"no finished run in {folder}: {runs}"
+    return torch.load(finished[-1]["last_checkpoint"], map_location="cpu", weights_only=True)["model"]
+
+
+def test_a_requeued_job_resumes_by_itself_and_ends_where_an_uninterrupted_one_ends(
+        slurm_cluster, tmp_path):
+    import torch
+
+    whole = _submit(slurm_cluster, tmp_path / "whole")
+    requeued = _submit(slurm_cluster, tmp_path / "requeued")
+    assert slurm_cluster.wait(whole, timeout_s=280)["JobState"] == "COMPLETED"
+    _wait_for_checkpoint(tmp_path / "requeued", requeued, slurm_cluster)
+    slurm_cluster.requeue(requeued)
+    info = slurm_cluster.wait(requeued, timeout_s=280)
+    log = next((tmp_path / "requeued").glob(f"*-{requeued}.out")).read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log[-3000:]
+    # the log holds both attempts (appended, not truncated) and the kit's stop line
+    assert log.count("+ srun --kill-on-bad-exit=1") == 2, log[-3000:]
+    assert "distkit: stopped by SIGTERM" in log, log[-3000:]
+    a, b = _final_model(tmp_path / "whole", whole), _final_model(tmp_path / "requeued", requeued)
+    assert all(torch.equal(a[n], b[n]) for n in a), "the requeued job ends elsewhere"
+
+
+def test_scancel_term_leaves_a_checkpoint_and_one_line(slurm_cluster, tmp_path):
+    job = _submit(slurm_cluster, tmp_path)
+    _wait_for_checkpoint(tmp_path, job, slurm_cluster)
+    done = slurm_cluster.run(["scancel", "--signal=TERM", "--full", job])
+    assert done.returncode == 0, done.stderr
+    slurm_cluster.wait(job, timeout_s=120)
+    log = next(tmp_path.glob(f"*-{job}.out")).read_text()
+    lines = [ln for ln in log.splitlines() if ln.startswith("distkit: stopped by SIGTERM")]
+    assert len(lines) == 1, log[-3000:]
+    assert "--resume-from" in lines[0]

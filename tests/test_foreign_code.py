@@ -117,6 +117,16 @@ def test_a_scheduler_whose_class_does_not_say_what_it_counts_is_refused_before_s
     assert "must be None, 'iteration' (one step of the lr_scheduler per batch) or 'epoch'" in one_line(e)
 
 
+def test_a_resumed_run_continues_the_wrapped_one_cycle_where_it_stopped(one_process, tmp_path):
+    part = train(fast(tmp_path, max_iters=6))
+    ckpt = torch.load(part["last_checkpoint"], weights_only=True)
+    assert ckpt["lr_scheduler"]["lr_scheduler"]["last_epoch"] == 6, "ignite's wrapper, checkpointed"
+    rest = train(fast(tmp_path, resume_from=part["last_checkpoint"]))
+    assert rest["lr_trace"]["first_iteration"] == 7
+    assert part["lr_trace"]["lr"] + rest["lr_trace"]["lr"] == one_process["lr_trace"]["lr"]
+    assert rest["replica_param_sha256"]["final"] == one_process["replica_param_sha256"]["final"]
+
+
 # --- 3. the record says what ran -----------------------------------------------------------
 
 def test_results_record_the_tasks_own_settings_not_the_kits_defaults(one_process):

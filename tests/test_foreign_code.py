@@ -117,6 +117,16 @@ def test_a_scheduler_whose_class_does_not_say_what_it_counts_is_refused_before_s
     assert "must be None, 'iteration' (one step of the lr_scheduler per batch) or 'epoch'" in one_line(e)
 
 
+def test_a_resumed_run_continues_the_wrapped_one_cycle_where_it_stopped(one_process, tmp_path):
+    part = train(fast(tmp_path, max_iters=6))
+    ckpt = torch.load(part["last_checkpoint"], weights_only=True)
+    assert ckpt["lr_scheduler"]["lr_scheduler"]["last_epoch"] == 6, "ignite's wrapper, checkpointed"
+    rest = train(fast(tmp_path, resume_from=part["last_checkpoint"]))
+    assert rest["lr_trace"]["first_iteration"] == 7
+    assert part["lr_trace"]["lr"] + rest["lr_trace"]["lr"] == one_process["lr_trace"]["lr"]
+    assert rest["replica_param_sha256"]["final"] == one_process["replica_param_sha256"]["final"]
+
+
 # --- 3. the record says what ran -----------------------------------------------------------
 
 def test_results_record_the_tasks_own_settings_not_the_kits_defaults(one_process):
@@ -533,3 +543,26 @@ def test_templates_launch_a_script_when_asked():
     sbatch = (REPO / "scripts" / "slurm.sbatch").read_text()
     assert "CHANGE FOR YOUR CLUSTER" in sbatch.split("#SBATCH")[0]
     assert "#SBATCH --nodes=1" in sbatch and "#SBATCH --cpus-per-task=1" in sbatch
+
+
+def test_course_md_onecycle_task_reaches_its_peak(tmp_path, monkeypatch):
+    from test_api_examples import script_files
+
+    for name, code in script_files(REPO / "docs" / "course.md").items():
+        (tmp_path / name).write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("course", "onecycle_course"):
+        sys.modules.pop(name, None)
+    import onecycle_course
+
+    try:
+        res = run(Config(backend="none", epochs=2, batch_size=64, progress_bar=False,
+                         output_dir=str(tmp_path / "runs"), threads_per_process=1),
+                  task=onecycle_course.task)
+    finally:
+        for name in ("course", "onecycle_course"):
+            sys.modules.pop(name, None)
+    lrs = res["lr_trace"]["lr"]
+    assert len(lrs) == 2 * 28 and res["scheduler_step"] == "iteration"
+    assert lrs[0] == pytest.approx(1.2e-4) and max(lrs) == pytest.approx(3e-3, rel=0.01)
+    assert lrs[-1] < 1e-5

@@ -130,10 +130,11 @@ class Task:
       optimizer; ``"kit"``: the kit's schedule on the task's optimizer; ``"none"``: no
       schedule; or a factory ``(optimizer, config, epoch_length) -> scheduler``: an
       ignite param scheduler (stepped at every iteration, at ``ITERATION_STARTED`` as
-      ignite's docs attach them) or a torch scheduler, stepped as its class counts: ``OneCycleLR``/``CyclicLR`` once per
-      iteration (wrapped in ignite's ``LRScheduler``), ``StepLR``/``MultiStepLR``/
-      ``ExponentialLR``/``CosineAnnealingLR``/``PolynomialLR`` once per epoch (at its end,
-      after validation); any other class needs ``scheduler_step`` (below). Every one is
+      ignite's docs attach them) or a torch scheduler, stepped as its class counts:
+      ``OneCycleLR``/``CyclicLR`` once per iteration (wrapped in ignite's
+      ``LRScheduler``), ``StepLR``/``MultiStepLR``/``ExponentialLR``/
+      ``CosineAnnealingLR``/``PolynomialLR`` once per epoch (at its end, after
+      validation); any other class needs ``scheduler_step`` (below). Every one is
       checkpointed and resumed (:mod:`distkit.schedules`).
     - ``scheduler_step``: ``None`` (default: as the scheduler's class says),
       ``"iteration"`` or ``"epoch"``: how often the task's own ``lr_scheduler`` steps.

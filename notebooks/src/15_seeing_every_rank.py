@@ -245,10 +245,12 @@ tracing.timeline(slow, phases=("forward", "backward", "optimizer step"),
 # `fully_shard` (notebook 10) keeps 1/N of each layer on each rank. Before a unit's
 # forward it **all-gathers** the full weights; in the backward it gathers them again,
 # computes the gradients and **reduce-scatters** them, so each rank receives the sum for
-# its own shard. FSDP names its steps in the trace itself (`FSDP::all_gather (0)`,
+# its own shard. FSDP names its steps in the trace itself (`FSDP::all_gather (<layer>)`,
 # `FSDP::pre_backward`, ...); the c10d call `c10d::_reduce_scatter_base_` is the
-# reduce-scatter, which gloo carries out as an all-reduce (`gloo:all_reduce`: gloo has
-# no reduce-scatter of its own).
+# reduce-scatter, and on gloo the trace shows it carried out as a `gloo:all_reduce`.
+# Checked below on each rank: every step's first all-gather starts before its first
+# matmul; some all-gathers run in the forwards and the rest outside them (in the
+# backwards); every reduce-scatter lies inside a backward.
 
 # %%
 def fsdp_steps(local_rank):
@@ -293,6 +295,7 @@ for rank in (0, 1):
         first_gather = min(g[0] for g in gathers if a <= g[0] <= b)
         first_matmul = min(m[0] for m in matmuls if a <= m[0] <= b)
         assert first_gather < first_matmul
+    assert 0 < len(in_forward) < len(gathers)
     assert len(scatters) == 3 * 4  # 3 steps x 4 layers (the root holds no parameters)
     assert tracing.overlap(scatters, backward) == tracing.total(scatters)
 

@@ -41,6 +41,7 @@ def traced_runs(tmp_path_factory):
         assert done.returncode == 0, (name, done.stderr[-3000:])
         (run_dir,) = (out / name).iterdir()
         found[name] = json.loads((run_dir / "results.json").read_text())
+        found[name]["stdout"] = done.stdout
     return found
 
 
@@ -55,6 +56,7 @@ def test_merged_trace_has_one_row_per_rank_with_its_collectives_and_phases(trace
     results = traced_runs[run]
     paths = results["trace"]
     assert {"merged", "per_rank", "png"} <= set(paths)
+    assert f"trace of every rank: {paths['merged']}" in results["stdout"]  # the summary says where
     assert len(paths["per_rank"]) == 2 and all(Path(p).is_file() for p in paths["per_rank"])
     trace = json.loads(Path(paths["merged"]).read_text())  # valid JSON, Chrome trace format
     events = trace["traceEvents"]

@@ -14,7 +14,9 @@
 # 2. measures how much of DDP's all-reduce is hidden under the backward, for small and
 #    large gradient buckets (`bucket_cap_mb`) and under `no_sync`;
 # 3. slows one rank on purpose and reads, off the trace, how long the others wait;
-# 4. shows FSDP's all-gathers in the forward and its reduce-scatters in the backward.
+# 4. shows FSDP's all-gathers in the forward and its reduce-scatters in the backward;
+# 5. reads a pipeline's bubble (GPipe and 1F1B) off the trace, against the formula of
+#    notebook 11.
 #
 # Hardware: any CPU. Backend: `gloo`. The timings come from a loaded 2-core machine, so
 # every assertion below leaves room for scheduling noise and says how much.
@@ -243,10 +245,12 @@ tracing.timeline(slow, phases=("forward", "backward", "optimizer step"),
 # `fully_shard` (notebook 10) keeps 1/N of each layer on each rank. Before a unit's
 # forward it **all-gathers** the full weights; in the backward it gathers them again,
 # computes the gradients and **reduce-scatters** them, so each rank receives the sum for
-# its own shard. FSDP names its steps in the trace itself (`FSDP::all_gather (0)`,
+# its own shard. FSDP names its steps in the trace itself (`FSDP::all_gather (<layer>)`,
 # `FSDP::pre_backward`, ...); the c10d call `c10d::_reduce_scatter_base_` is the
-# reduce-scatter, which gloo carries out as an all-reduce (`gloo:all_reduce`: gloo has
-# no reduce-scatter of its own).
+# reduce-scatter, and on gloo the trace shows it carried out as a `gloo:all_reduce`.
+# Checked below on each rank: every step's first all-gather starts before its first
+# matmul; some all-gathers run in the forwards and the rest outside them (in the
+# backwards); every reduce-scatter lies inside a backward.
 
 # %%
 def fsdp_steps(local_rank):
@@ -291,12 +295,89 @@ for rank in (0, 1):
         first_gather = min(g[0] for g in gathers if a <= g[0] <= b)
         first_matmul = min(m[0] for m in matmuls if a <= m[0] <= b)
         assert first_gather < first_matmul
+    assert 0 < len(in_forward) < len(gathers)
     assert len(scatters) == 3 * 4  # 3 steps x 4 layers (the root holds no parameters)
     assert tracing.overlap(scatters, backward) == tracing.total(scatters)
 
 # %%
 tracing.timeline(fsdp, phases=("forward", "backward", "optimizer step"),
                  title="FSDP: all-gathers in the forward, reduce-scatters (as gloo all-reduces) in the backward");
+
+# %% [markdown]
+# ## 5. A pipeline's bubble, read off the trace
+#
+# Notebook 11 cut a model into 2 stages and measured the **bubble**, the share of a step
+# a stage sits idle, against the formula (p − 1)/(m + p − 1) for p stages and m
+# micro-batches. Here the same schedules run inside `profile`, and the bubble is read
+# off their traces. Each stage holds a `Timed` layer (from `distkit.lessons.pipeline`,
+# as in notebook 11) that sleeps 3 ms per sample in the forward and 6 ms in the
+# backward, so the stage's work takes the same time however busy the cores are; it is
+# an autograd function, so the trace names its forward `_Sleep` and its backward
+# `_SleepBackward`. A rank's busy time is the union of those ranges; the step is the
+# span from the first of them on any rank to the last. `Timed` also keeps its own log
+# of when it slept (`distkit.lessons.pipeline.BUSY`, the clock notebook 11 read): the
+# trace must say the same.
+
+# %%
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from distkit.lessons import pipeline as timed_stage
+from distkit.lessons.pipeline import Timed, bubble_model
+
+MICRO = 4
+
+
+def pipeline_steps(local_rank):
+    rank = idist.get_rank()
+    x, y = torch.randn(32, 64), torch.randn(32, 64)
+    logged = {}
+    for name, Schedule in (("GPipe", ScheduleGPipe), ("1F1B", Schedule1F1B)):
+        part = nn.Sequential(nn.Linear(64, 64), Timed(0.003, 0.006))  # this rank's stage
+        stage = PipelineStage(part, stage_index=rank, num_stages=2, device=torch.device("cpu"))
+        pipe = Schedule(stage, n_microbatches=MICRO, loss_fn=nn.functional.mse_loss)
+        for recorded in (False, True):  # a warm-up step, then the recorded one
+            timed_stage.BUSY.clear()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                tracing.clock_sync()
+                if rank == 0:
+                    pipe.step(x)
+                else:
+                    pipe.step(target=y)
+        prof.export_chrome_trace(f"{folder}/{name}-rank{rank}.json")
+        logged[name] = sum(end - start for start, end in timed_stage.BUSY) * 1e6  # us
+    with open(os.path.join(folder, f"busy-rank{rank}.json"), "w") as f:
+        json.dump(logged, f)
+
+
+launch(pipeline_steps)
+model = bubble_model(2, MICRO)
+for name in ("GPipe", "1F1B"):
+    pipe_trace = merged(name)
+    busy = [tracing.spans(pipe_trace, r, ("_Sleep", "_SleepBackward")) for r in (0, 1)]
+    span = max(b for ranks in busy for _, b in ranks) - min(a for ranks in busy for a, _ in ranks)
+    bubble = [1 - tracing.total(ranks) / span for ranks in busy]
+    print(f"{name}: bubble rank 0 {bubble[0]:.3f}, rank 1 {bubble[1]:.3f}; formula "
+          f"(p-1)/(m+p-1) = {model:.3f} for p = 2, m = {MICRO}; excess "
+          f"{bubble[0] - model:+.3f}, {bubble[1] - model:+.3f}")
+    for rank in (0, 1):
+        with open(os.path.join(folder, f"busy-rank{rank}.json")) as f:
+            log_us = json.load(f)[name]
+        # the trace and Timed's own clock agree on the busy time within 2 %
+        assert abs(tracing.total(busy[rank]) - log_us) <= 0.02 * log_us, (tracing.total(busy[rank]), log_us)
+    # the formula is the best case: the bubble read off the trace is never below it
+    # (0.02 allowed for timer noise)
+    assert all(b >= model - 0.02 for b in bubble), (name, bubble)
+
+# %% [markdown]
+# The bubble read off the trace is never below the formula (asserted): the formula is
+# the best case, with free communication. How far above it sits is the price of each
+# micro-batch's `send`/`recv` and the schedule's Python work, which a loaded machine
+# makes larger; the timeline shows where it lands: the gaps between one stage's
+# ranges while the other stage's message is on its way.
+
+# %%
+tracing.timeline(merged("1F1B"), phases=("_Sleep", "_SleepBackward"),
+                 title=f"1F1B, 2 stages, {MICRO} micro-batches: forwards and backwards alternate");
 
 # %% [markdown]
 # ## What you saw
@@ -309,6 +390,8 @@ tracing.timeline(fsdp, phases=("forward", "backward", "optimizer step"),
 # - One slow rank makes every other rank wait in the collective; the trace says which
 #   rank and for how long.
 # - FSDP all-gathers before computing and reduce-scatters in the backward.
+# - A pipeline's idle time is in its trace too: GPipe's and 1F1B's bubbles, read off
+#   the trace, are never below the formula (p − 1)/(m + p − 1); the excess is overhead.
 #
 # `distkit train --trace` does all of this for a training run: per-rank traces, the
 # merged file and its drawing in the run folder (`docs/tracing.md`). Exercise 15 asks you

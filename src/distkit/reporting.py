@@ -212,6 +212,9 @@ def run_summary(results: dict) -> str:
         lines.insert(-1, f"{key}: {value!r}" if isinstance(value, str) else f"{key}: {value}")
     if results.get("profile"):
         lines.insert(-1, profiling.format_summary(results["profile"], top=5))
+    if results.get("trace"):  # --trace
+        lines.insert(-1, f"trace of every rank: {results['trace']['merged']} (open it in "
+                         f"https://ui.perfetto.dev), drawn in {results['trace']['png']}")
     return "\n".join(lines)
 
 

@@ -70,6 +70,7 @@ class _Range:
     def start(self, *_):
         from torch.profiler import record_function
 
+        self.stop()  # a fetch that ended the data (StopIteration) never completed
         self.open = record_function(self.name)
         self.open.__enter__()
 
@@ -115,7 +116,7 @@ class Tracer:
         self.profiler.__enter__()
 
     def batch_started(self, engine):
-        if self.profiler is not None and self.steps == self.wait + self.warmup:
+        if self.profiler is not None and not self.synced and self.steps == self.wait + self.warmup:
             clock_sync()  # the first recorded step, before its data wait
             self.synced = True
 

@@ -36,9 +36,13 @@ def startup_seconds() -> float:
 
 def within_seconds(quiet_s: float = 30) -> float:
     """A bound for "fails within seconds": ``quiet_s`` on a quiet machine, stretched on a
-    loaded one to 6x what starting Python with torch takes there now. A hang still fails
-    (a run that waits minutes is caught), a loaded machine no longer does."""
-    return max(quiet_s, 6 * startup_seconds())
+    loaded one, by whichever says more: the load average now over the cores (a 2-core
+    machine at load 10 runs each process at about a fifth of its speed), or 6 times what
+    starting Python with torch took here (measured once). A hang still fails it; a loaded
+    machine no longer does."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    busy = max(1.0, os.getloadavg()[0] / cores)
+    return max(quiet_s * busy, 6 * startup_seconds())
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -9,15 +9,15 @@ import sys
 
 import pytest
 
-from conftest import subprocess_env
+from conftest import subprocess_env, within_seconds
 from distkit import __version__
 from distkit.commands import COMMANDS, build_parser
 from distkit.commands.train import config_from_args
 
 
-def distkit(*args, timeout=60):
+def distkit(*args, timeout=None):
     return subprocess.run([sys.executable, "-m", "distkit", *args], capture_output=True, text=True,
-                          env=subprocess_env(), timeout=timeout)
+                          env=subprocess_env(), timeout=timeout or within_seconds(60))
 
 
 def test_version_prints_the_package_version():
@@ -73,7 +73,7 @@ def test_help_imports_no_torch():
     code = ("import sys; from distkit.commands import build_parser; build_parser().format_help(); "
             "print(sorted(m for m in ('torch', 'ignite', 'numpy', 'matplotlib', 'sklearn') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
-                         timeout=60)
+                         timeout=within_seconds(60))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 

@@ -258,6 +258,22 @@ DRIVER = textwrap.dedent('''\
 ''')
 
 
+# The install cell alone in a kernel of the Colab-like environment, in a folder with no
+# wheel: with no published repository, the cell's output is its one-line error.
+UNPUBLISHED_DRIVER = textwrap.dedent('''\
+    import sys, nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(open(sys.argv[1]).read())])
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": sys.argv[2]}}).execute()
+    except CellExecutionError:
+        pass
+    for o in nb.cells[0].outputs:
+        print("OUTPUT", o.output_type, *o.get("traceback", []), sep="\\n")
+''')
+
+
 @pytest.mark.slow
 @pytest.mark.side_env(f"the Colab-like environment {COLAB_VENV} (torch 2.9.0: about 7 GB, 10 min "
                       "the first time, then about 70 s a run)")
@@ -268,10 +284,23 @@ def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_pat
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "distkit", "pytorch-ignite"],
                    capture_output=True, timeout=120)
     sys.path.insert(0, str(SCRIPTS))
+    import build_notebooks
     from build_notebooks import INSTALL_CELL
 
     (tmp_path / "install_cell.py").write_text(INSTALL_CELL)
     (tmp_path / "drive.py").write_text(DRIVER.format(kept=KEPT))
+    env = {k: v for k, v in subprocess_env().items()
+           if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "DISTKIT_INSTALL_SPEC"))}
+    env["PATH"] = f"{python.parent}:{env['PATH']}"
+    if not build_notebooks.is_published(build_notebooks.REPO_URL):
+        # nothing uploaded yet: the cell's whole output is one line saying what to do
+        (tmp_path / "empty").mkdir()
+        (tmp_path / "unpublished.py").write_text(UNPUBLISHED_DRIVER)
+        out = subprocess.run([str(python), str(tmp_path / "unpublished.py"), str(tmp_path / "install_cell.py"),
+                              str(tmp_path / "empty")], capture_output=True, text=True, env=env, timeout=600)
+        shown = out.stdout.split("OUTPUT", 1)[-1].strip().splitlines()
+        assert shown[0] == "error" and len(shown) == 2, out.stdout[-3000:] + out.stderr[-3000:]
+        assert shown[1].startswith("InstallError: distkit is not installed and this copy names no published"), shown
     # the route without a published repository (docs/colab.md): a wheel built by one
     # command, "uploaded" to the session's folder, installed by the unchanged cell
     (tmp_path / "work").mkdir()
@@ -279,9 +308,6 @@ def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_pat
                             str(checkout_copy(tmp_path / "checkout"))], capture_output=True, text=True,
                            timeout=800, env=subprocess_env())
     assert built.returncode == 0, built.stderr[-3000:]
-    env = {k: v for k, v in subprocess_env().items()
-           if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "DISTKIT_INSTALL_SPEC"))}
-    env["PATH"] = f"{python.parent}:{env['PATH']}"
     out = subprocess.run([str(python), str(tmp_path / "drive.py"), str(tmp_path / "install_cell.py"),
                           str(tmp_path / "work")],
                          capture_output=True, text=True, env=env, timeout=1500)

@@ -12,6 +12,8 @@ import torch.nn as nn
 from distkit import Config, DistkitError, Task, resolve_task, run
 from distkit.tasks import BUILTIN_TASKS
 
+from conftest import within_seconds
+
 COURSE = '''
 import torch
 import torch.nn as nn
@@ -174,7 +176,7 @@ def test_a_checkpoint_of_another_task_is_refused_in_one_line(course, tmp_path, r
 
     cnn = _checkpoint(tmp_path / "cnn.pt", get_model("cnn"))
     out = run_cli("train", "--task", "course_mod:task", "--resume-from", cnn,
-                  "--output-dir", tmp_path / "runs", timeout=60)
+                  "--output-dir", tmp_path / "runs", timeout=within_seconds(60))
     lines = out.stderr.strip().splitlines()
     assert out.returncode == 1 and len(lines) == 1, out.stderr[-2000:]
     assert "holds weights for another model than the task 'course_mod:task'" in lines[0]
@@ -190,7 +192,7 @@ def test_a_checkpoint_of_another_task_is_refused_in_one_line(course, tmp_path, r
 
 
 def test_cli_wrong_task_is_one_line(tmp_path, run_cli):
-    out = run_cli("train", "--task", "nowhere:task", "--output-dir", tmp_path / "runs", timeout=60)
+    out = run_cli("train", "--task", "nowhere:task", "--output-dir", tmp_path / "runs", timeout=within_seconds(60))
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         f"distkit: error: --task 'nowhere:task': no module 'nowhere' importable from "

@@ -125,8 +125,10 @@ def test_learning_curves_figure():
 
 
 def test_doctor_reports_and_recommends(tmp_path):
+    from conftest import within_seconds
+
     out = subprocess.run([sys.executable, "-m", "distkit", "doctor", "--json"],
-                         capture_output=True, text=True, timeout=60, cwd=tmp_path)
+                         capture_output=True, text=True, timeout=within_seconds(60), cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["cores"] >= 1 and info["cuda_available"] is False and "gloo" in info["backends"]

@@ -26,9 +26,11 @@ from torch.utils.data import Subset
 
 from distkit import plots
 from distkit.data import digits_dataset
+from distkit.machine import quiet_ignite_logs
 from distkit.sharding import (collect_indices, describe_loader, format_report, format_settings,
                               rank_zero_sampler, run_on_ranks, shard_report)
 
+quiet_ignite_logs()  # ignite's INFO lines about every loader's arguments (its warnings still show)
 torch.set_num_threads(1)
 digits = digits_dataset()
 print(f"{len(digits)} digits; torch {torch.__version__}")
@@ -208,11 +210,8 @@ assert squares["ok"] and squares["epochs"][0]["per_rank"] == [17, 17, 17]
 # %%
 import warnings
 
-from distkit.machine import quiet_ignite_logs
-
 
 def buggy(local_rank):
-    quiet_ignite_logs()  # only the warning, not ignite's INFO lines about the loader
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         record = collect_indices(small, batch_size=20, epochs=2, sampler=rank_zero_sampler(small))

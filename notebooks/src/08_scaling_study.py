@@ -31,6 +31,7 @@
 # %%
 import math
 import os
+import sys
 import tempfile
 
 import torch
@@ -130,6 +131,8 @@ val_losses = []
 evaluator.add_event_handler(Events.COMPLETED, lambda e: val_losses.append(e.state.metrics["loss"]))
 stopper = EarlyStopping(patience=1, threshold=0.1, trainer=trainer,
                         score_function=lambda engine: -engine.state.metrics["loss"])
+for handler in stopper.logger.handlers:  # its "Stop training" line: to stdout, not a red stderr box
+    handler.setStream(sys.stdout)
 evaluator.add_event_handler(Events.COMPLETED, stopper)
 trainer.run(train_loader, max_epochs=10)
 print("validation loss per epoch:", ", ".join(f"{v:.3f}" for v in val_losses))

@@ -59,7 +59,7 @@ def resolve_backend(backend: str) -> str:
         except Exception:
             raise DistkitError("--backend xla-tpu needs torch_xla, which is not importable: "
                                "pip install -r requirements-xla.txt in its own environment "
-                               "(see README), or use --backend auto") from None
+                               "(scripts/make_xla_env.sh; on a Colab TPU, notebook 03), or use --backend auto") from None
     if backend not in ("none",) and backend not in idist.available_backends():
         raise DistkitError(f"backend {backend!r} is not available in this torch build "
                            f"(available: {', '.join(idist.available_backends())}): use --backend auto")

@@ -397,10 +397,29 @@ def get_dataset(root):
             download(root)
         idist.barrier()
     return load(root)
-''', r"^(Failed: )?rank 0 was still waiting in a collective when (rank 1 had already finished|the other "
+''', r"^(Failed: )?on 2 processes: rank 0 was still waiting in a collective when (rank 1 had already finished|the other "
      r"ranks had stopped taking part): every rank must call the same collectives, in the same "
      r"order. A barrier or all_reduce that only some ranks reach .*File .*04_safe_download.py\", "
      r"line \d+, in get_dataset\n\s+idist.barrier\(\)"),
+    # 04, layouts: each node has its own folder on 2 x 2
+    ("04", "one_rank_first for the whole run (right on one node, wrong with a disk per node)",
+     [("with idist.one_rank_first(local=True):", "with idist.one_rank_first():")],
+     r"on 2 nodes x 2 processes, node 1 \(ranks 2\.\.3, its own folder\): (2 processes downloaded the dataset at the "
+     r"same time \(rank 2 and rank 3\).*idist.one_rank_first\(\) without local=True|rank [23] read the dataset)"),
+    ("04", "only rank 0 of the whole run downloads (right on one node)",
+     [("        if not is_downloaded(root):\n", "        if idist.get_rank() == 0 and not is_downloaded(root):\n")],
+     r"on 2 nodes x 2 processes, node 1 \(ranks 2\.\.3, its own folder\): nobody downloaded the dataset into this "
+     r"node's folder, and rank 2 found none .*once PER NODE"),
+    ("04", "torch.distributed's barrier (raises with no process group)", """
+def get_dataset(root):
+    import torch.distributed as dist
+    if idist.get_local_rank() == 0 and not is_downloaded(root):
+        download(root)
+    dist.barrier()
+    return load(root)
+""", r"on 1 process \(no process group\): rank 0 raised ValueError: Default process group has not been initialized"),
+    ("04", "the bytes returned as a list", [("    return load(root)", "    return list(load(root))")],
+     r"on 2 processes: rank 0 returned a list that is not the dataset: return load\(root\)"),
     # 05 step timer
     ("05", "a Timer that also counts fetching the batch",
      [("resume=Events.ITERATION_STARTED", "resume=Events.GET_BATCH_STARTED")],

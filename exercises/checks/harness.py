@@ -419,6 +419,9 @@ def _explain_error(rank: int, rep: dict, finished=()) -> str:
                 f"that only some ranks reach (inside `if rank == 0:` or `if local_rank == 0:`) is "
                 f"the usual cause; idist.one_rank_first() makes the others wait correctly.\n"
                 f"{rep['traceback']}")
+    if "Pair is not connected" in text:
+        text += ("\n(gloo has no connection from a rank to itself: a send or recv whose peer is this "
+                 "rank's own number, e.g. (rank + 2) % N with N = 2)")
     return f"rank {rank} raised {rep['type']}: {text}\n{rep['traceback']}"
 
 
@@ -540,7 +543,7 @@ def difference(expected, got, rtol: float = 0.0, atol: float = 0.0, what: str = 
                 return None
             where = tuple(int(i) for i in bad.nonzero()[0])
             err = (a - b).abs().nan_to_num(float("inf"))
-            return (f"{what} differs at {bad.sum().item()} of {a.numel()} entries: at index {where} "
+            return (f"{what}: {bad.sum().item()} of {a.numel()} entries differ; at index {where} "
                     f"expected {b[where].item():.7g}, got {a[where].item():.7g} (largest difference "
                     f"{err.max().item():.3g}, allowed {atol:.1g} + {rtol:.1g} x |expected|)")
         if isinstance(expected, (list, tuple)):

@@ -622,6 +622,15 @@ def accumulation_step(model, optimizer, loss_fn, micro_batches):
         g.copy_(new.reshape(g.shape))
     optimizer.step()
 ''', r"rank 0 ran 1 all_reduce call\(s\) of its own per step, beside DDP's 0 exchange\(s\)"),
+    ("08", "every forward first, one backward of the summed losses (right weights, all activations held)", """
+def accumulation_step(model, optimizer, loss_fn, micro_batches):
+    optimizer.zero_grad()
+    n = len(micro_batches)
+    losses = [loss_fn(model(x), y) / n for x, y in micro_batches]
+    sum(losses).backward()
+    optimizer.step()
+""", r"accumulation_step held the activations of 4 micro-batches at once .*run each micro-batch's backward right "
+     r"after its forward"),
     # 09 pipeline
     ("09", "the micro-batch losses are not scaled",
      [("loss = F.cross_entropy(stage(a), y) / n", "loss = F.cross_entropy(stage(a), y)")],

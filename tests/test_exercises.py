@@ -13,6 +13,7 @@ exercises; the checks themselves start real gloo processes.
 from __future__ import annotations
 
 import ast
+import os
 import re
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def run_checks(tmp_path: Path, graded: str, *args: str, env=None) -> dict:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "exercises", "-p", "no:cacheprovider", "-q",
          f"--junitxml={junit}", *args],
-        cwd=REPO_ROOT, capture_output=True, text=True, timeout=400,
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
         env=subprocess_env(DISTKIT_EXERCISES=graded, PYTHONDONTWRITEBYTECODE=1, **(env or {})))
     assert junit.exists(), f"the checks did not run:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     results = {}
@@ -859,19 +860,26 @@ def wrong_answer_results(tmp_path_factory, request):
         folder.mkdir(exist_ok=True)
         filename = next(SOLUTIONS.glob(f"{number}_*.py")).name
         (folder / filename).write_text(wrong_source(number, name, change))
-    graded = {}
-    for index, members in rounds.items():
+    def grade(index):
         folder = tmp_path_factory.getbasetemp() / f"wrong-round-{index}"
-        numbers = sorted({n for n, _ in members})
+        numbers = sorted({n for n, _ in rounds[index]})
         marker = " or ".join(f"ex{n}" for n in numbers)
-        grouped = by_exercise(run_checks(folder, str(folder), "-m", marker))
-        for number, name in members:
-            graded[(number, name)] = grouped.get(number, [])
+        return index, by_exercise(run_checks(folder, str(folder), "-m", marker))
+
+    # Two rounds at a time: a round's checks spend much of their time starting processes
+    # and waiting in collectives, so two share 2 cores well (DISTKIT_WRONG_ROUNDS=1: one).
+    from concurrent.futures import ThreadPoolExecutor
+
+    graded = {}
+    with ThreadPoolExecutor(max_workers=int(os.environ.get("DISTKIT_WRONG_ROUNDS", "2"))) as pool:
+        for index, grouped in pool.map(grade, sorted(rounds)):
+            for number, name in rounds[index]:
+                graded[(number, name)] = grouped.get(number, [])
     return graded
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(900)  # the first test also grades every wrong answer (the fixture): 8 rounds of checks
+@pytest.mark.timeout(2400)  # the first test also grades every wrong answer (the fixture): 17 rounds of checks
 @pytest.mark.parametrize("number,name,expected", [(n, w, e) for n, w, _, e in WRONG_ANSWERS],
                          ids=[f"{n}-{w}" for n, w, _, _ in WRONG_ANSWERS])
 def test_wrong_answer_is_rejected_with_the_learners_message(wrong_answer_results, number, name,

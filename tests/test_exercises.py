@@ -365,6 +365,15 @@ def epoch_indices(loader, epoch):
      [("shuffle=True, seed=seed)", "shuffle=False, seed=seed)")],
      r"rank 0 read its samples in sorted order \(0, 2, 4, 6, 8 .*\): shuffle them "
      r"\(DistributedSampler\(\.\.\., shuffle=True, seed=seed\)\)"),
+    # 03, layouts and a dataset that does not divide
+    ("03", "DistributedSampler's defaults (raises with no process group)",
+     [("DistributedSampler(dataset, num_replicas=world_size, rank=idist.get_rank(),\n", "DistributedSampler(dataset,\n")],
+     r"on 1 process \(no process group\): rank 0 raised (ValueError|RuntimeError): Default process group has not "
+     r"been initialized"),
+    ("03", "the last samples dropped (drop_last=True)",
+     [("shuffle=True, seed=seed)", "shuffle=True, seed=seed, drop_last=True)")],
+     r"on 3 processes, rank 0, 22 samples \(not a multiple of the world size\): the indices read in epoch 0 should "
+     r"have 8 items, got 7"),
     # 04 safe download
     ("04", "rank 0 downloads, the others do not wait", '''
 def get_dataset(root):

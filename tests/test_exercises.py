@@ -272,6 +272,9 @@ def average_across_ranks(value):
         "model, optimizer, nn.CrossEntropyLoss()", 'model, optimizer, nn.CrossEntropyLoss(reduction="sum")')],
      r"rank 0's step is 8x the one plain SGD takes on the whole batch in one process: the loss "
      r"is SUMMED over the 8 samples of each rank's batch"),
+    ("02", "torch.distributed's barrier at the start (raises with no process group)",
+     [('    model = idist.auto_model(make_model())', '    torch.distributed.barrier()\n    model = idist.auto_model(make_model())')],
+     r"on 1 process \(no process group\): rank 0 raised ValueError: Default process group has not been initialized"),
     # 03 sharding
     ("03", "the same shuffled DataLoader on every rank", '''
 def make_train_loader(dataset, global_batch_size, seed=0):

@@ -481,6 +481,15 @@ def slowest_rank(seconds):
                                        "return idist.broadcast(float(seconds), src=0)")],
      r"rank 0 returned 0\.25, the time of the rank that broadcast it: a broadcast copies ONE "
      r"rank's value"),
+    ("05", "torch.distributed's all_reduce (raises with no process group)", [(
+        'return idist.all_reduce(float(seconds), op="MAX")',
+        'import torch\n    t = torch.tensor(float(seconds))\n    torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)\n'
+        '    return t.item()')],
+     r"on 1 process \(no process group\): rank 0 raised ValueError: Default process group has not been initialized"),
+    ("05", "the largest of the first two ranks only (right on 2 processes)", [(
+        'return idist.all_reduce(float(seconds), op="MAX")',
+        'values = idist.all_gather(float(seconds))\n    return max(values[:2])')],
+     r"on 3 processes: rank \d got the largest time|on 3 processes: rank 0 returned [0-9.]+, but the ranks' step times are"),
     # 06 learning-rate scaling
     ("06", "no linear scaling", [("peak = base_lr * idist.get_world_size()", "peak = base_lr")],
      r"with 2 processes the highest learning rate is 0\.1, the unscaled base_lr"),

@@ -126,7 +126,7 @@ def ring_attention(q, k, v):
     ("13", "the local rank for the rank (right on one node, wrong on 2 x 2)",
      [("rank, n = idist.get_rank(), idist.get_world_size()", "rank, n = idist.get_local_rank(), idist.get_world_size()")],
      r"on 2 nodes x 2 processes[,:] rank [0-3] (exchanged blocks with other ranks than its ring neighbours|"
-     r"waited .* in a collective or a point-to-point transfer)"),
+     r"waited.* in a collective or a point-to-point transfer)"),
     ("13", "the rows returned in a list", [("    return acc / l[..., None]", "    return [acc / l[..., None]]")],
      r"on 2 processes, rank 0 returned a list of 1: return this rank's rows of the attention"),
 ]

@@ -402,12 +402,11 @@ def _explain_error(rank: int, rep: dict, finished=()) -> str:
         # No other rank raised an error of its own (that one would have been reported
         # first): the others had finished, or were in another collective.
         done = [r for r in finished if r != rank]
-        who = (" and ".join(f"rank {r}" for r in done) + " had already finished") if done \
-            else "the other ranks had stopped taking part"
+        who = " and ".join(f"rank {r}" for r in done) + " had already finished"
         lowered = rep["message"].lower()
         waited = (f" for {COLLECTIVE_TIMEOUT_S:.0f} s" if "timed out" in lowered or "timeout" in lowered
                   else "")
-        if not done and waited:
+        if not done:
             # Nobody finished and nobody raised: the ranks waited for each other, a
             # mismatch of calls, not necessarily a barrier.
             return (f"rank {rank} waited{waited} in a collective or a point-to-point transfer "

@@ -42,6 +42,11 @@ WRONG_ANSWERS_12_13 = [
     ("12", "a world size of 2 written in (right on 2 processes only)",
      [("size = w1.shape[0] // n", "size = w1.shape[0] // 2")],
      r"on 3 processes, rank 0 all-reduced a partial output that is not the one of its hidden units 0\.\.7"),
+    ("12", "the partial outputs all-gathered, then summed (a list output: the old recorder crashed on it)",
+     [("        dist.all_reduce(partial)  #", "        parts = [torch.empty_like(partial) for _ in range(n)]\n"
+       "        dist.all_gather(parts, partial)\n        partial = sum(parts)  #")],
+     r"on 2 processes, rank 0 made 1 call\(s\) of torch.distributed, \[\('all_gather', \(8, 7\)\)\]: the split "
+     r"needs exactly one all-reduce"),
     # 12, values and what is returned
     ("12", "the partial outputs summed in bfloat16",
      [("        dist.all_reduce(partial)  #", "        partial = partial.bfloat16()\n        dist.all_reduce(partial)\n"

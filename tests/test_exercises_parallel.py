@@ -68,3 +68,64 @@ def test_the_adversarial_inputs_are_adversarial():
     assert scores[:, 1].max() < -150 and scores[:, 0].min() < -50 and scores[:, 0].max() > 50
     for t in (q, k, v):
         assert (t.bfloat16().float() != t).float().mean() > 0.9
+
+
+def load_harness():
+    checks = str(REPO_ROOT / "exercises" / "checks")
+    sys.path.insert(0, checks)
+    try:
+        import harness
+        return harness
+    finally:
+        sys.path.remove(checks)
+
+
+def where_am_i():
+    import ignite.distributed as idist
+    import torch.distributed as dist
+
+    return (idist.get_rank(), idist.get_world_size(), idist.get_local_rank(), idist.get_nproc_per_node(),
+            idist.get_node_rank(), dist.is_available() and dist.is_initialized())
+
+
+@pytest.mark.slow
+def test_every_layout_is_what_it_says():
+    """The four layouts really differ: no process group at all; 2 and 3 processes on one
+    node; 2 nodes of 2 processes, where the world size is not the processes per node and
+    the global ranks of the second node are not its local ranks."""
+    harness = load_harness()
+    seen = harness.run_layouts(where_am_i)
+    assert seen == {
+        "1 process (no process group)": [(0, 1, 0, 1, 0, False)],
+        "2 processes": [(r, 2, r, 2, 0, True) for r in range(2)],
+        "3 processes": [(r, 3, r, 3, 0, True) for r in range(3)],
+        "2 nodes x 2 processes": [(r, 4, r % 2, 2, r // 2, True) for r in range(4)],
+    }, seen
+
+
+def test_difference_names_what_differs_whatever_it_is_given():
+    import torch
+
+    harness = load_harness()
+    t = torch.arange(6.0).reshape(2, 3)
+    assert harness.difference(t, t.clone()) is None
+    assert harness.difference(t, None) == "the output should be a float32 tensor of shape (2, 3), got None"
+    assert harness.difference(t, [t]) == "the output should be a float32 tensor of shape (2, 3), got a list of 1"
+    assert harness.difference(t, t.T) == "the output should have shape (2, 3), got shape (3, 2)"
+    assert "should be a float32 tensor" in harness.difference(t, t.bfloat16())
+    assert harness.difference(t, t + torch.tensor([0, 0, 1.0])).startswith(
+        "the output: 2 of 6 entries differ; at index (0, 2) expected 2, got 3")
+    assert "holds NaN at 1 of 6" in harness.difference(t, t.masked_fill(t == 0, float("nan")))
+    assert harness.difference([1.0, 2], [1.0, 3]) == "the output[1] should be 2, got 3"
+    assert harness.difference(1.0, "1.0") == "the output should be a number (1.0), got '1.0'"
+    assert harness.difference({"a": 1}, {"b": 1}).startswith("the output should be a dict with keys ['a']")
+
+
+class Unequal:
+    def __eq__(self, other):
+        raise RuntimeError("no comparing me")
+
+
+def test_difference_never_raises():
+    harness = load_harness()
+    assert "could not be compared" in harness.difference("x", Unequal())

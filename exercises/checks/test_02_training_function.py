@@ -306,3 +306,26 @@ def test_training_shards_data_and_keeps_replicas_equal():
             f"the model did not learn: loss {r['initial_loss']:.3f} before training, "
             f"{r['final_loss']:.3f} after; build the optimizer on model.parameters() of the "
             f"model idist.auto_model returned, and run the trainer")
+
+
+def test_one_process_and_two_nodes_train_like_one_process():
+    """The same training function with no process group at all (a plain `python train.py`)
+    and on 2 nodes x 2 processes (world size 4, 2 per node, local ranks 0 1 0 1): the
+    batch per process, replicas equal, and the exact step equal to one process's."""
+    for layout, ranks in harness.each_layout(on_rank, layouts=[harness.LAYOUTS[3], harness.LAYOUTS[0]]):
+        world = len(ranks)
+        for rank, r in enumerate(ranks):
+            if r["batch_size"] != GLOBAL_BATCH // world:
+                raise harness.ExerciseFailure(
+                    f"on {layout}, rank {rank}'s loader takes {r['batch_size']} samples per step, but a GLOBAL "
+                    f"batch of {GLOBAL_BATCH} over {world} process(es) is {GLOBAL_BATCH // world} each: pass "
+                    f"the global batch size to idist.auto_dataloader, which divides it by the WORLD size")
+            diff = (r["weights"] - ranks[0]["weights"]).abs().max().item()
+            if diff > 1e-5:
+                raise harness.ExerciseFailure(
+                    f"on {layout}, after training rank {rank} and rank 0 hold different weights (largest "
+                    f"difference {diff:.3g}): wrap the model with idist.auto_model")
+        try:
+            compare_with_one_process(ranks[0]["exact_step"], world)
+        except harness.ExerciseFailure as failure:
+            raise harness.ExerciseFailure(f"on {layout}: {failure}") from None

@@ -135,3 +135,43 @@ def check_shards(ranks, n_samples=N_SAMPLES, global_batch=GLOBAL_BATCH, epochs=E
                 where + f"make_train_loader(..., seed=0) and make_train_loader(..., seed=1) gave rank "
                 f"{rank} the same order in epoch 0 ({harness.short_list(first, 5)}): pass seed "
                 f"to the DistributedSampler, so a run can choose its shuffle")
+
+
+# --- against the reference, in every layout -----------------------------------------------
+# 22 samples do not divide by 3 or 4 processes (DistributedSampler pads with repeats); a
+# global batch of 12 divides by every world size of the layouts.
+ODD_SAMPLES, ODD_BATCH = 22, 12
+
+
+def on_rank_both(seed):
+    """What the learner's loader and the reference's give this rank: batch sizes and the
+    indices of 2 epochs, for the same dataset and seed."""
+    dataset = IndexedDataset(synthetic_dataset(ODD_SAMPLES, shape=(1, 2, 2)))
+    result = {}
+    for who, module in (("expected", harness.load_reference("03")), ("got", harness.load("03"))):
+        loader = module.make_train_loader(dataset, ODD_BATCH, seed=seed)
+        result[who] = {"batch sizes": [len(batch[2]) for batch in loader],
+                       "epochs": [list(module.epoch_indices(loader, epoch)) for epoch in range(2)]}
+    return result
+
+
+def test_shards_equal_the_reference_in_every_layout():
+    seed = harness.check_seed() % 1000
+    for layout, ranks in harness.each_layout(on_rank_both, seed, layouts=harness.MULTI_FIRST):
+        for rank, r in enumerate(ranks):
+            want, got = r["expected"], r["got"]
+            for epoch in range(2):
+                differs = harness.difference(want["epochs"][epoch], got["epochs"][epoch],
+                                             what=f"the indices read in epoch {epoch}")
+                if differs:
+                    raise harness.ExerciseFailure(
+                        f"on {layout}, rank {rank}, {ODD_SAMPLES} samples (not a multiple of the world size): "
+                        f"{differs}; expected {harness.short_list(want['epochs'][epoch], 8)}, got "
+                        f"{harness.short_list(got['epochs'][epoch], 8)}. The reference is DistributedSampler("
+                        f"dataset, num_replicas=world size, rank=rank, shuffle=True, seed=seed) (it pads the "
+                        f"last round with repeats, drop_last=False), with set_epoch(epoch) {harness.replay(seed)}")
+            differs = harness.difference(want["batch sizes"], got["batch sizes"], what="the batch sizes")
+            if differs:
+                raise harness.ExerciseFailure(
+                    f"on {layout}, rank {rank}, {ODD_SAMPLES} samples in global batches of {ODD_BATCH}: {differs} "
+                    f"(global_batch_size // world size per batch, the last batch smaller)")

@@ -233,7 +233,7 @@ def explain_slowest(rank, report, values, times):
         return (f"rank {right[0]} got the largest time {max(times)}, but rank {rank} "
                 f"returned {got!r}: the result must reach EVERY rank, and every rank must "
                 f"return what the collective gave it ({common})")
-    if _close(got, times[rank]):
+    if all(_close(v, t) for v, t in zip(values, times)):  # every rank, not one by chance
         return (f"rank {rank} returned {got!r} (its own time: what all_reduce returned was "
                 f"not used), but {common}")
     return f"rank {rank} returned {got!r}, but {common}"
@@ -247,3 +247,41 @@ def test_every_rank_learns_the_slowest_time():
             problem = explain_slowest(rank, reports[index], values, times)
             if problem:
                 raise harness.ExerciseFailure(problem)
+
+
+def on_rank_random(seed):
+    """slowest_rank on seeded random times, one per rank of whatever layout this is: in
+    one round the slowest is the LAST rank, in the other rank 0."""
+    import random
+
+    import ignite.distributed as idist
+    from distkit.lessons.sharded import CommCounter
+
+    rng = random.Random(seed)
+    times = [round(rng.uniform(0.05, 2.0), 6) for _ in range(idist.get_world_size())]
+    rounds = []
+    for where in (-1, 0):
+        i = times.index(max(times))
+        times[i], times[where] = times[where], times[i]
+        expected = harness.load_reference("05").slowest_rank(times[idist.get_rank()])
+        with CommCounter() as comm:
+            got = harness.load("05").slowest_rank(times[idist.get_rank()])
+        rounds.append({"value": got, "collectives": dict(comm.calls), "expected": expected, "times": list(times)})
+    return rounds
+
+
+def test_slowest_time_in_every_layout():
+    """With no process group (one process: its own time is the slowest), 3 processes and
+    2 nodes x 2 processes, on random times; against the reference."""
+    seed = harness.check_seed()
+    layouts = [harness.LAYOUTS[2], harness.LAYOUTS[3], harness.LAYOUTS[0]]
+    for layout, results in harness.each_layout(on_rank_random, seed, layouts=layouts):
+        for index in range(2):
+            values = [r[index]["value"] for r in results]
+            for rank, rounds in enumerate(results):
+                r = rounds[index]
+                if _close(r["value"], r["expected"]):
+                    continue
+                problem = explain_slowest(rank, r, values, r["times"]) or \
+                    harness.difference(r["expected"], r["value"], rtol=1e-6)
+                raise harness.ExerciseFailure(f"on {layout}: {problem} {harness.replay(seed)}")

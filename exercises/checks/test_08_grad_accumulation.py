@@ -116,6 +116,18 @@ def accumulate(ex, model, rank, world_size, collectives=None):
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     stepped = []
     optimizer.register_step_post_hook(lambda *_: stepped.append(1))  # counts optimizer.step()
+    # How many micro-batches' activations are held at once: +1 when the layer's forward
+    # ran, -1 when the backward reached its output (its graph, and the activations it
+    # saved, can then go).
+    held = {"now": 0, "most": 0}
+
+    def forward_ran(module, inputs, output):
+        held["now"] += 1
+        held["most"] = max(held["most"], held["now"])
+        if output.requires_grad:
+            output.register_hook(lambda grad: held.__setitem__("now", held["now"] - 1))
+
+    getattr(model, "module", model).register_forward_hook(forward_ran)
     after, steps_per_call = [], []
     for step in range(STEPS):
         micro, _ = batches(rank, world_size, step)
@@ -127,6 +139,12 @@ def accumulate(ex, model, rank, world_size, collectives=None):
                 collectives[kind] = collectives.get(kind, 0) + n
         steps_per_call.append(len(stepped) - before)
         after.append(harness.flat_weights(model))
+        if held["most"] > 1:
+            raise harness.ExerciseFailure(
+                f"accumulation_step held the activations of {held['most']} micro-batches at once (their "
+                f"forwards ran before the backward of the first): the point of accumulating is that ONE "
+                f"micro-batch's activations fit in memory; run each micro-batch's backward right after its "
+                f"forward, so its graph is freed before the next forward")
     return after, steps_per_call
 
 

@@ -667,7 +667,7 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
 
     # a stop signal or --max-iters: every rank at the same iteration, after the epoch's
     # validation and schedule step when that iteration ends an epoch (distkit.stopping)
-    stop, agreement = stopping.attach(trainer, save_now, config.max_iters)
+    stop = stopping.attach(trainer, save_now, config.max_iters)
 
     if config.resume_from:
         resume_objects(objects, config, run_dir)
@@ -686,7 +686,6 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     start = time.perf_counter()
     trainer.run(train_loader, max_epochs=config.epochs)
     wall = time.perf_counter() - start
-    agreement.drain()
     if stop.stopped and stop.signum:  # stopped by a signal: the checkpoint says where
         tracker.close(None)
         return signals.Preempted(

@@ -7,10 +7,10 @@ all-reduce of one number, the signal's, MAX) and all act on the result, which is
 everywhere, at the same iteration.
 
 That all-reduce runs every ``CHECK_EVERY`` (10) iterations, at the same iteration numbers
-on every rank, not at every step: on 2 gloo ranks of the 2-core VM it cost ~0.2 ms,
-overlapped (started at one step, read at the next) or not (benchmarks/stop_cost.py), a
-fifth of a 1 ms step. A stop lands within 10 iterations of the signal: milliseconds to
-seconds, far inside SLURM's 30 s grace.
+on every rank, not at every step: on 2 gloo ranks of the 2-core VM one at every step
+added ~0.4 ms to a 0.2 ms step, overlapped (started at one step, read at the next) or
+not; every 10th step, 0.05 ms (benchmarks/stop_cost.py). A stop lands within 10
+iterations of the signal: milliseconds to seconds, far inside SLURM's 30 s grace.
 
 Where to stop: an iteration in the middle of an epoch stops right there (a checkpoint is
 written if that iteration has none yet); the last iteration of an epoch waits for the
@@ -29,9 +29,10 @@ from distkit import signals
 
 
 CHECK_EVERY = 10
-"""Iterations between two agreements: one all-reduce costs ~0.2 ms on 2 gloo ranks of a
-2-core VM (benchmarks/stop_cost.py), 20% of a 1 ms step if done at every step, 2% here;
-a stop then lands within 10 iterations of the signal."""
+"""Iterations between two agreements: an all-reduce at every step added ~0.4 ms to each
+0.2 ms step on 2 gloo ranks of the 2-core VM, overlapped with the next step or not;
+every 10th step, 0.05-0.06 ms (benchmarks/stop_cost.py, docs/resume.md). A stop then
+lands within 10 iterations of the signal."""
 
 
 class StopAgreement:

@@ -488,6 +488,7 @@ def training(local_rank: int, config, task: Task | None = None,
     config = task.configure(config)  # the task's own settings, complete and typed
     config.check_batch_fits(idist.get_world_size())
     run_dir = resolve_run_dir(config, run_dir)
+    signals.clear()  # a stop asked of an earlier run in this process is not this run's
     restore_handlers = signals.install(stop_signals())
     try:
         results = _train(local_rank, config, task, run_dir)

@@ -5,15 +5,16 @@ the machinery of a resumable stop adds to a run.
 
 1. ``sigterm_to_gone_s``: ``distkit train`` with its default task (digits x cnn, 2 gloo
    processes), SIGTERM sent to the launcher once its first checkpoint exists; the time
-   until the launcher and both workers have ended (the workers stop at the next
-   iteration, agree, write the checkpoint and exit). Also under torchrun (SIGTERM to
+   until the launcher and both workers have ended (the workers stop within 10
+   iterations, agree, write the checkpoint and exit). Also under torchrun (SIGTERM to
    torchrun; its agent passes it on). Medians over ``--rounds`` fresh runs.
 2. ``checkpoint_per_rank_ms``: one save of the default task's resumable checkpoint on 2
    ranks (every rank's RNG state all-gathered, rank 0 writes), per rank, median over 20
    saves after 3 warm-ups; and the RNG gather alone.
-3. ``stop_check_us``: the stop flag's agreement per iteration (2 ranks): the kit's
-   overlapped all-reduce (started at one iteration, read at the next) vs a plain
-   blocking all-reduce, each timed over 2000 iterations of a loop that does nothing else.
+3. ``stop_check_us``: the stop flag's agreement per iteration (2 ranks), in a loop whose
+   step is a ~1 ms matmul: none; an all-reduce at every step, overlapped (started at one
+   step, read at the next) or blocking; the kit's (blocking, every 10th step)
+   (``--only stop-check`` reruns this part alone).
 """
 from __future__ import annotations
 
@@ -127,28 +128,43 @@ class _Empty:
         pass
 
 
-def stop_check_cost(local_rank, iterations=2000):
-    """Microseconds per iteration of the agreement alone: overlapped vs blocking."""
+def stop_check_cost(local_rank, iterations=1000):
+    """Microseconds per iteration of a loop whose "step" is a 192x192 matmul (about the
+    default task's step on this VM, ~1 ms), with no stop check, with the kit's overlapped
+    agreement, and with a plain blocking all-reduce; rounds interleaved, best of 3."""
     import ignite.distributed as idist
     import torch
     import torch.distributed as dist
 
     from distkit.stopping import StopAgreement
 
+    torch.set_num_threads(1)
+    x = torch.randn(192, 192)
     out = {}
-    for kind in ("overlapped", "blocking", "overlapped", "blocking"):  # twice, interleaved
-        agreement = StopAgreement()
+    for kind in ("none", "overlapped", "blocking", "every_10") * 3:
+        agreement = StopAgreement(every=10)
+        in_flight = None
         flag = torch.zeros(1, dtype=torch.int32)
         idist.barrier()
         start = time.perf_counter()
         for _ in range(iterations):
-            if kind == "overlapped":
-                agreement.poll()
-            else:
+            x.matmul(x)
+            if kind == "overlapped":  # started here, read at the next step
+                if in_flight is not None:
+                    in_flight.wait()
+                in_flight = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
+            elif kind == "blocking":
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        agreement.drain()
+            elif kind == "every_10":  # what distkit.stopping does
+                agreement.poll(_ + 1)
+        if in_flight is not None:
+            in_flight.wait()
         out.setdefault(kind, []).append(1e6 * (time.perf_counter() - start) / iterations)
-    return {k: min(v) for k, v in out.items()}
+    best = {k: min(v) for k, v in out.items()}
+    return {**{f"{k}_us": v for k, v in best.items()},
+            "overlapped_extra_us": best["overlapped"] - best["none"],
+            "blocking_extra_us": best["blocking"] - best["none"],
+            "every_10_extra_us": best["every_10"] - best["none"]}
 
 
 def main() -> None:
@@ -156,7 +172,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--note", default="", help="the machine's load, in words")
     parser.add_argument("--output", default=str(HERE / "results" / "stop-cost.json"))
+    parser.add_argument("--only", choices=["stop-check"], help="only this part, added to --output")
     args = parser.parse_args()
+    if args.only == "stop-check":
+        from distkit import launch_function
+
+        result = json.loads(Path(args.output).read_text())
+        result["stop_check_us_per_iteration"] = launch_function(
+            stop_check_cost, backend="gloo", nproc_per_node=2, all_ranks=True)
+        result["stop_check_loadavg"] = os.getloadavg()
+        print("stop check per iteration (us):", result["stop_check_us_per_iteration"])
+        Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+        return
 
     from distkit import launch_function
 

@@ -40,7 +40,7 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
     this machine and return the list of what each rank returned (index = rank).
 
     Returned values must pickle. Processes start as every launcher of the kit starts them
-    (:func:`distkit.launch.start`): checked first (backend, port), threads pinned to each
+    (:func:`distkit.supervise.start`): checked first (backend, port), threads pinned to each
     process's share of the cores, collectives bounded by ``timeout_s``, a failed rank
     reported in one line. They are forked where that is safe or under IPython (ignite's
     default there), so ``fn`` may be defined in a notebook cell; elsewhere they may be

@@ -2,14 +2,15 @@
 
 A stop signal (:mod:`distkit.signals`) reaches the ranks at different moments: the
 launcher forwards it one process after another, torchrun's agent likewise, and a user may
-``kill`` one rank only. Each rank's flag is therefore OR-ed over the ranks (one
-all-reduce of one integer per iteration, the signal's number, MAX) and all act on the
-result, which is the same everywhere, at the same iteration.
+``kill`` one rank only. Each rank's flag is therefore reduced over the ranks (one
+all-reduce of one number, the signal's, MAX) and all act on the result, which is the same
+everywhere, at the same iteration.
 
-That all-reduce is started without waiting (``async_op=True``) and its result read one
-iteration later, so it travels while the next step computes instead of adding a round
-trip to every step (benchmarks/stop_cost.py measures both). The stop therefore lands one
-iteration after the flag is seen: milliseconds.
+That all-reduce runs every ``CHECK_EVERY`` (10) iterations, at the same iteration numbers
+on every rank, not at every step: on 2 gloo ranks of the 2-core VM one at every step
+added ~0.4 ms to a 0.2 ms step, overlapped (started at one step, read at the next) or
+not; every 10th step, 0.05 ms (benchmarks/stop_cost.py). A stop lands within 10
+iterations of the signal: milliseconds to seconds, far inside SLURM's 30 s grace.
 
 Where to stop: an iteration in the middle of an epoch stops right there (a checkpoint is
 written if that iteration has none yet); the last iteration of an epoch waits for the
@@ -22,49 +23,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import ignite.distributed as idist
-import torch
 from ignite.engine import Events
 
 from distkit import signals
 
 
+CHECK_EVERY = 10
+"""Iterations between two agreements: an all-reduce at every step added ~0.4 ms to each
+0.2 ms step on 2 gloo ranks of the 2-core VM, overlapped with the next step or not;
+every 10th step, 0.05-0.06 ms (benchmarks/stop_cost.py, docs/resume.md). A stop then
+lands within 10 iterations of the signal."""
+
+
 class StopAgreement:
-    """The stop flag of every rank, MAX-reduced, one iteration late (see module doc)."""
+    """The stop flag of every rank, MAX-reduced every ``every`` iterations (see module doc)."""
 
-    def __init__(self):
-        import torch.distributed as dist
+    def __init__(self, every: int = CHECK_EVERY):
+        self.world_size, self.every = idist.get_world_size(), max(1, int(every))
 
-        self.world_size = idist.get_world_size()
-        self.overlapped = (self.world_size > 1 and dist.is_available() and dist.is_initialized()
-                           and idist.backend() in ("gloo", "nccl"))
-        self._in_flight = None  # (work, tensor) started at the previous iteration
-
-    def poll(self) -> int:
-        """The signal some rank had seen by the previous poll (0: none); every rank gets
-        the same answer at the same call. Call on every rank, at every iteration."""
-        local = signals.requested()
+    def poll(self, iteration: int) -> int:
+        """The signal some rank has seen (0: none); every rank gets the same answer at the
+        same iteration. Call on every rank, at every iteration."""
         if self.world_size == 1:
-            return local
-        if not self.overlapped:  # XLA: a plain all-reduce
-            return int(idist.all_reduce(float(local), op="MAX"))
-        import torch.distributed as dist
-
-        agreed = self._finish()
-        flag = torch.tensor([local], dtype=torch.int32, device=idist.device())
-        self._in_flight = (dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)
-        return agreed
-
-    def _finish(self) -> int:
-        if self._in_flight is None:
+            return signals.requested()
+        if iteration % self.every:
             return 0
-        work, flag = self._in_flight
-        self._in_flight = None
-        work.wait()
-        return int(flag.item())
+        return int(idist.all_reduce(float(signals.requested()), op="MAX"))
 
-    def drain(self) -> None:
-        """Wait for the last all-reduce (every rank, once training's loop is over)."""
-        self._finish()
 
 
 @dataclass
@@ -80,7 +65,7 @@ class StopState:
     checkpoint: str | None = None
 
 
-def attach(trainer, save, max_iters: int | None = None) -> tuple[StopState, StopAgreement]:
+def attach(trainer, save, max_iters: int | None = None) -> StopState:
     """Stop ``trainer`` at a stop signal or after ``max_iters`` iterations, on every rank
     at the same iteration; ``save(engine) -> path`` writes (or finds) the checkpoint of
     the iteration stopped at. Attach after the trainer's checkpoint handler: at an
@@ -95,7 +80,7 @@ def attach(trainer, save, max_iters: int | None = None) -> tuple[StopState, Stop
 
     @trainer.on(Events.ITERATION_COMPLETED)
     def check_for_stop(engine):
-        signum = agreement.poll()
+        signum = agreement.poll(engine.state.iteration)
         reached = max_iters is not None and engine.state.iteration >= max_iters
         if state.stopped or state.pending or not (signum or reached):
             return
@@ -110,4 +95,4 @@ def attach(trainer, save, max_iters: int | None = None) -> tuple[StopState, Stop
         if state.pending:
             stop(engine, save(engine))
 
-    return state, agreement
+    return state

@@ -246,6 +246,8 @@ def _own_session(local_rank, reporter, fn, *args):
     Why "ends with the launcher": outside the launcher's session a worker no longer gets
     the terminal's hang-up, so it asks the kernel (Linux) for SIGTERM when its parent
     dies: a killed launcher leaves no orphan training on."""
+    for signum in signals.STOP_SIGNALS:  # a forked worker inherits the launcher's forwarding
+        signal.signal(signum, signal.SIG_DFL)  # (training installs its own stop flag)
     if hasattr(os, "setsid"):
         try:
             os.setsid()

@@ -431,6 +431,7 @@ def training(local_rank: int, config, task: Task | None = None,
     # every rank trains what rank 0 trains, or none does (before anything is written)
     check_same_settings(config, task)
     run_dir = resolve_run_dir(config, run_dir)
+    signals.clear()  # a stop asked of an earlier run in this process is not this run's
     restore_handlers = signals.install(stop_signals())
     try:
         results = _train(local_rank, config, task, run_dir)
@@ -620,7 +621,7 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
 
     # a stop signal or --max-iters: every rank at the same iteration, after the epoch's
     # validation and schedule step when that iteration ends an epoch (distkit.stopping)
-    stop, agreement = stopping.attach(trainer, save_now, config.max_iters)
+    stop = stopping.attach(trainer, save_now, config.max_iters)
 
     if config.resume_from:
         resume_objects(objects, config, run_dir)
@@ -641,7 +642,6 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     start = time.perf_counter()
     trainer.run(train_loader, max_epochs=config.epochs)
     wall = time.perf_counter() - start
-    agreement.drain()
     if stop.stopped and stop.signum:  # stopped by a signal: the checkpoint says where
         tracker.close(None)
         return signals.Preempted(

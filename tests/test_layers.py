@@ -19,7 +19,8 @@ LAYERS = (
     ("config",),
     ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput"),
     ("tasks", "checkpoint"),
-    ("preflight", "training", "reporting", "tracking", "failures", "agreement"),
+    ("preflight", "training", "reporting", "tracking", "failures", "agreement",
+     "rendezvous"),
     ("launch", "runner", "sharding"),
     ("lessons", "commands", "bench", "__main__", "__init__"),
 )

@@ -625,6 +625,15 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int,
             f"{launch.master_port} within --timeout {launch.timeout_s:g} s (rank {rank} waited "
             f"for the others): start all {launch.nnodes} nodes within --timeout of each other, with "
             "the same --nnodes, --nproc-per-node, --master-addr and --master-port")
+    if launch is not None and launch.nnodes > 1 and "distkit.failures.RankFailed" not in text and \
+            re.search(r"torch\.distributed\.Dist(Network|Store)Error", text):
+        # raised before training started: while the process group formed
+        first = next((ln for ln in text.splitlines() if "torch.distributed.Dist" in ln), "").strip()
+        return DistkitError(
+            f"node {node_rank}: the rendezvous at {launch.master_addr}:{launch.master_port} failed "
+            f"for rank {rank} ({first.replace('torch.distributed.', '')[:160]}): start all "
+            f"{launch.nnodes} nodes with the same --nnodes, --nproc-per-node, --master-addr and "
+            "--master-port, within --timeout of each other")
     signal_name = getattr(error, "signal_name", None)
     exit_code = getattr(error, "exit_code", None)
     if signal_name:

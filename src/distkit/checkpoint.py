@@ -320,10 +320,9 @@ def checkpoint_saver(dirname: str):
                 raise save_error(e, checkpoint, self.dirname) from None
 
         def remove(self, filename):
-            super().remove(filename)
-            sidecar = checksum_path(self.dirname / filename)
-            if os.path.exists(sidecar):
-                os.remove(sidecar)
+            super().remove(filename)  # on the saving rank only
+            if self.save_on_rank == _rank():  # (another rank would race it, or take a new sidecar)
+                _remove_quietly(checksum_path(self.dirname / filename))
 
     return OneLineDiskSaver(dirname, require_empty=False, atomic=True)
 

@@ -195,7 +195,8 @@ def test_two_nodes_with_another_setting_stop_before_the_first_step(tmp_path, fla
     took = time.monotonic() - started
     assert took < 60 + 10 + 30, took
     for node, (code, out, err) in enumerate(nodes):
-        lines = [ln for ln in err.splitlines() if ln.strip()]
+        # node 1 may say once that it waits for the master (it can start before node 0)
+        lines = [ln for ln in err.splitlines() if ln.strip() and "waiting up to --timeout" not in ln]
         assert code != 0, f"node {node} exited 0:\n{err[-2000:]}"
         assert len(lines) == 1 and lines[0].startswith("distkit: error: "), f"node {node}:\n{err[-3000:]}"
         assert "settings differ between ranks: " in lines[0] and "nothing was trained" in lines[0]

@@ -69,8 +69,9 @@ def test_doc_examples_run_as_scripts_under_spawn(doc, tmp_path):
 
 # --- docstrings of the public API ---------------------------------------------------------
 
-DOCTESTED = ["distkit.tasks", "distkit.training", "distkit.schedules", "distkit.data", "distkit.preflight", "distkit.machine",
-             "distkit.reporting", "distkit.models"]
+DOCTESTED = ["distkit.tasks", "distkit.training", "distkit.schedules", "distkit.data", "distkit.preflight",
+             "distkit.machine", "distkit.reporting", "distkit.models", "distkit.agreement",
+             "distkit.checkpoint"]
 # public callables whose docstring example is a script (a literal block after "::")
 SCRIPTED = {"distkit.launch:run": "val accuracy", "distkit.launch:launch_function": "2 ranks",
             "distkit.tasks": None}

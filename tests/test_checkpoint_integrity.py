@@ -173,3 +173,31 @@ def test_latest_passes_over_a_damaged_newest_and_ends_bit_identical(tmp_path, ca
     assert resumed["iterations"] == whole["iterations"]
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name} differs after resuming past a damaged file"
+
+
+def _remove_on_rank_1_only(local_rank, folder):
+    import ignite.distributed as idist
+
+    from distkit.checkpoint import checkpoint_saver
+
+    saver = checkpoint_saver(folder)
+    if idist.get_rank() == 0:
+        saver({"w": torch.ones(3)}, "x.pt")
+    idist.barrier()
+    if idist.get_rank() == 1:
+        saver.remove("x.pt")  # ignite calls remove on every rank; only the saving rank acts
+    idist.barrier()
+    return sorted(os.listdir(folder))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_only_the_saving_rank_removes_a_checksum(tmp_path):
+    """Every rank runs ignite's Checkpoint, which calls the saver's remove on every rank:
+    another rank removing the sidecar raced the saving rank (FileNotFoundError seen in a
+    2-process run) and could take the sidecar of a file just saved under the same name."""
+    from distkit.launch import launch_function
+
+    left = launch_function(_remove_on_rank_1_only, str(tmp_path), backend="gloo",
+                           nproc_per_node=2, threads_per_process=1)
+    assert left == ["x.pt", "x.pt.sha256"], left

@@ -230,8 +230,11 @@ def test_torchrun_two_nodes_one_line_per_node(course, tmp_path):
     assert [p.returncode != 0 for p in procs] == [True, True], outs
     node0, node1 = (distkit_lines(o) for o in outs)
     assert len(node1) == 1 and LINE.match(node1[0]), outs[1][-3000:]
-    # node 0 names the node it lost
+    # node 0 names the rank that raised and its last words (its traceback, in the shared
+    # run folder), then itself as the rank that lost it (issue 31)
     assert len(node0) == 1 and node0[0].startswith(
-        "distkit: error: rank 0 (local rank 0, node 0 of 2) lost node 1 (rank 1): "), outs[0][-3000:]
+        "distkit: error: rank 1 (node 1 of 2) raised ValueError: the batch had a bad shape "
+        "(its traceback: "), outs[0][-3000:]
+    assert "; rank 0 (local rank 0, node 0 of 2) then lost it" in node0[0], node0[0]
     for o in outs:  # torchrun's own closing traceback is torchrun's; no worker frame shows
         assert "[rank" not in o and not re.search(KIT_FRAME, o), o[-3000:]

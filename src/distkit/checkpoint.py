@@ -322,12 +322,11 @@ def checkpoint_saver(dirname: str):
 
         def remove(self, filename):
             try:
-                super().remove(filename)
+                super().remove(filename)  # on the saving rank only
             except FileNotFoundError:  # a resumed run's best model of the run before
                 pass
-            sidecar = checksum_path(self.dirname / filename)
-            if os.path.exists(sidecar):
-                os.remove(sidecar)
+            if self.save_on_rank == _rank():  # (another rank would race it, or take a new sidecar)
+                _remove_quietly(checksum_path(self.dirname / filename))
 
     return OneLineDiskSaver(dirname, require_empty=False, atomic=True)
 

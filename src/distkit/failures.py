@@ -173,6 +173,15 @@ class Reporter:
             sys.stderr.flush()
         where = f"; full traceback in {path}" if path else ""
         lost = lost_nodes(error, self.timeout_s)
+        words = last_words(os.path.dirname(path), rank) if lost and path else None
+        if words is not None:  # the rank that died first, in its own words; then who saw it
+            dead, line, its_path = words
+            failed = RankFailed(
+                f"rank {dead}{_node_of(dead)} raised {line} (its traceback: {its_path}); rank "
+                f"{rank} (local rank {local_rank}{_node_words()}) then lost it"
+                f"{self.checkpoint_words(run_dir)}", its_path)
+            failed.distkit_run_dir = run_dir
+            return failed
         what = f"{lost}: {cause(error)}" if lost else f"raised {cause(error)}"
         failed = RankFailed(f"rank {rank} (local rank {local_rank}{_node_words()}) {what}{where}"
                             f"{self.checkpoint_words(run_dir)}", path)
@@ -199,6 +208,52 @@ def _node_words() -> str:
     if topology is None or topology[1] < 2:
         return ""
     return f", node {topology[0]} of {topology[1]}"
+
+
+def _node_of(rank: int) -> str:
+    topology = _topology()
+    if topology is None or topology[1] < 2:
+        return ""
+    return f" (node {rank // topology[2]} of {topology[1]})"
+
+
+def last_words(folder: str, me: int, wait_s: float = 2.0) -> tuple[int, str, str] | None:
+    """``(rank, its exception line, its traceback file)`` of another rank that raised and
+    wrote its traceback into ``folder`` (the run's ``tracebacks/``, on a file system
+    every node sees), or None. Waits up to ``wait_s`` for one: the rank that raised
+    writes it before it exits, and this rank noticed the exit by its closed connection.
+    Another node's rank that was killed leaves none: the caller then names the node."""
+    import time as _time
+
+    deadline = _time.monotonic() + wait_s
+    while True:
+        found = []
+        try:
+            names = os.listdir(folder)
+        except OSError:
+            names = []
+        for name in names:
+            m = re.fullmatch(r"rank(\d+)\.txt", name)
+            if m and int(m.group(1)) != me:
+                path = os.path.join(folder, name)
+                try:
+                    with open(path) as f:
+                        lines = [ln.rstrip() for ln in f if ln.strip()]
+                    mtime = os.path.getmtime(path)
+                except OSError:
+                    continue
+                # the exception's line: the first unindented line after the last frame
+                frames = [i for i, ln in enumerate(lines) if ln.startswith("  File ")]
+                after = [ln for ln in lines[frames[-1] + 1:] if not ln.startswith(" ")] if frames else []
+                line = after[0] if after else (lines[-1] if lines else None)
+                if line and not _PEER_LOST.search(line):  # a peer that only saw the loss is no cause
+                    found.append((mtime, int(m.group(1)), line, path))
+        if found:
+            _, rank, line, path = min(found)  # the first to write: the first to fail
+            return rank, line[:300], path
+        if _time.monotonic() >= deadline:
+            return None
+        _time.sleep(0.1)
 
 
 def lost_nodes(error: BaseException, timeout_s: float | None) -> str | None:

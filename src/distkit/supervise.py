@@ -37,6 +37,7 @@ from distkit.machine import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipytho
                              restore_environment, set_ignite_verbosity, socket_interface,
                              threads_per_process, world_layout)
 from distkit.preflight import Launch
+from distkit.rendezvous import node0_waiting_line, wait_for_master
 
 
 def prepare_fork(launch: Launch, start_method: str | None = None) -> Launch:
@@ -118,13 +119,21 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     # launcher's own line says what happened
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")
     spawn_level = spawn_log.level
-    spawn_log.setLevel(logging.ERROR)
+    if not config.verbose:  # "Terminating process N via signal SIGTERM": the kit's line says it
+        spawn_log.setLevel(logging.ERROR)
     before = set(multiprocessing.active_children())  # a notebook's other children stay
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
     forwarding = ForwardStopSignals(before)
     try:
         if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
+            # every wait bounded and said: node N reaches the master before its processes start
+            if config.node_rank:
+                wait_for_master(config.master_addr, config.master_port, config.timeout_s,
+                                config.node_rank)
+            else:
+                print(node0_waiting_line(config.nnodes, config.master_addr, config.master_port,
+                                         config.timeout_s), flush=True)
             interface = bind_to_interface_of_master(config, config.master_addr)  # inherited
         with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
                 idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
@@ -149,7 +158,8 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
                 f"debugger); the other ranks gave up after --timeout {config.timeout_s:g} s and "
                 "the job was ended. Resume with --resume-from latest (the newest checkpoint "
                 "under --output-dir)") from None
-        failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node)
+        failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node,
+                                           config)
         if forwarding.signum and not isinstance(failure, signals.Preempted):
             # the signal came before the workers could stop at an iteration (start-up)
             newest = latest_checkpoint_in(run_dir) if run_dir else None
@@ -504,13 +514,32 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
         idist.finalize()
 
 
-def describe_process_failure(error: Exception, node_rank: int, nproc: int) -> DistkitError | None:
+def describe_process_failure(error: Exception, node_rank: int, nproc: int,
+                             launch=None) -> DistkitError | None:
     """Turn torch.multiprocessing's report of a dead or failed child into one line that
-    names the rank."""
+    names the rank. ``launch`` (its nnodes, master address and port, timeout): a
+    rendezvous that timed out is said as such."""
     index = getattr(error, "error_index", None)
     if index is None:
         return None
     rank = node_rank * nproc + index
+    text = str(error)
+    if launch is not None and launch.nnodes > 1 and "DistStoreError" in text and (
+            ("wait timeout" in text and "/default_pg/" in text) or "waiting for clients" in text):
+        return DistkitError(
+            f"node {node_rank}: not every node joined the run at {launch.master_addr}:"
+            f"{launch.master_port} within --timeout {launch.timeout_s:g} s (rank {rank} waited "
+            f"for the others): start all {launch.nnodes} nodes within --timeout of each other, with "
+            "the same --nnodes, --nproc-per-node, --master-addr and --master-port")
+    if launch is not None and launch.nnodes > 1 and "distkit.failures.RankFailed" not in text and \
+            re.search(r"torch\.distributed\.Dist(Network|Store)Error", text):
+        # raised before training started: while the process group formed
+        first = next((ln for ln in text.splitlines() if "torch.distributed.Dist" in ln), "").strip()
+        return DistkitError(
+            f"node {node_rank}: the rendezvous at {launch.master_addr}:{launch.master_port} failed "
+            f"for rank {rank} ({first.replace('torch.distributed.', '')[:160]}): start all "
+            f"{launch.nnodes} nodes with the same --nnodes, --nproc-per-node, --master-addr and "
+            "--master-port, within --timeout of each other")
     signal_name = getattr(error, "signal_name", None)
     exit_code = getattr(error, "exit_code", None)
     if signal_name:

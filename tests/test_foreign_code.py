@@ -7,8 +7,8 @@ asserts that what the code asked for happened: the lr trace, the precision, the 
 settings, the failure line.
 
 The fast tests train in this process (``backend="none"``); the slow ones run 2 processes
-under the kit's spawn, torchrun, ``distkit launch``, a simulated ``srun`` step and a
-notebook kernel.
+under the kit's spawn, torchrun, ``distkit launch`` and a notebook kernel; under a real
+``srun`` and ``sbatch`` in tests/test_slurm.py.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ import torch
 from distkit import Config, DistkitError, Task, run
 from distkit.effective import every_field_grouped
 from distkit.lessons.multinode import clean_env, log_tail
-from distkit.machine import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 FOREIGN = REPO / "tests" / "foreign"
@@ -461,45 +460,7 @@ def test_ctrl_c_sigterm_and_timeout_stop_every_rank_with_one_line(tmp_path):
     assert not _alive(int((tmp_path / "pid1").read_text()))
 
 
-FAKE_SRUN = '''#!{python}
-"""Stand-in for srun on one node: SLURM_NTASKS copies of the command, each with the
-per-task variables the real srun sets (SLURM_STEP_NUM_TASKS included)."""
-import os, subprocess, sys
-args = [a for a in sys.argv[1:] if not a.startswith("--kill-on-bad-exit")]
-n = int(os.environ["SLURM_NTASKS"])
-procs = [subprocess.Popen(args, env=dict(os.environ, SLURM_PROCID=str(i), SLURM_LOCALID=str(i),
-                                         SLURM_NODEID="0", SLURM_STEP_ID="0",
-                                         SLURM_STEP_NUM_TASKS=str(n), SLURM_STEP_NUM_NODES="1",
-                                         SLURM_STEP_TASKS_PER_NODE=str(n),
-                                         SLURM_STEP_NODELIST="localhost"))
-         for i in range(n)]
-sys.exit(max(abs(p.wait()) for p in procs))
-'''
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(400)
-def test_tutorial_script_in_a_simulated_srun_step_through_the_slurm_template(tmp_path):
-    from distkit.lessons.multinode import slurm_env
-
-    tutorial(tmp_path)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    srun = bindir / "srun"
-    srun.write_text(FAKE_SRUN.format(python=sys.executable))
-    srun.chmod(0o755)
-    port = free_port()
-    job = {k: v for k, v in slurm_env(0, 2, job_id="4242", nodelist="localhost").items()
-           if k not in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_ID")}
-    env = clean_env(**job, SCRIPT="multigpu_torchrun.py", MASTER_PORT=port,
-                    PATH=f"{bindir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
-    out = subprocess.run(["bash", str(REPO / "scripts" / "slurm.sbatch"), "2", "1"], cwd=tmp_path,
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert "+ srun --kill-on-bad-exit=1 python -m distkit launch multigpu_torchrun.py 2 1" in out.stdout
-    for rank in (0, 1):  # one rank per srun task, no nested spawn
-        assert out.stdout.count(f"[RANK{rank}] Epoch 1 | Batchsize: 32 | Steps: 4") == 1, out.stdout
-    assert torch.load(tmp_path / "snapshot.pt", weights_only=True)["EPOCHS_RUN"] == 1
+# The tutorial script under a real srun and through slurm.sbatch: tests/test_slurm.py.
 
 
 @pytest.mark.slow

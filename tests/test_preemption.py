@@ -83,7 +83,11 @@ def outcome(results: dict) -> dict:
     return {"weights": last["model"], "epoch": results["final"]["epoch"],
             "iterations": results["iterations"], "best_name": os.path.basename(results["best_model"]),
             "best": best, "task_state": {k: v for k, v in last.items() if k.startswith("task.")},
-            "early_stopping": last.get("early_stopping")}
+            "early_stopping": last.get("early_stopping"),
+            # the record of the whole run, the epochs before the resume included
+            "validation": [{k: v for k, v in h.items() if k == "epoch" or k.startswith("val_")}
+                           for h in results["history"]],
+            "summary_best": results.get("best")}
 
 
 def assert_same(resumed: dict, whole: dict) -> None:
@@ -97,6 +101,8 @@ def assert_same(resumed: dict, whole: dict) -> None:
         assert torch.equal(resumed["best"][name], whole["best"][name]), f"best model's {name} differs"
     assert resumed["task_state"] == whole["task_state"]
     assert resumed["early_stopping"] == whole["early_stopping"]
+    assert resumed["validation"] == whole["validation"], "results.json's history differs"
+    assert resumed["summary_best"] == whole["summary_best"], "the summary names another best epoch"
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The launch templates in scripts/: each header states the exact command the script
 runs (checked against what it prints), and each runs as far as this machine allows:
-torchrun on two "nodes" on 127.0.0.1, SLURM in a simulated job (a stand-in ``srun`` that
-sets the variables the real one sets, for 2 tasks on 1 node), and the Colab launcher.
+torchrun on two "nodes" on 127.0.0.1 and the Colab launcher; slurm.sbatch runs on a real
+one-node SLURM cluster in tests/test_slurm.py.
 torchrun_1node.sh itself is run, with a crash and a restart, in test_failure.py."""
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,7 +18,7 @@ import pytest
 
 from conftest import REPO_ROOT, checkout_copy, subprocess_env
 from distkit.machine import free_port, threads_per_process
-from distkit.lessons.multinode import clean_env, slurm_env
+from distkit.lessons.multinode import slurm_env
 
 SCRIPTS = REPO_ROOT / "scripts"
 TINY = ["--epochs", "1", "--no-progress", "--dataset", "synthetic", "--dataset-size", "256"]
@@ -127,63 +126,7 @@ def test_torchrun_nnodes_script_on_two_loopback_nodes(tmp_path):
     assert threads_per_process(2) < threads_per_process(1) or threads_per_process(1) == 1
 
 
-FAKE_SRUN = textwrap.dedent('''\
-    #!{python}
-    """Stand-in for srun on one node: start SLURM_NTASKS copies of the command, each with
-    the per-task variables srun sets; --kill-on-bad-exit=1: a failed task ends all."""
-    import os, subprocess, sys, time
-    args = sys.argv[1:]
-    kill_on_bad_exit = "--kill-on-bad-exit=1" in args
-    while args and args[0].startswith("-"):
-        args.pop(0)
-    n = int(os.environ["SLURM_NTASKS"])
-    procs = [subprocess.Popen(args, env=dict(os.environ, SLURM_PROCID=str(i), SLURM_LOCALID=str(i),
-                                                 SLURM_NODEID="0", SLURM_STEP_ID="0"))
-             for i in range(n)]
-    while any(p.poll() is None for p in procs):
-        if kill_on_bad_exit and any(p.poll() not in (None, 0) for p in procs):
-            for p in procs:
-                p.kill()
-        time.sleep(0.1)
-    sys.exit(max(abs(p.returncode) for p in procs))
-''')
-
-
-def slurm_port_job_id() -> str:
-    """A job id whose port (15000 + its last 4 digits, as ignite derives it) is free."""
-    for last4 in range(2000, 9999, 97):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", 15000 + last4))
-                return f"77{last4:04d}"
-            except OSError:
-                continue
-    pytest.skip("no free port in 17000-24999 for the simulated SLURM job")
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(150)
-def test_slurm_script_in_a_simulated_slurm_job(tmp_path):
-    """The unchanged slurm.sbatch and distkit train, in the environment sbatch + srun give
-    a job of 2 tasks on 1 node."""
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    srun = bindir / "srun"
-    srun.write_text(FAKE_SRUN.format(python=sys.executable))
-    srun.chmod(0o755)
-    fake_scontrol(bindir, ["localhost"])  # ignite's scontrol call must not meet this machine's
-    job_id = slurm_port_job_id()
-    job_env = {k: v for k, v in slurm_env(0, 2, job_id=job_id, nodelist="localhost").items()
-               if k not in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_ID")}
-    env = clean_env(**job_env, PATH=f"{bindir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
-    out = subprocess.run(["bash", str(SCRIPTS / "slurm.sbatch"), *TINY], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    (results,) = (tmp_path / "runs" / f"slurm-{job_id}").glob("*/results.json")
-    res = json.loads(results.read_text())
-    assert (res["world_size"], res["nnodes"]) == (2, 1)
-    assert res["replicas_identical"]
-    assert "no checkpoint yet: starting from scratch" in out.stdout
+# slurm.sbatch in a real SLURM job (sbatch, srun, requeue, scancel): tests/test_slurm.py.
 
 
 def test_colab_launcher_chooses_the_runtime_command():

@@ -1,6 +1,8 @@
 """distkit on a real one-node SLURM cluster (tests/slurm_cluster.py: Debian's slurm-wlm,
-started and stopped by these tests as root): ``srun`` runs ``distkit train`` directly and
-the kit's own ``scripts/slurm.sbatch`` is submitted with ``sbatch``."""
+started and stopped by these tests as root): ``srun`` runs ``distkit train`` and
+``distkit launch`` directly, the kit's own ``scripts/slurm.sbatch`` is submitted with
+``sbatch``, resumed, requeued (``scontrol requeue``) and cancelled (``scancel --signal=TERM``).
+These replace the stand-in ``srun`` the tests used before."""
 from __future__ import annotations
 
 import json
@@ -53,8 +55,57 @@ def test_the_kits_sbatch_script_runs_a_job(slurm_cluster, tmp_path):
     log = next(tmp_path.glob(f"*-{job}.out")).read_text()
     assert info["JobState"] == "COMPLETED", log[-3000:]
     assert "+ srun --kill-on-bad-exit=1 python -m distkit train" in log
+    assert "no checkpoint yet: starting from scratch" in log
     (results,) = (tmp_path / "runs" / f"slurm-{job}").glob("*/results.json")
-    assert json.loads(results.read_text())["world_size"] == 2
+    res = json.loads(results.read_text())
+    assert (res["world_size"], res["nnodes"]) == (2, 1)
+    assert res["replicas_identical"]
+
+
+def test_a_course_tasks_bare_one_cycle_reaches_its_peak_under_srun(slurm_cluster, tmp_path):
+    """The foreign course task of tests/foreign/headlines.py (a bare OneCycleLR from its
+    factory) under srun: stepped per iteration, its peak reached, one summary per run."""
+    from test_foreign_code import FOREIGN, assert_one_cycle_reached_its_peak
+
+    out = slurm_cluster.srun(["-n", "2", "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",
+                              "train", "--task", f"{FOREIGN / 'headlines.py'}:task", "--epochs", "2",
+                              "--batch-size", "32", "--set", "train_size=192", "--set",
+                              "val_size=48", "--no-progress", "--output-dir", str(tmp_path / "runs")],
+                             cwd=tmp_path, env=job_env(), timeout=280)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    (res,) = _results(tmp_path / "runs")
+    assert res["world_size"] == 2 and res["replicas_identical"]
+    assert_one_cycle_reached_its_peak(res)
+    assert out.stdout.count("best validation f1") == 1, "one summary per run, not per rank"
+
+
+def test_a_plain_pytorch_script_under_srun_and_the_sbatch_template(slurm_cluster, tmp_path):
+    """tests/foreign/multigpu_torchrun.py (written like pytorch/examples' DDP tutorial:
+    its own init_process_group, reading RANK / LOCAL_RANK) unchanged: srun runs it through
+    `distkit launch` (SLURM's variables mapped to torchrun's, one rank per task, no nested
+    spawn), and slurm.sbatch does the same with SCRIPT set."""
+    import torch
+    from test_foreign_code import tutorial
+
+    tutorial(tmp_path)
+    out = slurm_cluster.srun(["-n", "2", "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",
+                              "launch", "multigpu_torchrun.py", "2", "1"],
+                             cwd=tmp_path, env=job_env(), timeout=280)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    for rank in (0, 1):
+        assert out.stdout.count(f"[RANK{rank}] Epoch 1 | Batchsize: 32 | Steps: 4") == 1, out.stdout
+    assert torch.load(tmp_path / "snapshot.pt", weights_only=True)["EPOCHS_RUN"] == 1
+
+    (tmp_path / "snapshot.pt").unlink()
+    job = slurm_cluster.sbatch(["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                                str(REPO_ROOT / "scripts" / "slurm.sbatch"), "2", "1"],
+                               cwd=tmp_path, env=job_env(SCRIPT="multigpu_torchrun.py"))
+    info = slurm_cluster.wait(job, timeout_s=280)
+    log = next(tmp_path.glob(f"*-{job}.out")).read_text()
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    assert "+ srun --kill-on-bad-exit=1 python -m distkit launch multigpu_torchrun.py 2 1" in log
+    for rank in (0, 1):  # one rank per srun task
+        assert log.count(f"[RANK{rank}] Epoch 1 | Batchsize: 32 | Steps: 4") == 1, log[-3000:]
 
 
 

@@ -483,7 +483,8 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
     """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
     that raises prints one line (the first of its node) and records it for torchrun's
     summary (:func:`distkit.failures.report_from_worker`)."""
-    several_nodes = world_layout().nnodes > 1
+    layout = world_layout()  # read before ignite sets torchrun's variables from SLURM's
+    several_nodes = layout.nnodes > 1
     if several_nodes:
         try:
             bind_to_interface_of_master(launch, os.environ.get("MASTER_ADDR"))
@@ -497,8 +498,10 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
         return run_reporting(reporter, fn, idist.get_local_rank(), *args)
     except signals.Preempted as e:  # every rank stopped at one iteration: one line per node
         if e.checkpoint:
-            e.args = (f"{e}; resume: the same {world_layout().launcher} command with "
-                      f"--resume-from {e.checkpoint}",)
+            e.args = (f"{e}; resume: " + (
+                "a requeued job resumes by itself (scripts/slurm.sbatch: --resume-from latest); "
+                "by hand, the same srun command with " if layout.launcher == "slurm" else
+                "the same torchrun command with ") + f"--resume-from {e.checkpoint}",)
         if first_on_this_node():
             sys.stderr.write(f"distkit: {e}\n")
             sys.stderr.flush()

@@ -467,16 +467,20 @@ def stop_signals() -> tuple:
     return signals.STOP_SIGNALS + extra
 
 
-class History(list):
-    """Every validated epoch's record (``results.json``'s ``history``), kept in the
-    checkpoint: a resumed run reports, plots and picks its best epoch over the whole run,
-    as the uninterrupted one does, not over the epochs since it resumed."""
+class History:
+    """Every validated epoch's record (``results.json``'s ``history``, the list it wraps),
+    kept in the checkpoint: a resumed run reports, plots and picks its best epoch over the
+    whole run, as the uninterrupted one does, not over the epochs since it resumed. (A
+    wrapper, not a list subclass: ignite's Checkpoint treats sequences item by item.)"""
+
+    def __init__(self, records: list):
+        self.records = records
 
     def state_dict(self) -> dict:
-        return {"epochs": list(self)}
+        return {"epochs": list(self.records)}
 
     def load_state_dict(self, state: dict) -> None:
-        self[:] = state["epochs"]
+        self.records[:] = state["epochs"]
 
 
 def resumable_state(stopper, best, task: Task, trainer, evaluator, config) -> dict:
@@ -556,7 +560,7 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
                            "(no flops_per_token() and block_size), so there is no MFU to measure "
                            "against it: drop --peak-flops")
 
-    history = History()
+    history = []
 
     profiler = profiling.attach(trainer) if config.profile else None
 
@@ -617,7 +621,7 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     objects = to_save(trainer, saved_model, saved_optimizer, lr_scheduler, settings)
     # resumed as they were: early stopping's counter, the best model's score, the task's own
     objects.update(resumable_state(stopper, best, task, trainer, evaluator, config))
-    objects["history"] = history  # a resumed run's results, summary and plot: every epoch
+    objects["history"] = History(history)  # a resumed run's results, summary, plot: every epoch
     checkpoint = Checkpoint(
         objects, checkpoint_saver(os.path.join(run_dir, "checkpoints")),  # full disk: one line
         filename_prefix=CHECKPOINT_PREFIX, n_saved=2,

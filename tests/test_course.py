@@ -258,26 +258,4 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(240)
-def test_course_task_through_the_slurm_template(tmp_path):
-    """scripts/slurm.sbatch passes --task through to distkit train, in the environment
-    sbatch + srun give a job of 2 tasks on 1 node (test_scripts' stand-in srun)."""
-    import os
-
-    from distkit.lessons.multinode import slurm_env
-    from test_scripts import FAKE_SRUN, SCRIPTS, slurm_port_job_id
-
-    write_course(tmp_path)
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    (bindir / "srun").write_text(FAKE_SRUN.format(python=sys.executable))
-    (bindir / "srun").chmod(0o755)
-    job_id = slurm_port_job_id()
-    job_env = {k: v for k, v in slurm_env(0, 2, job_id=job_id, nodelist="localhost").items()
-               if k not in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURM_STEP_ID")}
-    env = clean_env(**job_env, PATH=f"{bindir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}")
-    out = subprocess.run(["bash", str(SCRIPTS / "slurm.sbatch"), "--task", "course:task", *TRAIN],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
-    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
-    assert_course_results(results_under(tmp_path / "runs" / f"slurm-{job_id}"), world_size=2)
+# A course task through scripts/slurm.sbatch on a real SLURM cluster: tests/test_slurm.py.

@@ -371,8 +371,10 @@ def test_resumed_run_reports_every_epoch_and_labels_a_partial_train_loss(tmp_pat
     assert "after 3 epoch(s), 69 iterations" in out, out[-2000:]
     resumed_dir = re.search(r"results, checkpoints and plots in (\S+)", out).group(1)
     results = json.loads((tmp_path / resumed_dir / "results.json").read_text())
-    assert [h["epoch"] for h in results["history"]] == [2, 3]
-    assert [h["train_loss_iterations"] for h in results["history"]] == [16, 23]
+    # every epoch of the run, the one trained before the resume included (from the checkpoint)
+    assert [h["epoch"] for h in results["history"]] == [1, 2, 3]
+    assert [h.get("before_resume", False) for h in results["history"]] == [True, False, False]
+    assert [h["train_loss_iterations"] for h in results["history"]] == [23, 16, 23]
     assert results["epochs_completed"] == 3 and results["epochs_this_run"] == 2
 
 

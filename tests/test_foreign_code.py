@@ -199,11 +199,12 @@ def test_peak_flops_with_a_model_that_counts_none_is_refused(tmp_path):
 
 def test_the_kits_training_flags_act_on_a_foreign_task(tmp_path):
     res = train(fast(tmp_path, epochs=3, batch_size=48, seed=3, max_iters=6, checkpoint_every=2,
-                     profile=True, num_workers=0,
+                     profile=True, trace=True, num_workers=0,
                      task_settings={**SMALL, "micro_batches": 4}))
     assert res["iterations"] == 6, "--max-iters"
     assert res["samples_trained"] == 6 * 48, "--batch-size (global)"
     assert res["last_checkpoint"].endswith("_6.pt") and res["profile"], "--checkpoint-every, --profile"
+    assert os.path.exists(res["trace"]["merged"]) and os.path.exists(res["trace"]["png"]), "--trace"
     assert res["config"]["seed"] == 3 and res["config"]["task_settings"]["micro_batches"] == 4
     assert res["config"]["epochs"] == 3 and res["lr_trace"]["lr"][0] == pytest.approx(
         headlines.MAX_LR / 25), "--epochs reached the task's schedule (built for 3 x 4 steps)"
@@ -216,7 +217,7 @@ COVERED = {
     "amp": "test_amp_autocasts_the_tasks_own_step_and_says_so",
     "peak_flops": "test_peak_flops_with_a_model_that_counts_none_is_refused",
     **{f: "test_the_kits_training_flags_act_on_a_foreign_task"
-       for f in ("epochs", "batch_size", "seed", "max_iters", "checkpoint_every", "profile",
+       for f in ("epochs", "batch_size", "seed", "max_iters", "checkpoint_every", "profile", "trace",
                  "num_workers", "task_settings", "output_dir", "threads_per_process", "backend")},
     "task": "test_results_record_the_tasks_own_settings_not_the_kits_defaults",
     "early_stopping_patience": "test_early_stopping_is_named_in_the_summary_and_quiet_without_verbose",

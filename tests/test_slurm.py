@@ -62,6 +62,21 @@ def test_the_kits_sbatch_script_runs_a_job(slurm_cluster, tmp_path):
     assert res["replicas_identical"]
 
 
+def test_a_course_task_through_the_sbatch_template(slurm_cluster, tmp_path):
+    """scripts/slurm.sbatch passes --task through to distkit train, submitted from the
+    folder of course.py as docs/course.md says."""
+    from test_course import TRAIN, assert_course_results, results_under, write_course
+
+    write_course(tmp_path)
+    job = slurm_cluster.sbatch(["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                                str(REPO_ROOT / "scripts" / "slurm.sbatch"), "--task",
+                                "course:task", *TRAIN], cwd=tmp_path, env=job_env())
+    info = slurm_cluster.wait(job, timeout_s=280)
+    log = next(tmp_path.glob(f"*-{job}.out")).read_text()
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    assert_course_results(results_under(tmp_path / "runs" / f"slurm-{job}"), world_size=2)
+
+
 def test_a_course_tasks_bare_one_cycle_reaches_its_peak_under_srun(slurm_cluster, tmp_path):
     """The foreign course task of tests/foreign/headlines.py (a bare OneCycleLR from its
     factory) under srun: stepped per iteration, its peak reached, one summary per run."""
@@ -171,7 +186,8 @@ def _final_model(folder: Path, job: str):
     runs = _results(folder / "runs" / f"slurm-{job}")
     finished = [r for r in runs if r.get("epochs_completed") == 3]
     assert finished, f"no finished run in {folder}: {runs}"
-    return torch.load(finished[-1]["last_checkpoint"], map_location="cpu", weights_only=True)["model"]
+    return torch.load(folder / finished[-1]["last_checkpoint"], map_location="cpu",  # relative
+                      weights_only=True)["model"]
 
 
 def test_a_requeued_job_resumes_by_itself_and_ends_where_an_uninterrupted_one_ends(
@@ -196,7 +212,7 @@ def test_a_requeued_job_resumes_by_itself_and_ends_where_an_uninterrupted_one_en
 def test_scancel_term_leaves_a_checkpoint_and_one_line(slurm_cluster, tmp_path):
     job = _submit(slurm_cluster, tmp_path)
     _wait_for_checkpoint(tmp_path, job, slurm_cluster)
-    done = slurm_cluster.run(["scancel", "--signal=TERM", "--full", job])
+    done = slurm_cluster.run(["scancel", "--signal=TERM", job])  # to the tasks, as preemption
     assert done.returncode == 0, done.stderr
     slurm_cluster.wait(job, timeout_s=120)
     log = next(tmp_path.glob(f"*-{job}.out")).read_text()

@@ -36,7 +36,7 @@ BUILTIN_ONLY = ("dataset", "model", "dataset_size")
 OPTIMIZER_FIELDS = ("lr", "scale_lr", "warmup_epochs", "momentum", "weight_decay")
 TRAINING_FIELDS = ("data_dir", "strategy", "task", "task_settings", "epochs", "batch_size",
                    "num_workers", "seed", "amp", "early_stopping_patience",
-                   "early_stopping_min_delta", "profile", "progress_bar", "verbose", "logger",
+                   "early_stopping_min_delta", "profile", "trace", "progress_bar", "verbose", "logger",
                    "output_dir", "checkpoint_every", "resume_from", "max_iters", "peak_flops")
 """Fields the kit acts on for every task (data_dir reaches the task's functions as
 ``config.data_dir``, for a task that downloads)."""

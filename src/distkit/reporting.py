@@ -78,7 +78,7 @@ def results_of(record: RunRecord) -> dict:
         "history": history,
         "iterations": record.iterations,
         "epochs_completed": history[-1]["epoch"] if history else 0,  # resumed runs included
-        "epochs_this_run": len(history),
+        "epochs_this_run": sum(1 for h in history if not h.get("before_resume")),
         "final": history[-1] if history else None,
         "best": best_epoch(history, task),
         "wall_time_s": wall,

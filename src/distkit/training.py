@@ -479,8 +479,8 @@ class History:
     def state_dict(self) -> dict:
         return {"epochs": list(self.records)}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.records[:] = state["epochs"]
+    def load_state_dict(self, state: dict) -> None:  # epochs the run before trained
+        self.records[:] = [{**h, "before_resume": True} for h in state["epochs"]]
 
 
 def resumable_state(stopper, best, task: Task, trainer, evaluator, config) -> dict:

@@ -60,6 +60,12 @@ def on_rank(dirname):
     trainer, model, optimizer, loader = setup(seed=0)
     try:
         checkpoint = ex.attach_checkpointing(trainer, model, optimizer, dirname)
+        report["returned"] = type(checkpoint).__name__
+        # Every rank holds a Checkpoint before any trains, or none trains: ignite's
+        # Checkpoint runs a collective when it saves, which a rank without one never
+        # joins (the ranks then waited on each other, and the timeout hid this message).
+        if idist.all_reduce(float(not isinstance(checkpoint, Checkpoint))) > 0:
+            return report
         history = []  # the weights after each iteration, to name a checkpoint saved too early
         trainer.add_event_handler(Events.ITERATION_COMPLETED,
                                   lambda e, m=model: history.append(harness.flat_weights(m)))

@@ -69,6 +69,7 @@ STEPS = dict(wait=1, warmup=1, active=3)
 LAYERS, WIDTH, BATCH = 8, 256, 64
 
 
+# %%
 def ddp_steps(name, bucket_cap_mb=None, accumulate=1, straggle=0.0):
     """Train a few steps under DDP with the profiler on; in each recorded step rank 1
     sleeps ``straggle`` times the warm-up step's time (the slowest rank's) in its forward.
@@ -108,6 +109,7 @@ def ddp_steps(name, bucket_cap_mb=None, accumulate=1, straggle=0.0):
     return path
 
 
+# %%
 def launch(fn, *args):
     """Run ``fn(*args)`` on 2 gloo ranks started by idist.Parallel (fork)."""
     # (cpu_only_processes: gloo processes on the CPU, even where a GPU is; notebook 01 says why)
@@ -279,6 +281,7 @@ def fsdp_steps(local_rank):
             prof.step()
 
 
+# %%
 launch(fsdp_steps)
 fsdp = merged("fsdp")
 for rank in (0, 1):
@@ -349,6 +352,7 @@ def pipeline_steps(local_rank):
         json.dump(logged, f)
 
 
+# %%
 launch(pipeline_steps)
 model = bubble_model(2, MICRO)
 for name in ("GPipe", "1F1B"):

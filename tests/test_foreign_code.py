@@ -330,9 +330,22 @@ def test_slurm_variables_map_to_torchruns():
     assert "inside a srun launch, which starts the processes itself" in one_line(e)
 
 
+GLOO_EXIT_ABORT = "terminate called without an active exception"
+
+
+def assert_trained_or_gloo_exit_abort(run):
+    """Plain torchrun, no distkit: the tutorial's own exit. It aborts after training in
+    about 1 run of 10 on the 2-core VM (2 of 20, 15:42 26 Nov): torch's gloo worker thread
+    needs the GIL during Python's finalization, std::terminate, SIGABRT (the core dump is
+    read in distkit.script_worker.leave, which `distkit launch` uses so that it never
+    happens there). That one abort, and only it, is let pass here; the launches through
+    distkit in this test must exit 0."""
+    if run.returncode != 0:
+        assert GLOO_EXIT_ABORT in run.stderr and "SIGABRT" in run.stderr, log_tail(run.stderr, 30)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(500)
-@pytest.mark.xfail(reason="the tutorial-style script itself sometimes aborts at exit after training (SIGABRT, terminate called without an active exception), under plain torchrun too: an upstream gloo teardown defect under investigation, see the closing note of 26 Nov", strict=False)
 def test_tutorial_script_trains_under_distkit_launch_resumes_and_runs_under_torchrun(tmp_path):
     tutorial(tmp_path)
     out = launch(["--nproc-per-node", "2", "multigpu_torchrun.py", "2", "1"], tmp_path)
@@ -351,7 +364,8 @@ def test_tutorial_script_trains_under_distkit_launch_resumes_and_runs_under_torc
     plain = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                             "--nproc_per_node=2", "multigpu_torchrun.py", "1", "1"], cwd=tmp_path,
                            env=clean_env(), capture_output=True, text=True, timeout=240)
-    assert plain.returncode == 0, log_tail(plain.stderr, 30)
+    assert_trained_or_gloo_exit_abort(plain)
+    assert "[RANK1] Epoch 0 | last loss" in plain.stdout and "[RANK0] Epoch 0 | last loss" in plain.stdout
     (tmp_path / "snapshot.pt").unlink()
     templated = subprocess.run(["bash", str(REPO / "scripts" / "torchrun_1node.sh"), "1", "1"],
                                cwd=tmp_path, capture_output=True, text=True, timeout=240,
@@ -360,6 +374,25 @@ def test_tutorial_script_trains_under_distkit_launch_resumes_and_runs_under_torc
     assert templated.returncode == 0, log_tail(templated.stderr, 30)
     assert "-m distkit launch multigpu_torchrun.py 1 1" in templated.stdout
     assert "[RANK1] Epoch 0 | Batchsize: 32" in templated.stdout
+
+
+@pytest.mark.timeout(120)
+def test_a_launched_script_ends_as_python_would_atexit_handlers_and_unflushed_output(tmp_path):
+    """A rank ends without Python's finalization (distkit.script_worker.leave): what a
+    script may rely on at exit still happens on every rank: its atexit handlers run (in
+    reverse order of registration) and output it never flushed arrives."""
+    (tmp_path / "ends.py").write_text(
+        "import atexit, os, sys\n"
+        "rank = os.environ['RANK']\n"
+        "atexit.register(lambda: print(f'second handler rank {rank}', end=''))\n"
+        "atexit.register(lambda: open(f'atexit-{rank}', 'w').write('ran'))\n"
+        "sys.stdout.write(f'unflushed rank {rank} ')\n"
+        "sys.exit(0)\n")
+    out = launch(["--nproc-per-node", "2", "ends.py"], tmp_path, timeout=100)
+    assert out.returncode == 0, out.stderr
+    for rank in (0, 1):
+        assert f"unflushed rank {rank} second handler rank {rank}" in out.stdout, out.stdout
+        assert (tmp_path / f"atexit-{rank}").read_text() == "ran"
 
 
 @pytest.mark.slow

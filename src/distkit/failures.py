@@ -119,13 +119,17 @@ def cause(error: BaseException) -> str:
 
 def write_traceback(folder: str, rank: int, error: BaseException) -> str | None:
     """The full traceback (its chained causes included) in ``folder/rank<R>.txt``."""
+    path = os.path.join(folder, f"rank{rank}.txt")
     try:
         os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"rank{rank}.txt")
         with open(path, "w") as f:
             f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
         return path
-    except OSError:
+    except OSError:  # a full disk: no file rather than an empty or cut one a reader would trust
+        try:
+            os.remove(path)
+        except OSError:
+            pass
         return None
 
 

@@ -139,7 +139,8 @@ def decode_rng_state(data: torch.Tensor) -> dict:
     """:func:`rng_state_bytes` read back (numpy's state still as a tensor)."""
     import io
 
-    state = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
+    saved = io.BytesIO(data.numpy().tobytes())
+    state = torch.load(saved, weights_only=True)
     state["python"] = (state["python"][0], tuple(state["python"][1]), state["python"][2])
     return state
 

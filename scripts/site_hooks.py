@@ -5,7 +5,7 @@ mkdocs reads the pages of ``docs_dir`` only, and a config file may not sit insid
 folder it documents. These hooks give the site the repository's layout instead:
 ``README.md`` (the home page, ``index.html``), ``docs/*.md``, ``notebooks/NN_*.ipynb``
 (rendered by mkdocs-jupyter from their committed outputs) and ``benchmarks/README.md``,
-each at its path in the repository. So a relative link written for GitHub
+each at its path in the repository, with the images these pages show. So a relative link written for GitHub
 (``../notebooks/01_processes_and_ranks.ipynb`` in a docs page, ``../docs/colab.md`` in a
 notebook) leads to the same page on the site, and mkdocs checks it (``strict``).
 
@@ -33,6 +33,7 @@ from build_notebooks import BRANCH, REPO_URL  # noqa: E402  (pyproject.toml [pro
 PAGES = ("README.md", "docs/*.md", "notebooks/[0-9][0-9]_*.ipynb", "benchmarks/README.md")
 BLOB = f"{REPO_URL}/blob/{BRANCH}/"
 MARKDOWN_LINK = re.compile(r"(?<!!)\]\(([^)\s]+)\)")
+MARKDOWN_IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 HREF = re.compile(r'href="([^"]+)"')
 COLAB_BADGE = re.compile(r'<img[^>]*src="https://colab\.research\.google\.com/assets/colab-badge\.svg"[^>]*/?>')
 EXTERNAL_SCRIPT = re.compile(r'<script[^>]*src="https?://[^"]*"[^>]*>\s*</script>')
@@ -43,11 +44,25 @@ def page_paths(root: Path = ROOT) -> list[str]:
     return sorted({p.relative_to(root).as_posix() for pattern in PAGES for p in root.glob(pattern)})
 
 
+def image_paths(pages: list[str], root: Path = ROOT) -> list[str]:
+    """The repository's images that the markdown pages show (``![...](results/x.png)``)."""
+    found = set()
+    for page in pages:
+        if page.endswith(".md"):
+            for target in MARKDOWN_IMAGE.findall((root / page).read_text()):
+                resolved = _target(target, page)
+                if resolved and not resolved[0].startswith("..") and (root / resolved[0]).is_file():
+                    found.add(resolved[0])
+    return sorted(found)
+
+
 @event_priority(100)  # before mkdocs-jupyter's on_files, which claims the notebooks
 def on_files(files: Files, config) -> Files:
     docs_dir = Path(config["docs_dir"]).resolve()
     kept = [f for f in files if not Path(f.abs_src_path or "/").resolve().is_relative_to(docs_dir)]
-    pages = [File(path, str(ROOT), config["site_dir"], config["use_directory_urls"]) for path in page_paths()]
+    paths = page_paths()
+    pages = [File(path, str(ROOT), config["site_dir"], config["use_directory_urls"])
+             for path in paths + image_paths(paths)]
     return Files(kept + pages)
 
 
@@ -77,6 +92,26 @@ def on_page_markdown(markdown: str, page, config, files: Files) -> str:
     return MARKDOWN_LINK.sub(lambda m: f"]({_elsewhere(m.group(1), uri, files)})", markdown)
 
 
+HEADING_ID = re.compile(r'<h[1-6][^>]* id="([^"]+)"')
+
+
+def _toc_to_heading_ids(page, html: str) -> None:
+    """mkdocs-jupyter's table of contents (from the notebook converted to markdown) names
+    each heading by the markdown slug, nbconvert's page by its own id
+    ("1.-Starting-processes-with-idist.Parallel"): both list the markdown cells' headings
+    in order, so the contents are given the page's ids."""
+    items, stack = [], list(page.toc)[::-1]
+    while stack:
+        item = stack.pop()
+        items.append(item)
+        stack.extend(list(item.children)[::-1])
+    ids = HEADING_ID.findall(html)
+    if len(items) != len(ids):
+        raise ValueError(f"{page.file.src_uri}: {len(items)} headings in its contents, {len(ids)} on its page")
+    for item, heading_id in zip(items, ids):
+        item.id = heading_id
+
+
 def on_page_content(html: str, page, config, files: Files) -> str:
     """A notebook's page (mkdocs-jupyter's HTML, which mkdocs does not rewrite): links to
     pages of the site as their URLs, others to the repository; no script or image from
@@ -93,6 +128,7 @@ def on_page_content(html: str, page, config, files: Files) -> str:
             return f'href="{get_relative_url(page_file.url, page.url)}{found[1]}"'
         return f'href="{_elsewhere(href, uri, files)}"'
 
+    _toc_to_heading_ids(page, html)
     html = COLAB_BADGE.sub("Open in Colab", html)
     html = EXTERNAL_SCRIPT.sub("", html)
     return HREF.sub(link, html)

@@ -123,8 +123,8 @@ def search(site: Path, page_name: str, query: str, timeout_ms: int = 60_000) -> 
         try:
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.goto(url + page_name, wait_until="load")
-            page.click('label[for="__search"]')
-            page.fill("input.md-search__input", query)
+            page.click("input.md-search__input")  # in the header at this width
+            page.keyboard.type(query)
             page.wait_for_selector(".md-search-result__item a", timeout=timeout_ms)
             return page.eval_on_selector_all(".md-search-result__item a",
                                              "links => links.map(a => a.getAttribute('href'))")

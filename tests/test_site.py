@@ -159,3 +159,22 @@ def _resolve(page: str, href: str) -> str:
     from posixpath import dirname, join, normpath
 
     return normpath(join(dirname(page), href.split("#")[0]))
+
+
+def test_hooks_send_a_link_to_a_page_to_the_page_and_others_to_the_repository(tmp_path):
+    """scripts/site_hooks.py on a notebook's links: a notebook or docs page of the site is
+    its page; another file of the repository is that file in the repository; a link that
+    leads nowhere is left as written, for the browser check to find."""
+    from mkdocs.structure.files import File, Files
+
+    import site_hooks
+    from build_notebooks import BRANCH, REPO_URL
+
+    files = Files([File(p, str(REPO_ROOT), str(tmp_path), False) for p in site_hooks.page_paths()])
+    here = "notebooks/01_processes_and_ranks.ipynb"
+    assert site_hooks._elsewhere("02_gpus_with_nccl.ipynb#x", here, files) == "02_gpus_with_nccl.ipynb#x"
+    assert site_hooks._elsewhere("../exercises/01_collectives.py", here, files) == \
+        f"{REPO_URL}/blob/{BRANCH}/exercises/01_collectives.py"
+    for nowhere in ("../docs/no_such_page.md", "../../outside.md", "https://pytorch.org", "#anchor"):
+        assert site_hooks._elsewhere(nowhere, here, files) == nowhere
+    assert "benchmarks/results/bench-quick.png" in site_hooks.image_paths(site_hooks.page_paths())

@@ -117,6 +117,11 @@ def test_notebook_page_shows_its_recorded_outputs(site, path):
     missing = [t[:100] for t in printed if plain(t) not in shown]
     assert not missing, (path.name, missing)
     assert "Recorded run: the outputs below are those of one run" in shown
+    # its title is the nav's (mkdocs.yml), whole: "07 · Timing with Timer", not the
+    # heading with its `code` dropped
+    nav = re.search(rf"^\s*- ({path.name[:2]} · [^:]+): notebooks/{path.name}$",
+                    (REPO_ROOT / "mkdocs.yml").read_text(), re.M)
+    assert nav and f"<title>{html.escape(nav.group(1), quote=False)} - distkit</title>" in page, path.name
 
 
 @pytest.mark.slow

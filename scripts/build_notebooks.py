@@ -190,6 +190,19 @@ def with_outputs_of(built: dict, recorded: dict) -> dict:
     return {**built, "cells": cells, "metadata": {**built["metadata"], "distkit": recorded["metadata"]["distkit"]}}
 
 
+def read_committed(target: Path) -> dict | None:
+    """The notebook as committed; None if there is none or it is not JSON (a merge left
+    conflict markers in it: it is then built again from its source, without outputs)."""
+    if not target.exists():
+        return None
+    try:
+        return json.loads(target.read_text())
+    except json.JSONDecodeError:
+        print(f"{target.name}: not a notebook (merge conflict markers?): built again from its source",
+              file=sys.stderr)
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if a notebook is out of date")
@@ -198,7 +211,7 @@ def main() -> int:
     for src in sorted(SRC.glob("[0-9][0-9]_*.py")):
         target = OUT / f"{src.stem}.ipynb"
         built = json.loads(build(src))
-        committed = json.loads(target.read_text()) if target.exists() else None
+        committed = read_committed(target)
         if committed is not None and normalized(committed) == built:
             continue  # up to date (with or without recorded outputs)
         if args.check:

@@ -9,8 +9,14 @@ one place that names it; never hand-copied. While it names the placeholder owner
 ``OWNER``, the badge leads to docs/colab.md instead of Colab, and the install cell
 installs a wheel uploaded to the session, or stops in one line saying how to make one.
 
-    python scripts/build_notebooks.py          # rebuild every notebook
+    python scripts/build_notebooks.py          # rebuild every notebook that is out of date
     python scripts/build_notebooks.py --check  # exit 1 if a notebook is out of date
+
+The notebooks in the repository also carry the outputs of a recorded run
+(scripts/record_notebooks.py): those are not part of what is built, so the check compares
+a notebook without them (:func:`normalized`). A rebuilt notebook whose code cells are
+unchanged (only prose edited) keeps its outputs; one whose code changed is written without
+outputs, to be recorded again (tests/test_notebook_outputs.py says so).
 
 Cell markers in the source: ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown
 cell whose lines are written as ``# text``. The first markdown cell should be the title.
@@ -24,6 +30,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # record_notebooks, beside this file
 SRC = ROOT / "notebooks" / "src"
 OUT = ROOT / "notebooks"
 BRANCH = "main"
@@ -154,6 +161,48 @@ def build(src: Path, url: str = REPO_URL) -> str:
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
 
+def normalized(nb: dict) -> dict:
+    """``nb`` as :func:`build` writes it: without the recorded run's outputs, execution
+    counts, its recorded-run cell and ``metadata.distkit`` (scripts/record_notebooks.py)."""
+    from record_notebooks import is_recorded_cell
+
+    cells = []
+    for cell in nb["cells"]:
+        if is_recorded_cell(cell):
+            continue
+        if cell["cell_type"] == "code":
+            cell = {**cell, "execution_count": None, "outputs": []}
+        cells.append(cell)
+    return {**nb, "cells": cells, "metadata": {k: v for k, v in nb["metadata"].items() if k != "distkit"}}
+
+
+def with_outputs_of(built: dict, recorded: dict) -> dict:
+    """``built`` with the outputs of ``recorded`` when their code cells are the same
+    (only prose changed); ``built`` as it is otherwise (to be recorded again)."""
+    from record_notebooks import code_digest, is_recorded_cell
+
+    if "distkit" not in recorded.get("metadata", {}) or code_digest(built) != code_digest(normalized(recorded)):
+        return built
+    ran = iter(c for c in recorded["cells"] if c["cell_type"] == "code")
+    cells = [{**c, **({k: v for k, v in next(ran).items() if k in ("execution_count", "outputs")}
+                      if c["cell_type"] == "code" else {})} for c in built["cells"]]
+    cells[1:1] = [c for c in recorded["cells"] if is_recorded_cell(c)]
+    return {**built, "cells": cells, "metadata": {**built["metadata"], "distkit": recorded["metadata"]["distkit"]}}
+
+
+def read_committed(target: Path) -> dict | None:
+    """The notebook as committed; None if there is none or it is not JSON (a merge left
+    conflict markers in it: it is then built again from its source, without outputs)."""
+    if not target.exists():
+        return None
+    try:
+        return json.loads(target.read_text())
+    except json.JSONDecodeError:
+        print(f"{target.name}: not a notebook (merge conflict markers?): built again from its source",
+              file=sys.stderr)
+        return None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--check", action="store_true", help="fail if a notebook is out of date")
@@ -161,12 +210,17 @@ def main() -> int:
     stale = []
     for src in sorted(SRC.glob("[0-9][0-9]_*.py")):
         target = OUT / f"{src.stem}.ipynb"
-        text = build(src)
+        built = json.loads(build(src))
+        committed = read_committed(target)
+        if committed is not None and normalized(committed) == built:
+            continue  # up to date (with or without recorded outputs)
         if args.check:
-            if not target.exists() or target.read_text() != text:
-                stale.append(target.name)
+            stale.append(target.name)
         else:
-            target.write_text(text)
+            nb = with_outputs_of(built, committed) if committed is not None else built
+            target.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+            print(f"{target.name}: rebuilt" + ("" if "distkit" in nb["metadata"] else
+                  f"; its code changed: record it with python scripts/record_notebooks.py {target.name[:2]}"))
     if stale:
         print(f"out of date: {', '.join(stale)}; run python scripts/build_notebooks.py", file=sys.stderr)
         return 1

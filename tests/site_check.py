@@ -1,6 +1,5 @@
-"""The site of the executed notebooks, looked at in a real headless browser (Debian's
-Chromium, driven by Playwright): used by tests/test_notebooks.py, whose notebook runs
-leave the executed notebooks the site is built from.
+"""The course's site (mkdocs.yml), looked at in a real headless browser (Debian's
+Chromium, driven by Playwright): used by tests/test_site.py.
 
 Chromium comes from the machine's packages: :func:`chromium` installs Debian's
 ``chromium`` with apt-get when it is missing and this is root (CI runs as root), so the
@@ -74,6 +73,10 @@ INSPECT = """() => ({
   links: Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href')),
   ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id),
   text: document.body.innerText,
+  // mkdocs-material's navigation: the header's link home, the footer's previous / next
+  home: document.querySelector('a.md-header__button.md-logo')?.getAttribute('href') ?? null,
+  previous: document.querySelector('a.md-footer__link--prev')?.getAttribute('href') ?? null,
+  next: document.querySelector('a.md-footer__link--next')?.getAttribute('href') ?? null,
 })"""
 
 
@@ -108,6 +111,25 @@ def inspect_site(site: Path, pages: list[str], shots: Path) -> dict:
         finally:
             browser.close()
     return seen
+
+
+def search(site: Path, page_name: str, query: str, timeout_ms: int = 60_000) -> list[str]:
+    """Type ``query`` into the search box of ``page_name`` (mkdocs-material's search, run
+    by the browser on the site's search index) and return the links of its results."""
+    from playwright.sync_api import sync_playwright
+
+    with served(site) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url + page_name, wait_until="load")
+            page.click("input.md-search__input")  # in the header at this width
+            page.keyboard.type(query)
+            page.wait_for_selector(".md-search-result__item a", timeout=timeout_ms)
+            return page.eval_on_selector_all(".md-search-result__item a",
+                                             "links => links.map(a => a.getAttribute('href'))")
+        finally:
+            browser.close()
 
 
 def broken_links(site: Path, seen: dict) -> list[str]:

@@ -39,7 +39,9 @@ from distkit import tracing
 from distkit.machine import cpu_only_processes, free_port, quiet_ignite_logs
 
 quiet_ignite_logs()
-os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # no kineto ERROR lines on a CPU-only torch build
+# no kineto lines on stderr: ERROR ones on a CPU-only build, and (torch 2.15) a USDT line
+# at every profiler start and stop, the one level above ERROR; 6 is above both
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 folder = tempfile.mkdtemp(prefix="distkit-nb15-")  # every trace of this notebook goes here
 print(f"torch {torch.__version__}, ignite {ignite.__version__}, {os.cpu_count()} CPU cores")
 

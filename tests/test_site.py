@@ -1,0 +1,185 @@
+"""The course's site: ``mkdocs build`` (mkdocs.yml: mkdocs-material, the notebooks rendered
+by mkdocs-jupyter from their committed outputs, never executed) builds with no warning,
+every page is in it with the navigation and the search index, every notebook's page
+shows what its recorded run printed and drew; then the pages opened in headless Chromium
+(slow: the browser) load with no error, their figures decoded, their links leading
+somewhere, previous / next / home on every page, and the search box finding pages.
+
+One build per test session (a module fixture): 7.5 s, and 24 s for the browser test, on the
+2-core VM at load average 5 (26 Nov 2026)."""
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "scripts"))
+NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+DOCS = sorted((REPO_ROOT / "docs").glob("*.md"))
+
+
+def page_of(path: Path) -> str:
+    """The site's page of a file of the repository (use_directory_urls: false)."""
+    rel = path.relative_to(REPO_ROOT).as_posix()
+    if rel.endswith("README.md"):
+        return rel[: -len("README.md")] + "index.html"
+    return re.sub(r"\.(md|ipynb)$", ".html", rel)
+
+
+PAGES = [page_of(REPO_ROOT / "README.md")] + [page_of(p) for p in NOTEBOOKS + DOCS] + ["benchmarks/index.html"]
+
+
+def repository_state() -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=60).stdout
+
+
+@pytest.fixture(scope="module")
+def build(tmp_path_factory):
+    """The site built once: (its folder, what the build left in the repository)."""
+    out = tmp_path_factory.mktemp("site") / "site"
+    before = repository_state()
+    built = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONDONTWRITEBYTECODE": "1"})
+    written = sorted(set(repository_state().splitlines()) - set(before.splitlines()))
+    assert built.returncode == 0, built.stderr[-4000:]
+    # strict: a warning fails the build; and none is printed (a broken link or anchor, a
+    # page missing from the nav, a notebook mkdocs-jupyter could not read)
+    warnings = [ln for ln in built.stderr.splitlines() if ln.startswith("WARNING")]
+    assert not warnings, warnings
+    return out, written
+
+
+@pytest.fixture(scope="module")
+def site(build):
+    return build[0]
+
+
+def test_every_page_is_built_from_the_repository_without_writing_into_it(build):
+    site, written = build
+    missing = [p for p in PAGES if not (site / p).is_file()]
+    assert not missing, missing
+    assert not written, written  # no cache, no site/ beside the sources
+
+
+def test_search_index_holds_every_page(site):
+    index = json.loads((site / "search" / "search_index.json").read_text())
+    located = {doc["location"].split("#")[0] or "index.html" for doc in index["docs"]}
+    assert set(PAGES) <= located, sorted(set(PAGES) - located)
+    # a notebook's page is searchable by its code and prose: the call it teaches
+    text = " ".join(d["text"] for d in index["docs"] if d["location"].startswith("notebooks/01_"))
+    assert "all_reduce" in text
+
+
+def test_links_to_other_files_of_the_repository_lead_to_the_repository(site):
+    from build_notebooks import BRANCH, REPO_URL
+
+    home = (site / "index.html").read_text()
+    assert f'href="{REPO_URL}/blob/{BRANCH}/exercises/01_collectives.py"' in home
+    assert 'href="notebooks/01_processes_and_ranks.html"' in home and 'href="docs/course.html"' in home
+    # a notebook's links to the docs and to the next notebook are the site's pages
+    page = (site / page_of(NOTEBOOKS[0])).read_text()
+    assert 'href="../docs/colab.html"' in page and "colab-badge.svg" not in page
+    assert not re.search(r'href="[^"]*\.(ipynb|md)(#[^"]*)?"', page.replace(f'href="{NOTEBOOKS[0].name}"', ""))
+
+
+def outputs(path: Path) -> tuple[list[str], int]:
+    """What the notebook's recorded run printed (stdout, each output's text) and how many
+    figures it drew."""
+    nb = json.loads(path.read_text())
+    outs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c["outputs"]]
+    printed = ["".join(o["text"]) for o in outs if o.get("name") == "stdout"]
+    figures = sum("image/png" in o.get("data", {}) for o in outs)
+    return printed, figures
+
+
+def plain(text: str) -> str:
+    """Text as a page shows it, compared without markup, ANSI colours or spacing."""
+    text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_page_shows_its_recorded_outputs(site, path):
+    page = (site / page_of(path)).read_text()
+    printed, figures = outputs(path)
+    assert page.count('src="data:image/png;base64,') == figures, path.name
+    shown = plain(html.unescape(re.sub(r"<[^>]+>", "", page)))
+    missing = [t[:100] for t in printed if plain(t) not in shown]
+    assert not missing, (path.name, missing)
+    assert "Recorded run: the outputs below are those of one run" in shown
+    # its title is the nav's (mkdocs.yml), whole: "07 · Timing with Timer", not the
+    # heading with its `code` dropped
+    nav = re.search(rf"^\s*- ({path.name[:2]} · [^:]+): notebooks/{path.name}$",
+                    (REPO_ROOT / "mkdocs.yml").read_text(), re.M)
+    assert nav and f"<title>{html.escape(nav.group(1), quote=False)} - distkit</title>" in page, path.name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_site_in_a_browser_loads_navigates_shows_figures_and_searches(site, tmp_path):
+    """Every page in headless Chromium: loads with no console error or failed request
+    (nothing fetched from another site), every figure an image the browser decoded, a
+    screenshot that is not blank, no link leading nowhere, a link home and previous /
+    next in the nav's order on every page; the search box finds the notebook that
+    teaches ``all_gather``."""
+    from site_check import broken_links, inspect_site, search
+
+    seen = inspect_site(site, PAGES, tmp_path / "screenshots")
+    for name, found in seen.items():
+        assert found["status"] == 200 and not found["problems"], (name, found["problems"])
+        assert all(i["complete"] and i["width"] > 0 and i["height"] > 0 for i in found["images"]), name
+        assert found["screenshot"].stat().st_size > 10_000, name  # a page drawn, not a blank one
+    assert not broken_links(site, seen)
+    for path in NOTEBOOKS:
+        figures = outputs(path)[1]
+        shown = [i for i in seen[page_of(path)]["images"] if i["src"].startswith("data:image/png")]
+        assert len(shown) == figures, (path.name, len(shown), figures)
+    # the nav's order (mkdocs.yml): home, every notebook, then the docs pages, walked by
+    # following each page's "next" link; each page's "previous" leads back
+    walked, page = [], "index.html"
+    while page and page not in walked:
+        walked.append(page)
+        found = seen[page]
+        assert found["home"] is not None and _resolve(page, found["home"]) == "index.html", page
+        page = _resolve(page, found["next"]) if found["next"] else None
+        if page:
+            assert _resolve(page, seen[page]["previous"]) == walked[-1], (page, seen[page]["previous"])
+    assert sorted(walked) == sorted(PAGES), sorted(set(PAGES) - set(walked))
+    assert walked[1:1 + len(NOTEBOOKS)] == [page_of(p) for p in NOTEBOOKS]
+    results = search(site, "index.html", "all_gather")
+    assert any("notebooks/01_processes_and_ranks.html" in r for r in results), results
+
+
+def _resolve(page: str, href: str) -> str:
+    from posixpath import dirname, join, normpath
+
+    return normpath(join(dirname(page), href.split("#")[0]))
+
+
+def test_hooks_send_a_link_to_a_page_to_the_page_and_others_to_the_repository(tmp_path):
+    """scripts/site_hooks.py on a notebook's links: a notebook or docs page of the site is
+    its page; another file of the repository is that file in the repository; a link that
+    leads nowhere is left as written, for the browser check to find."""
+    from mkdocs.structure.files import File, Files
+
+    import site_hooks
+    from build_notebooks import BRANCH, REPO_URL
+
+    files = Files([File(p, str(REPO_ROOT), str(tmp_path), False) for p in site_hooks.page_paths()])
+    here = "notebooks/01_processes_and_ranks.ipynb"
+    assert site_hooks._elsewhere("02_gpus_with_nccl.ipynb#x", here, files) == "02_gpus_with_nccl.ipynb#x"
+    assert site_hooks._elsewhere("../exercises/01_collectives.py", here, files) == \
+        f"{REPO_URL}/blob/{BRANCH}/exercises/01_collectives.py"
+    for nowhere in ("../docs/no_such_page.md", "../../outside.md", "https://pytorch.org", "#anchor"):
+        assert site_hooks._elsewhere(nowhere, here, files) == nowhere
+    assert "benchmarks/results/bench-quick.png" in site_hooks.image_paths(site_hooks.page_paths())

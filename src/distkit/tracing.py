@@ -155,16 +155,25 @@ class Tracer:
 def clock_sync():
     """Ping-pong between rank 0 and every other rank, each side marking its moments in
     its own trace (call on every rank, inside a recorded step): what :func:`merge` aligns
-    the ranks' clocks by."""
+    the ranks' clocks by. Plain ``torch.distributed`` on the default group, so it serves
+    a group the kit made (``idist``) and one a script made itself (``distkit launch
+    --trace``) alike; on nccl the ball is a CUDA tensor, waited for before each mark."""
     import torch.distributed as dist
     from torch.profiler import record_function
 
-    if idist.get_world_size() == 1 or not dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    rank, ball = idist.get_rank(), torch.zeros(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    on_gpu = dist.get_backend() == "nccl"
+    ball = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
+
+    def arrived():
+        if on_gpu:
+            torch.cuda.synchronize()  # nccl's recv returns before the bytes are there
+
     whole = record_function(CLOCK_SYNC)  # the whole exchange, left out of the drawing
     whole.__enter__()
-    for peer in range(1, idist.get_world_size()):
+    for peer in range(1, world):
         if rank not in (0, peer):
             continue
         for _ in range(SYNC_ROUNDS):
@@ -173,14 +182,16 @@ def clock_sync():
                     pass
                 dist.send(ball, dst=peer)
                 dist.recv(ball, src=peer)
+                arrived()
                 with record_function(f"{CLOCK_SYNC} {peer}"):  # C
                     pass
             else:
                 dist.recv(ball, src=0)
+                arrived()
                 with record_function(f"{CLOCK_SYNC} {peer}"):  # B
                     pass
                 dist.send(ball, dst=0)
-    idist.barrier()
+    dist.barrier()
     whole.__exit__(None, None, None)
 
 

@@ -5,10 +5,13 @@ time, and the files.
    loop on the kit's MLP (global batch 64, as ``benchmarks/trace_cost.py``); in each
    round, interleaved, a block of steps with tracing off, a block with
    :class:`distkit.script_tracing.ScriptTracer`'s hooks in place but the profiler not
-   recording (the skipped steps), and a block recorded (its first two steps, the warm-up
-   and the clock sync, left out); each step timed alone, the median over every round,
-   rank 0. The export (``finish``: ``export_chrome_trace``) is timed apart.
-2. The launch: ``distkit launch [--trace] --nproc-per-node 2`` on the DDP-tutorial script
+   recording (the skipped steps), a block recorded (its first two steps, the warm-up
+   and the clock sync, left out), and a block after the trace is written (every hook
+   removed); each step timed alone, the median over every round, rank 0. The export
+   (``finish``: ``export_chrome_trace``) is timed apart.
+2. The same without DDP in one process, one thread (less noise from the other rank):
+   off, hooks not recording, recorded, after the trace is written; 400-step blocks.
+3. The launch: ``distkit launch [--trace] --nproc-per-node 2`` on the DDP-tutorial script
    (``tests/foreign``, 2 epochs), alternated, wall time of each; and the files of the
    traced launches.
 
@@ -55,7 +58,7 @@ def per_step(rounds: int, steps: int, out: str) -> None:
 
     folder = tempfile.mkdtemp(prefix="launch-trace-cost-")
     block(steps)  # warm-up
-    off, hooks, on, export, size = [], [], [], [], []
+    off, hooks, on, export, size, after = [], [], [], [], [], []
     for _ in range(rounds):
         dist.barrier()
         off += block(steps)
@@ -73,6 +76,7 @@ def per_step(rounds: int, steps: int, out: str) -> None:
         start = time.perf_counter()
         tracer.finish()
         export.append(time.perf_counter() - start)
+        after += block(steps)  # the hooks removed: the rest of a script runs untraced
         size.append(os.path.getsize(os.path.join(folder, f"rank{rank}.json")) / (steps - 1))
     shutil.rmtree(folder, ignore_errors=True)
     if rank == 0:
@@ -80,11 +84,55 @@ def per_step(rounds: int, steps: int, out: str) -> None:
             json.dump({"off_ms": 1e3 * statistics.median(off),
                        "hooks_not_recording_ms": 1e3 * statistics.median(hooks),
                        "recorded_ms": 1e3 * statistics.median(on),
+                       "after_finish_ms": 1e3 * statistics.median(after),
                        "export_s": statistics.median(export),
                        "bytes_per_recorded_step": statistics.median(size),
                        "rounds": rounds, "steps": steps}, f)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def one_process(rounds: int) -> dict:
+    import torch
+
+    from distkit.models import MLP
+    from distkit.script_tracing import ScriptTracer
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = MLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss = torch.nn.CrossEntropyLoss()
+    x, y = torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,))
+
+    def block(n):
+        times = []
+        for _ in range(n):
+            start = time.perf_counter()
+            optimizer.zero_grad()
+            loss(model(x), y).backward()
+            optimizer.step()
+            times.append(time.perf_counter() - start)
+        return times
+
+    folder = tempfile.mkdtemp(prefix="launch-trace-cost-")
+    block(200)
+    got = {"off": [], "hooks_not_recording": [], "recorded": [], "after_finish": []}
+    for _ in range(rounds):
+        got["off"] += block(400)
+        tracer = ScriptTracer(folder, 0)
+        tracer.wait, tracer.warmup, tracer.active = 10 ** 6, 0, 1
+        tracer.start()
+        got["hooks_not_recording"] += block(400)
+        tracer.finish()
+        tracer = ScriptTracer(folder, 0)
+        tracer.wait, tracer.warmup, tracer.active = 0, 1, 10 ** 6
+        tracer.start()
+        got["recorded"] += block(40)[2:]
+        tracer.finish()
+        got["after_finish"] += block(400)
+    shutil.rmtree(folder, ignore_errors=True)
+    return {f"{k}_us": round(1e6 * statistics.median(v), 1) for k, v in got.items()}
 
 
 def launches(n: int) -> dict:
@@ -133,6 +181,7 @@ if __name__ == "__main__":
                               capture_output=True, text=True)
         assert done.returncode == 0, done.stderr[-2000:]
         print("per step (rank 0, median of every step):", open(out).read())
+    print("one process, no DDP, one thread (median of every step):", json.dumps(one_process(rounds)))
     print("distkit launch of the DDP-tutorial script, 2 epochs, alternated:",
           json.dumps(launches(n), indent=1))
     print("load after", os.getloadavg())

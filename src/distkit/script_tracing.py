@@ -58,6 +58,7 @@ class ScriptTracer:
         self.depth = threading.local()
         self.ranges = threading.local()
         self._backward = None
+        self.pid = os.getpid()  # a DataLoader worker forked from the rank inherits the hooks
 
     # --- start and stop ---------------------------------------------------------------
     def start(self) -> "ScriptTracer":
@@ -117,6 +118,8 @@ class ScriptTracer:
             opened.pop(name).__exit__(None, None, None)
 
     def _forward_started(self, module, args):
+        if os.getpid() != self.pid:
+            return  # a forked worker (a transform that is an nn.Module): not the rank's step
         depth = getattr(self.depth, "n", 0)
         if depth == 0:
             self._advance()  # a pending step ends where the next one's forward starts
@@ -125,6 +128,8 @@ class ScriptTracer:
         self.depth.n = depth + 1
 
     def _forward_done(self, module, args, output):
+        if os.getpid() != self.pid:
+            return
         self.depth.n = max(0, getattr(self.depth, "n", 1) - 1)
         if self.depth.n == 0:
             self._close("forward")
@@ -139,6 +144,8 @@ class ScriptTracer:
         self._open("optimizer step")
 
     def _optimizer_done(self, optimizer, args, kwargs):
+        if os.getpid() != self.pid:
+            return
         self._close("optimizer step")
         self.steps += 1
 

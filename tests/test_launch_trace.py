@@ -101,6 +101,16 @@ dist.destroy_process_group()
 '''
 
 
+RAISES_EARLY = '''import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+model = torch.nn.Linear(4, 1)
+if dist.get_rank() == 1:
+    raise ValueError("no data")
+'''
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_script_without_an_optimizer_gets_one_line_and_no_empty_trace(tmp_path):
@@ -110,6 +120,14 @@ def test_a_script_without_an_optimizer_gets_one_line_and_no_empty_trace(tmp_path
     assert out.stdout.strip().splitlines()[-1] == (
         "distkit: --trace recorded nothing: no_optimizer.py made no optimizer step (the trace "
         "counts torch.optim steps: a script without an optimizer has none); no trace written")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    # a traced launch that fails before any step: its failure line, no folder left behind
+    (tmp_path / "raises_early.py").write_text(RAISES_EARLY)
+    out = launch(["--trace", "--nproc-per-node", "2", "raises_early.py"], tmp_path)
+    assert out.returncode == 1
+    assert _errors(out)[0].startswith("distkit: error: rank 1 (local rank 1) raised ValueError: "
+                                      "no data (at raises_early.py:7)"), out.stderr
+    assert "distkit: trace" not in out.stdout
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 

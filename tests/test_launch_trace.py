@@ -209,3 +209,44 @@ def test_a_timeout_out_of_range_is_refused_in_one_line(tmp_path):
         assert len(out.stderr.strip().splitlines()) == 1
         assert f"--timeout {float(value)!r} must be a number of seconds > 0 and at most 86400" \
             in out.stderr, out.stderr
+
+
+@pytest.mark.timeout(120)
+def test_the_script_tracer_counts_optimizer_steps_and_leaves_nothing_behind(tmp_path):
+    """In one process, no launch: 3 steps skipped and warmed up, 3 recorded, written as
+    soon as they are; then every hook is gone and torch.autograd.backward is torch's
+    own again (a reference the script kept to ours still works)."""
+    import torch
+    import torch.nn.modules.module as module_hooks
+    import torch.optim.optimizer as optimizer_hooks
+
+    from distkit import tracing
+    from distkit.script_tracing import ScriptTracer
+
+    original = torch.autograd.backward
+    tracer = ScriptTracer(str(tmp_path), 0).start()
+    from torch.autograd import backward as kept  # taken while traced
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    try:
+        for step in range(8):
+            kept(model(torch.ones(2, 4)).sum())
+            optimizer.step()
+            if step == 5:  # the 7th forward ends the 6th step: not yet written
+                assert not (tmp_path / "rank0.json").exists()
+    finally:
+        tracer.finish()  # whatever happened, no hook is left in this pytest process
+    assert (tmp_path / "rank0.json").exists(), "written once the 3 steps were recorded"
+    assert tracer.profiler is None and torch.autograd.backward is original
+    assert not module_hooks._global_forward_pre_hooks and not module_hooks._global_forward_hooks
+    assert not optimizer_hooks._global_optimizer_pre_hooks
+    assert not optimizer_hooks._global_optimizer_post_hooks
+    assert (tmp_path / "rank0.steps").read_text() == "6"
+    trace = tracing.merge([tracing.load(str(tmp_path / "rank0.json"))])
+    assert [n for n in ("ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5")
+            if tracing.spans(trace, 0, n)] == ["ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"]
+    for phase in ("forward", "backward", "optimizer step"):
+        # one each in the 3 recorded steps (the forward of the step that ended the last: untraced)
+        assert len(tracing.spans(trace, 0, phase)) == 3, phase
+    tracer.finish()  # idempotent: the worker calls it again when the script ends
+    assert (tmp_path / "rank0.steps").read_text() == "6"

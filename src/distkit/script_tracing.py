@@ -57,7 +57,8 @@ class ScriptTracer:
         self.handles = []
         self.depth = threading.local()
         self.ranges = threading.local()
-        self._backward = None
+        self._backward = None  # torch's own, while ours is in its place
+        self._original_backward = None
         self.pid = os.getpid()  # a DataLoader worker forked from the rank inherits the hooks
 
     # --- start and stop ---------------------------------------------------------------
@@ -81,7 +82,7 @@ class ScriptTracer:
             module_hooks.register_module_forward_pre_hook(self._forward_started),
             module_hooks.register_module_forward_hook(self._forward_done, always_call=True),
         ]
-        self._backward = torch.autograd.backward
+        self._backward = self._original_backward = torch.autograd.backward
         torch.autograd.backward = self._traced_backward  # what Tensor.backward calls
         return self
 
@@ -137,11 +138,14 @@ class ScriptTracer:
     def _traced_backward(self, *args, **kwargs):
         from torch.profiler import record_function
 
+        if self.profiler is None:  # finished (a script that kept a reference to it)
+            return self._original_backward(*args, **kwargs)
         with record_function("backward"):
-            return self._backward(*args, **kwargs)
+            return self._original_backward(*args, **kwargs)
 
     def _optimizer_started(self, optimizer, args, kwargs):
-        self._open("optimizer step")
+        if os.getpid() == self.pid:
+            self._open("optimizer step")
 
     def _optimizer_done(self, optimizer, args, kwargs):
         if os.getpid() != self.pid:

@@ -234,10 +234,11 @@ def test_the_script_tracer_counts_optimizer_steps_and_leaves_nothing_behind(tmp_
             optimizer.step()
             if step == 5:  # the 7th forward ends the 6th step: not yet written
                 assert not (tmp_path / "rank0.json").exists()
+        # before any finish() of ours: the tracer finished itself after the 3 recorded steps
+        assert tracer.profiler is None and (tmp_path / "rank0.json").exists()
     finally:
         tracer.finish()  # whatever happened, no hook is left in this pytest process
-    assert (tmp_path / "rank0.json").exists(), "written once the 3 steps were recorded"
-    assert tracer.profiler is None and torch.autograd.backward is original
+    assert torch.autograd.backward is original
     assert not module_hooks._global_forward_pre_hooks and not module_hooks._global_forward_hooks
     assert not optimizer_hooks._global_optimizer_pre_hooks
     assert not optimizer_hooks._global_optimizer_post_hooks

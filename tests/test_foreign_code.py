@@ -485,13 +485,13 @@ def test_ctrl_c_sigterm_and_timeout_stop_every_rank_with_one_line(tmp_path):
         assert not any(_alive(pid) for pid in pids), "no rank left behind"
     for p in tmp_path.glob("pid*"):
         p.unlink()
-    out = launch(["--nproc-per-node", "2", "--timeout", "3", "sleeper.py", "rank0-leaves"], tmp_path,
-                 timeout=120)
+    out = launch(["--nproc-per-node", "2", "--end-timeout", "3", "sleeper.py", "rank0-leaves"],
+                 tmp_path, timeout=120)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
-        "distkit: error: rank 1 of sleeper.py still running --timeout 3 s after another rank "
+        "distkit: error: rank 1 of sleeper.py still running --end-timeout 3 s after another rank "
         "ended: stopped (a rank waiting on a collective the others never joined?); raise "
-        "--timeout if it was still working"]
+        "--end-timeout if it was still working"]
     assert not _alive(int((tmp_path / "pid1").read_text()))
 
 

@@ -21,7 +21,7 @@ LAYERS = (
      "tracing"),
     ("tasks", "checkpoint", "schedules", "effective"),
     ("preflight", "training", "reporting", "tracking", "failures", "stopping", "agreement",
-     "rendezvous", "script_worker"),
+     "rendezvous", "script_worker", "script_tracing"),
     ("supervise",),
     ("launch", "runner", "sharding", "script_launch"),
     ("lessons", "commands", "bench", "__main__", "__init__"),

@@ -16,9 +16,14 @@ CPU_ONLY_ENVIRONMENT`). Then it starts one process per rank and supervises them:
   the ``file:line`` in the script; its full traceback in a file whose path the line
   gives (:mod:`distkit.script_worker`); the other ranks are stopped; exit 1;
 - a rank killed by a signal or exiting non-zero: one line naming it and how;
-- ``timeout_s`` (``--timeout``): once a rank has ended, the others must end within it, or
-  they are stopped and named (none by default: a rank 0 that evaluates alone after the
-  others have left is not a hang);
+- ``timeout_s`` (``--timeout``, 120 s by default, as ``distkit train --timeout``): the
+  default timeout of every process group the script makes without its own ``timeout=``
+  (:func:`distkit.script_worker.bound_waits`): the rendezvous in ``init_process_group``
+  and every collective then end in an exception, which is reported in one line, instead
+  of waiting forever (torch's own default: 30 minutes);
+- ``end_timeout_s`` (``--end-timeout``): once a rank has ended, the others must end
+  within it, or they are stopped and named (none by default: a rank 0 that evaluates
+  alone after the others have left is not a hang);
 - Ctrl-C (``KeyboardInterrupt``, a notebook's "interrupt kernel") and SIGTERM: forwarded
   to every rank, which gets ``grace_s`` seconds before SIGKILL; one line says so;
 - no rank outlives the launcher (each ends with it: ``PR_SET_PDEATHSIG``).
@@ -29,6 +34,12 @@ SLURM's variables to torchrun's (``RANK=SLURM_PROCID``, ``WORLD_SIZE=SLURM_STEP_
 of the step's node list, ``MASTER_PORT`` 15000 + the job id's last 4 digits, as ignite
 derives them) and runs the script once, as this task's rank. Inside torchrun
 (``WORLD_SIZE`` set) it runs the script once with torchrun's variables.
+
+``trace=True`` (``--trace``, one node): every rank is profiled for a few optimizer steps
+(:mod:`distkit.script_tracing`); the launcher merges the ranks' traces into one and
+draws it, as ``distkit train --trace`` does, into ``<output_dir>/<time>-<backend>-
+<N>procs/trace/``, names the files in that folder's ``results.json`` (``"trace"``) and
+in one line at the end.
 
 From Python (a notebook cell: the ranks' output is relayed to the cell)::
 
@@ -54,6 +65,8 @@ from distkit.machine import (CPU_ONLY_ENVIRONMENT, check_address_resolves, check
 
 CPU_DEFAULT_NPROC = 2
 DEFAULT_PORT = 29500  # torchrun's, for several nodes
+DEFAULT_TIMEOUT_S = 120.0  # distkit train's --timeout (Config.timeout_s)
+MAX_TIMEOUT_S = 86400.0
 
 
 class ScriptStopped(DistkitError):
@@ -229,8 +242,9 @@ class _Terminated(Exception):
 def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nnodes: int = 1,
                   node_rank: int | None = None, master_addr: str | None = None,
                   master_port: int | None = None, backend: str = "auto",
-                  timeout_s: float | None = None, grace_s: float = 10.0, module: bool = False,
-                  verbose: bool = False, cwd: str | None = None) -> int:
+                  timeout_s: float = DEFAULT_TIMEOUT_S, end_timeout_s: float | None = None,
+                  grace_s: float = 10.0, module: bool = False, verbose: bool = False,
+                  cwd: str | None = None, trace: bool = False, output_dir: str = "runs") -> int:
     """Run ``script`` (a path; ``module=True``: a module name, as ``python -m``) with
     ``args`` on ``nproc_per_node`` ranks of this node, as torchrun would, with the kit's
     supervision (see the module's docstring). Returns 0 when every rank ended with 0;
@@ -240,10 +254,15 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     if not module and not os.path.isfile(os.path.join(cwd or "", script)):
         raise DistkitError(f"no such script {script!r} (from {os.path.abspath(cwd or '.')!r}): "
                            "pass the path of the .py file to launch, or -m MODULE")
-    if timeout_s is not None and not (timeout_s > 0 and timeout_s < float("inf")):
-        raise DistkitError(f"--timeout {timeout_s!r} must be a finite number of seconds > 0: "
-                           "e.g. --timeout 120, or leave it out (no bound)")
+    if timeout_s is None or not (0 < timeout_s <= MAX_TIMEOUT_S):
+        raise DistkitError(f"--timeout {timeout_s!r} must be a number of seconds > 0 and at most "
+                           f"{MAX_TIMEOUT_S:g}: e.g. --timeout 600 for collectives that wait long "
+                           f"(default {DEFAULT_TIMEOUT_S:g})")
+    if end_timeout_s is not None and not (0 < end_timeout_s < float("inf")):
+        raise DistkitError(f"--end-timeout {end_timeout_s!r} must be a finite number of seconds "
+                           "> 0: e.g. --end-timeout 120, or leave it out (no bound)")
     ranks = plan_ranks(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend)
+    run_dir = _trace_run_dir(ranks, output_dir) if trace else None
     folder = tempfile.mkdtemp(prefix="distkit-launch-")
     target = ["-m", script] if module else [script]
     command = [sys.executable, "-m", "distkit.script_worker", *target, *map(str, args)]
@@ -258,6 +277,9 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     try:
         for local_rank in ranks.local_ranks:
             env = _child_env(ranks, local_rank, folder, verbose)
+            env["DISTKIT_TIMEOUT"] = repr(float(timeout_s))
+            if run_dir is not None:
+                env["DISTKIT_TRACE"] = os.path.join(run_dir, "trace")
             p = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True,
                                  stdout=subprocess.PIPE if relay else None,
                                  stderr=subprocess.STDOUT if relay else None,
@@ -267,8 +289,11 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
                 t = threading.Thread(target=_relay, args=(p.stdout, sys.stdout), daemon=True)
                 t.start()
                 threads.append(t)
-        code = _supervise(procs, ranks, folder, timeout_s, grace_s, script)
+        code = _supervise(procs, ranks, folder, end_timeout_s, grace_s, script)
         shutil.rmtree(folder, ignore_errors=True)  # no failure: no traceback to keep
+        if run_dir is not None:
+            _finish_trace(run_dir, ranks, script, args)
+            run_dir = None
         return code
     except KeyboardInterrupt:
         stopped = _stop(procs, signal.SIGINT, grace_s)
@@ -282,8 +307,44 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
         _stop(procs, signal.SIGKILL, 0)  # nothing left behind, whatever happened
         for t in threads:
             t.join(2)
+        if run_dir is not None:  # the launch failed: no merged trace, no empty folder left
+            _drop_if_empty(run_dir)
         if in_main and previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
+
+
+def _trace_run_dir(ranks: Ranks, output_dir: str) -> str:
+    """The launch's run folder for ``--trace``, checked and made before any rank starts."""
+    from distkit.checkpoint import check_output_dir, make_run_dir
+
+    if ranks.mode != "spawn" or ranks.nnodes > 1:
+        where = {"torchrun": "inside torchrun", "slurm": "inside an srun step"}.get(
+            ranks.mode, f"with --nnodes {ranks.nnodes}")
+        raise DistkitError(
+            f"--trace {where}: distkit launch merges the traces of the ranks it starts itself, "
+            "on one node: run `distkit launch --trace --nproc-per-node N SCRIPT` there, or drop "
+            "--trace")
+    check_output_dir(output_dir)
+    run_dir = make_run_dir(output_dir, ranks.backend, ranks.world_size)
+    os.makedirs(os.path.join(run_dir, "trace"))
+    return run_dir
+
+
+def _finish_trace(run_dir: str, ranks: Ranks, script: str, args) -> None:
+    from distkit.script_tracing import collect, record
+
+    paths, line = collect(run_dir, ranks.world_size, script)
+    if paths is None:
+        shutil.rmtree(run_dir, ignore_errors=True)  # nothing recorded: no empty files
+    else:
+        record(run_dir, script, args, ranks.world_size, paths)
+    print(line, flush=True)
+
+
+def _drop_if_empty(run_dir: str) -> None:
+    trace = os.path.join(run_dir, "trace")
+    if not (os.path.isdir(trace) and any(n.endswith(".json") for n in os.listdir(trace))):
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _signal_group(p, sig) -> None:
@@ -328,7 +389,7 @@ _PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Bro
                         r"timed out", re.IGNORECASE)
 
 
-def _supervise(procs: dict, ranks: Ranks, folder: str, timeout_s, grace_s, script) -> int:
+def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, script) -> int:
     first_end = None
     seen = {}  # rank -> the poll at which it was first seen ended
     polls = 0
@@ -363,14 +424,15 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, timeout_s, grace_s, scrip
             return 0
         if first_end is None and any(c == 0 for c in codes.values()):
             first_end = time.monotonic()
-        if timeout_s is not None and first_end is not None \
-                and time.monotonic() - first_end > timeout_s:
+        if end_timeout_s is not None and first_end is not None \
+                and time.monotonic() - first_end > end_timeout_s:
             hung = [r for r, c in codes.items() if c is None]
             _stop(procs, signal.SIGTERM, grace_s)
             raise DistkitError(
-                f"rank {', '.join(map(str, hung))} of {script} still running --timeout "
-                f"{timeout_s:g} s after another rank ended: stopped (a rank waiting on a "
-                "collective the others never joined?); raise --timeout if it was still working")
+                f"rank {', '.join(map(str, hung))} of {script} still running --end-timeout "
+                f"{end_timeout_s:g} s after another rank ended: stopped (a rank waiting on a "
+                "collective the others never joined?); raise --end-timeout if it was still "
+                "working")
         time.sleep(0.05)
 
 

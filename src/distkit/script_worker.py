@@ -13,6 +13,14 @@ torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...) and
   in the user's script where it was raised (:func:`distkit.failures.cause`), and the
   traceback's path. The launcher prints it.
 
+Before the script runs, ``DISTKIT_TIMEOUT`` (the launcher's ``--timeout``, 120 s by
+default, as ``distkit train``) becomes the default timeout of every process group the
+script makes without a ``timeout=`` of its own (:func:`bound_waits`): its
+``init_process_group`` rendezvous and every collective on its groups then end in an
+exception, reported in one line, instead of waiting forever on a rank that never comes.
+``DISTKIT_TRACE`` set (``--trace``): the rank is profiled
+(:mod:`distkit.script_tracing`), its trace written before the rank leaves.
+
 The exit status is the script's: 0, its ``sys.exit`` code, 1 when it raised, 130 after
 Ctrl-C (the launcher has said so in one line). The worker ends when its launcher dies
 (Linux: ``PR_SET_PDEATHSIG``), so no rank is left behind.
@@ -63,12 +71,44 @@ def _report(error: BaseException) -> None:
         sys.stderr.flush()
 
 
+def bound_waits(timeout_s: float) -> None:
+    """Make ``timeout_s`` the default timeout of the process groups this process makes
+    (torch's own default is 30 minutes for gloo, 10 for nccl): ``init_process_group``
+    and ``new_group`` without a ``timeout=`` read it (``distributed_c10d.
+    _get_default_timeout``); a script that passes its own keeps it."""
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d.default_pg_timeout = timedelta(seconds=timeout_s)
+    if isinstance(getattr(c10d, "default_pg_nccl_timeout", None), timedelta):
+        c10d.default_pg_nccl_timeout = timedelta(seconds=timeout_s)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv == ["-m"]:
         sys.stderr.write("usage: python -m distkit.script_worker SCRIPT [ARGS...] | -m MODULE [ARGS...]\n")
         return 2
     launcher = os.environ.get("DISTKIT_LAUNCHER_PID")
     _end_with_parent(int(launcher) if launcher else None)
+    if os.environ.get("DISTKIT_TIMEOUT"):
+        bound_waits(float(os.environ["DISTKIT_TIMEOUT"]))
+    tracer = None
+    if os.environ.get("DISTKIT_TRACE"):
+        from distkit.script_tracing import start_from_environment
+
+        tracer = start_from_environment()
+    code = _run(argv)
+    if tracer is not None:
+        try:
+            tracer.finish()  # before leave(): the trace is on disk when the rank ends
+        except Exception as e:  # noqa: BLE001 - the script's own result stands
+            sys.stderr.write(f"distkit: rank {os.environ.get('RANK', '0')}: could not write "
+                             f"its trace: {type(e).__name__}: {e}\n")
+    return code
+
+
+def _run(argv: list[str]) -> int:
     try:
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]  # runpy sets argv[0] to the module's file

@@ -90,6 +90,21 @@ def schedule_for(total_steps: int | None) -> tuple:
     return 0, warmup, active
 
 
+def new_profiler(wait: int, warmup: int, active: int, on_trace_ready):
+    """torch.profiler over CPU (and CUDA where present) activity, recording ``active``
+    steps after ``wait`` skipped and ``warmup`` warming ones, once."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    # no kineto lines on stderr: ERROR ones on a CPU-only build, and (torch 2.15) a USDT
+    # line at every profiler start and stop, the level above ERROR; 6 is above both
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    return profile(activities=activities, on_trace_ready=on_trace_ready,
+                   schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1))
+
+
 class Tracer:
     """torch.profiler on one rank of a run; made by :func:`attach`."""
 
@@ -103,16 +118,7 @@ class Tracer:
 
     # --- the profiler's life, on the trainer's events ---------------------------------
     def start(self, *_):
-        from torch.profiler import ProfilerActivity, profile, schedule
-
-        os.environ.setdefault("KINETO_LOG_LEVEL", "5")  # no kineto ERROR lines on a CPU build
-        activities = [ProfilerActivity.CPU]
-        if torch.cuda.is_available():
-            activities.append(ProfilerActivity.CUDA)
-        self.profiler = profile(
-            activities=activities,
-            schedule=schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=1),
-            on_trace_ready=self._keep)
+        self.profiler = new_profiler(self.wait, self.warmup, self.active, self._keep)
         self.profiler.__enter__()
 
     def batch_started(self, engine):
@@ -155,16 +161,25 @@ class Tracer:
 def clock_sync():
     """Ping-pong between rank 0 and every other rank, each side marking its moments in
     its own trace (call on every rank, inside a recorded step): what :func:`merge` aligns
-    the ranks' clocks by."""
+    the ranks' clocks by. Plain ``torch.distributed`` on the default group, so it serves
+    a group the kit made (``idist``) and one a script made itself (``distkit launch
+    --trace``) alike; on nccl the ball is a CUDA tensor, waited for before each mark."""
     import torch.distributed as dist
     from torch.profiler import record_function
 
-    if idist.get_world_size() == 1 or not dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return
-    rank, ball = idist.get_rank(), torch.zeros(1)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    on_gpu = dist.get_backend() == "nccl"
+    ball = torch.zeros(1, device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
+
+    def arrived():
+        if on_gpu:
+            torch.cuda.synchronize()  # nccl's recv returns before the bytes are there
+
     whole = record_function(CLOCK_SYNC)  # the whole exchange, left out of the drawing
     whole.__enter__()
-    for peer in range(1, idist.get_world_size()):
+    for peer in range(1, world):
         if rank not in (0, peer):
             continue
         for _ in range(SYNC_ROUNDS):
@@ -173,14 +188,16 @@ def clock_sync():
                     pass
                 dist.send(ball, dst=peer)
                 dist.recv(ball, src=peer)
+                arrived()
                 with record_function(f"{CLOCK_SYNC} {peer}"):  # C
                     pass
             else:
                 dist.recv(ball, src=0)
+                arrived()
                 with record_function(f"{CLOCK_SYNC} {peer}"):  # B
                     pass
                 dist.send(ball, dst=0)
-    idist.barrier()
+    dist.barrier()
     whole.__exit__(None, None, None)
 
 

@@ -8,7 +8,8 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.usage = ("distkit launch [--nproc-per-node N] [--nnodes N --node-rank R --master-addr A "
-               "--master-port P] [--timeout S] SCRIPT [ARGS...] | -m MODULE [ARGS...]")
+               "--master-port P] [--timeout S] [--end-timeout S] [--trace] SCRIPT [ARGS...] | "
+               "-m MODULE [ARGS...]")
     p.description = ("Run SCRIPT on N ranks as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, "
                      "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT set; threads per "
                      "process; gloo ranks kept off the GPUs), reporting a rank that fails in one "
@@ -26,9 +27,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="what the script's process group uses: gloo ranks see no GPU; auto: "
                         "nccl where CUDA is, else gloo")
-    p.add_argument("--timeout", dest="timeout_s", type=float, default=None, metavar="S",
+    p.add_argument("--timeout", dest="timeout_s", type=float, default=120.0, metavar="S",
+                   help="seconds any collective of the script (and its init_process_group "
+                        "rendezvous) may wait before the rank fails, for process groups made "
+                        "without a timeout= of their own (default: 120, as distkit train)")
+    p.add_argument("--end-timeout", dest="end_timeout_s", type=float, default=None, metavar="S",
                    help="once a rank has ended, the others must end within S seconds or are "
                         "stopped (default: no bound)")
+    p.add_argument("--trace", action="store_true",
+                   help="torch.profiler on every rank for 3 optimizer steps after 3 (one node): "
+                        "one trace per rank, a merged trace and its drawing in "
+                        "OUTPUT_DIR/<time>-<backend>-<N>procs/trace/, named in results.json there")
+    p.add_argument("--output-dir", default="runs", metavar="D",
+                   help="where --trace makes its run folder (default: runs)")
     p.add_argument("--grace", dest="grace_s", type=float, default=10.0, metavar="S",
                    help="seconds a rank gets to end after Ctrl-C or SIGTERM before SIGKILL")
     p.add_argument("--verbose", action="store_true",
@@ -50,7 +61,8 @@ def main(args) -> int:
                              nnodes=args.nnodes, node_rank=args.node_rank,
                              master_addr=args.master_addr, master_port=args.master_port,
                              backend=args.backend, timeout_s=args.timeout_s,
-                             grace_s=args.grace_s, module=args.module, verbose=args.verbose)
+                             end_timeout_s=args.end_timeout_s, trace=args.trace,
+                             output_dir=args.output_dir, grace_s=args.grace_s, module=args.module, verbose=args.verbose)
     except ScriptStopped as e:
         sys.stderr.write(f"distkit: {e}\n")
         return e.exit_code

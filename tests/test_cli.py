@@ -67,6 +67,21 @@ def test_train_help_shows_every_default_value():
         assert re.search(rf"{flag} \S+ (?:(?! --).)*?default: {re.escape(default)}(\)| |$)", text), (flag, text)
 
 
+def test_docs_cli_lists_every_sub_command_and_its_page_exists():
+    """docs/cli.md's table of sub-commands is made from nothing: each command the parser
+    has is a row (a command added later fails here until it is written down), and each
+    page a row links to is there."""
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    text = (docs / "cli.md").read_text()
+    rows = dict(re.findall(r"^\| `distkit ([\w-]+)` \| .*?\| (.*) \|$", text, re.M))
+    assert set(rows) == set(COMMANDS), sorted(set(COMMANDS) ^ set(rows))
+    for command, where in rows.items():
+        for page in re.findall(r"\]\(([\w-]+\.md)", where):
+            assert (docs / page).is_file(), f"{command}: {page}"
+
+
 def test_help_imports_no_torch():
     """Building the whole parser (every sub-command's options) stays light: torch, ignite,
     numpy are imported by a command's main, when it runs."""

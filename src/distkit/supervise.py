@@ -37,7 +37,9 @@ from distkit.machine import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipytho
                              restore_environment, set_ignite_verbosity, socket_interface,
                              threads_per_process, world_layout)
 from distkit.preflight import Launch
-from distkit.rendezvous import node0_waiting_line, wait_for_master
+from distkit.rendezvous import host_master_store, node0_waiting_line, wait_for_master
+
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 
 def prepare_fork(launch: Launch, start_method: str | None = None) -> Launch:
@@ -113,7 +115,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         spawn_kwargs["start_method"] = "spawn"
     if not forking:  # ignite forks under IPython; elsewhere spawned workers import fn
         check_spawned_can_import("the training function", (fn, args))
-    interface = None
+    interface, master_store = None, None
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
     # torch's "Terminating process N via signal SIGTERM" when one worker ends first: the
     # launcher's own line says what happened
@@ -127,14 +129,22 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     forwarding = ForwardStopSignals(before)
     try:
         if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
-            # every wait bounded and said: node N reaches the master before its processes start
+            # every wait bounded and said: the launchers meet at node 0's store, with the
+            # same layout, before any process starts (distkit.rendezvous)
             if config.node_rank:
                 wait_for_master(config.master_addr, config.master_port, config.timeout_s,
-                                config.node_rank)
+                                config.node_rank, nnodes=config.nnodes,
+                                nproc_per_node=config.nproc_per_node)
             else:
                 print(node0_waiting_line(config.nnodes, config.master_addr, config.master_port,
                                          config.timeout_s), flush=True)
-            interface = bind_to_interface_of_master(config, config.master_addr)  # inherited
+                master_store = host_master_store(config.master_addr, config.master_port,
+                                                 config.nnodes, config.nproc_per_node,
+                                                 config.timeout_s)
+            interface = bind_to_interface_of_master(config, config.master_addr) or {}  # inherited
+            # the workers' rendezvous store is node 0's launcher's (torch's env:// reads it)
+            interface.setdefault(AGENT_STORE, os.environ.get(AGENT_STORE))
+            os.environ[AGENT_STORE] = "True"
         with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
                 idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
                                nnodes=config.nnodes, node_rank=config.node_rank,
@@ -176,6 +186,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         logs.restore()  # a notebook's own ignite calls log as before
         spawn_log.setLevel(spawn_level)
         restore_environment(interface)
+        del master_store  # node 0's store closes with the run
         _discard_if_empty(run_dir)
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,55 @@ def test_reach_port_tells_refused_from_connected():
         s.listen(1)
         assert reach_port("127.0.0.1", s.getsockname()[1], 2) is None
     assert reach_port("127.0.0.1", free_port(), 2) == "refused"
+
+
+class OtherRun:
+    """A live distkit run on ``port``: one node of 2 processes, or two nodes of one process
+    each (on loopback), training for long enough to be in the way; stopped by its PIDs."""
+
+    def __init__(self, tmp_path, port, nnodes):
+        self.tmp_path, self.procs = tmp_path, []
+        for node in range(nnodes):
+            where = (["--nnodes", "2", "--node-rank", str(node), "--master-addr", "127.0.0.1",
+                      "--nproc-per-node", "1"] if nnodes == 2 else ["--nproc-per-node", "2"])
+            cmd = [sys.executable, "-m", "distkit", "train", *where, "--master-port", str(port),
+                   "--epochs", "200", "--no-progress", "--timeout", "60",
+                   "--output-dir", str(tmp_path / f"other-{node}")]
+            self.procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), text=True,
+                                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+
+    def wait_training(self, limit=START_UP + 60):
+        """Until the run has written a checkpoint: its workers train, its store is up."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            assert all(p.poll() is None for p in self.procs), "the other run ended early"
+            if list((self.tmp_path / "other-0").glob("*/checkpoints/*.pt")):
+                return
+            time.sleep(1)
+        raise AssertionError("the other run did not start training")
+
+    def stop(self):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.communicate(timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nnodes", [1, 2], ids=["single-node-run", "two-node-run"])
+def test_a_port_held_by_another_live_distkit_run_is_named(tmp_path, nnodes):
+    """Node 1 pointed at the master port of another distkit run that is training: that port
+    answers as a torch store, so the probe alone passed and the run's rendezvous timed out
+    (issue 31). Now: one line naming the port, another run, and the fix."""
+    port = free_port()
+    other = OtherRun(tmp_path, port, nnodes)
+    try:
+        other.wait_training()
+        node = Node(tmp_path, 1, "127.0.0.1", port).finish(TIMEOUT + 10 + START_UP)
+        assert all(p.poll() is None for p in other.procs), "the other run was disturbed"
+    finally:
+        other.stop()
+    assert_bounded(node, [f"node 1: 127.0.0.1:{port} is held by another run", "not this run's master",
+                          "pass another --master-port"])
+    assert node.ended < TIMEOUT + 10 + START_UP

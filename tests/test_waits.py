@@ -196,3 +196,37 @@ def test_a_port_held_by_another_live_distkit_run_is_named(tmp_path, nnodes):
     assert_bounded(node, [f"node 1: 127.0.0.1:{port} is held by another run", "not this run's master",
                           "pass another --master-port"])
     assert node.ended < TIMEOUT + 10 + START_UP
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_under_torchrun_a_node_that_never_comes_is_torchruns_wait(tmp_path, rendezvous):
+    """Under torchrun the agents' rendezvous runs before any distkit code: the kit cannot
+    bound or word it (docs/safety.md). What holds, and what the docs tell users to pass:
+    torchrun's own bound, ``--rdzv-conf timeout=T`` (static) or ``join_timeout=T`` (c10d),
+    ends a node whose peer never comes within T + 10 s of start-up, non-zero, with no
+    worker started (no distkit line) and no process left."""
+    port = free_port()
+    where = (["--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(port),
+              "--rdzv-conf", f"timeout={TIMEOUT}"] if rendezvous == "static" else
+             ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--rdzv-conf", f"join_timeout={TIMEOUT}"])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", *where,
+           "--nproc-per-node", "1", "-m", "distkit", "train", "--timeout", str(TIMEOUT),
+           "--no-progress", "--output-dir", str(tmp_path / "runs")]
+    started = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT + 10 + START_UP)
+    finally:
+        proc.kill()
+    took = time.monotonic() - started
+    assert proc.returncode not in (0, None), err[-2000:]
+    assert took < TIMEOUT + 10 + START_UP, took
+    assert "distkit:" not in out + err, "a worker started: torchrun's rendezvous completed?"
+    assert ("waiting for clients. 1/2 clients joined" if rendezvous == "static" else
+            "RendezvousTimeoutError") in err, err[-2000:]
+    leftover = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout
+    assert not leftover.strip(), f"processes left in torchrun's session: {leftover}"

@@ -34,7 +34,7 @@ from distkit.checkpoint import latest_checkpoint_in, remove_run_dir_if_empty
 from distkit.errors import DistkitError
 from distkit.failures import RankFailed, Reporter, first_on_this_node, report_from_worker, run_reporting
 from distkit.machine import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython,
-                             restore_environment, set_ignite_verbosity, socket_interface,
+                             process_state, restore_environment, set_ignite_verbosity, socket_interface,
                              threads_per_process, world_layout)
 from distkit.preflight import Launch
 from distkit.rendezvous import host_master_store, node0_waiting_line, wait_for_master
@@ -324,22 +324,13 @@ class StoppedRankWatchdog:
                 workers = sorted(set(multiprocessing.active_children()) - self.before,
                                  key=lambda p: p._identity)
                 continue
-            states = [_process_state(p.pid) for p in workers]
+            states = [process_state(p.pid) for p in workers]
             if any(state in (None, "Z", "X") for state in states):  # one has exited
                 for rank, (process, state) in enumerate(zip(workers, states)):
                     if state == "T":
                         self.stopped.append(rank)
                         os.kill(process.pid, 9)  # SIGKILL works on a stopped process
                 return
-
-
-def _process_state(pid: int) -> str | None:
-    """The state letter of ``/proc/<pid>/stat`` (R, S, D, T, Z...), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def stop_workers(children, grace_s: float = 3.0) -> int:

@@ -495,7 +495,16 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
     if launch.backend == "gloo":  # this process is the rank: hide the GPUs before ignite's set_device
         os.environ.update(CPU_ONLY_ENVIRONMENT)
     with bounded_wait(launch.timeout_s + 15, "connect to the other ranks"):
-        idist.initialize(launch.backend, **_timeout(launch))
+        store = attempt_store(launch.timeout_s)
+        if store is None:
+            idist.initialize(launch.backend, **_timeout(launch))
+        else:  # ignite takes the process group from the context (idist's functions)
+            import torch.distributed as dist
+
+            dist.init_process_group(launch.backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), **_timeout(launch))
+            if launch.backend == "nccl":
+                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     try:
         return run_reporting(reporter, fn, idist.get_local_rank(), *args)
     except signals.Preempted as e:  # every rank stopped at one iteration: one line per node
@@ -517,6 +526,36 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
         raise
     finally:
         idist.finalize()
+
+
+def attempt_store(timeout_s: float, environ=os.environ):
+    """Under torchrun's shared store, on one node: the store this attempt's process group
+    meets in, a prefix of its own on torchrun's store (``distkit/attempt-<restart>/``);
+    else None (torch's own ``env://`` rendezvous).
+
+    Why: torchrun's c10d rendezvous keeps one TCP store for the workers of every attempt
+    (``TORCHELASTIC_USE_AGENT_STORE=True``, unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``),
+    and torch's ``env://`` rendezvous on it uses the same keys in every attempt
+    (``default_pg/...``: each rank's gloo address). A restarted worker could read the
+    address its dead peer of the previous attempt left there and wait to connect to it:
+    the restarted group hung in gloo's connect step, or failed to connect, in some of the
+    restarts (issue 30). A prefix per attempt shows each attempt only its own keys, as
+    torch's own elastic workers did with ``/worker/attempt_<n>``.
+
+    One node only: ``TORCHELASTIC_RESTART_COUNT`` is the same for every worker of one
+    agent, but agents on several nodes may count restarts differently (one restarts for
+    its failed worker, another because a node waits), and ranks with different prefixes
+    would never meet."""
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_PORT" not in environ:
+        return None
+    if environ.get("LOCAL_WORLD_SIZE") != environ.get("WORLD_SIZE"):
+        return None
+    import torch.distributed as dist
+
+    client = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]),
+                           int(environ["WORLD_SIZE"]), False, timedelta(seconds=timeout_s))
+    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"distkit/attempt-{restart}/", client)
 
 
 def describe_process_failure(error: Exception, node_rank: int, nproc: int,

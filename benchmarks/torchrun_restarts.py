@@ -87,8 +87,8 @@ def one_run(folder: Path, shared_store: bool, limit: float) -> dict:
         hung = False
     except (subprocess.TimeoutExpired, TimeoutError) as e:
         hung, out = True, f"{out}\n{e}"
-    except RuntimeError as e:
-        hung, out = False, str(e)
+    except RuntimeError as e:  # it ended early: keep what it said
+        hung, out = False, f"{e}\n" + (proc.communicate()[0] or "")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

@@ -209,8 +209,8 @@ class bounded_wait:
             f"distkit: error: rank {layout.rank} could not {self.what} within --timeout "
             f"{self.seconds - 15:g} s (+15){f' after torchrun restart {restart}' if restart != '0' else ''}: "
             "a rank of this launch did not start or cannot be reached; with torchrun "
-            "--max-restarts, launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and "
-            "--rdzv-backend=c10d (scripts/torchrun_1node.sh)\n")
+            "--max-restarts on several nodes, launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+            "and --rdzv-backend=c10d (scripts/torchrun_nnodes.sh)\n")
         sys.stderr.flush()
         os._exit(1)
 

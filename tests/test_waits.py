@@ -230,3 +230,36 @@ def test_under_torchrun_a_node_that_never_comes_is_torchruns_wait(tmp_path, rend
             "RendezvousTimeoutError") in err, err[-2000:]
     leftover = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout
     assert not leftover.strip(), f"processes left in torchrun's session: {leftover}"
+
+
+def test_layouts_that_differ_are_named_with_both_values():
+    from distkit.rendezvous import layout_difference
+
+    same = {"nnodes": 2, "nproc_per_node": 2}
+    assert layout_difference({0: same, 1: dict(same)}) is None
+    line = layout_difference({0: same, 1: {"nnodes": 3, "nproc_per_node": 1}})
+    assert line.startswith("--nnodes is 3 on node 1 and 2 on node 0; --nproc-per-node is 1 on "
+                           "node 1 and 2 on node 0; no process group was formed"), line
+    assert "same --nnodes and --nproc-per-node" in line
+
+
+def test_attempt_store_is_a_prefix_per_torchrun_restart_on_one_node_only():
+    """Under torchrun's shared store, each attempt's process group meets under its own
+    prefix (a restarted worker must not read its dead peer's address); several nodes, or
+    a store of its own per attempt: torch's env:// rendezvous, no prefix."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from distkit.supervise import attempt_store
+
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10), wait_for_workers=False)
+    env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(server.port), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
+           "TORCHELASTIC_RESTART_COUNT": "1"}
+    store = attempt_store(10, env)
+    store.set("default_pg/rank_1", "here")
+    assert server.get("distkit/attempt-1/default_pg/rank_1") == b"here"
+    assert not server.check(["default_pg/rank_1"])
+    assert attempt_store(10, {**env, "LOCAL_WORLD_SIZE": "1"}) is None  # two nodes
+    assert attempt_store(10, {**env, "TORCHELASTIC_USE_AGENT_STORE": "False"}) is None

@@ -555,7 +555,7 @@ def attempt_store(timeout_s: float, environ=os.environ):
     client = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]),
                            int(environ["WORLD_SIZE"]), False, timedelta(seconds=timeout_s))
     restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return dist.PrefixStore(f"distkit/attempt-{restart}/", client)
+    return dist.PrefixStore(f"distkit/attempt-{restart}", client)  # keys: distkit/attempt-N/...
 
 
 def describe_process_failure(error: Exception, node_rank: int, nproc: int,

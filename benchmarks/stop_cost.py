@@ -34,28 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-
-def descendants(pid: int) -> list[int]:
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == parent:
-                found.append(int(stat.parent.name))
-                frontier.append(int(stat.parent.name))
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except OSError:
-        return False
+from distkit.machine import process_alive as alive, process_tree as descendants  # noqa: E402
 
 
 def sigterm_to_gone(launcher: str, folder: str) -> dict:

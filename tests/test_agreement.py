@@ -206,3 +206,27 @@ def test_two_nodes_with_another_setting_stop_before_the_first_step(tmp_path, fla
         assert "epoch" not in out, out  # nothing trained
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.*")), \
         list((tmp_path / "runs").rglob("*"))
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_two_nodes_with_another_nproc_per_node_stop_in_one_line_naming_it(tmp_path):
+    """Another --nproc-per-node gives each node another world size: the processes would never
+    form a group, so the ranks' comparison above is never reached. The launchers compare
+    their layouts at node 0's store first (distkit.rendezvous.host_master_store): one line
+    per node naming the flag and both values, no C++ frames, nothing started."""
+    started = time.monotonic()
+    nodes = two_nodes(tmp_path, ["--nproc-per-node", "2"], ["--nproc-per-node", "1"])
+    took = time.monotonic() - started
+    assert took < 60 + 10 + 30, took
+    for node, (code, out, err) in enumerate(nodes):
+        lines = [ln for ln in err.splitlines() if ln.strip() and "waiting up to --timeout" not in ln]
+        assert code != 0, f"node {node} exited 0:\n{err[-2000:]}"
+        assert len(lines) == 1, f"node {node}:\n{err[-3000:]}"
+        assert lines[0].startswith(f"distkit: error: node {node}: --nproc-per-node is 1 on node 1 "
+                                   "and 2 on node 0;"), lines[0]
+        assert "nothing was trained" in lines[0] and "same --nproc-per-node" in lines[0], lines[0]
+        assert "frame #" not in err and "Traceback" not in err, err
+        assert "epoch" not in out, out
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.*")), \
+        list((tmp_path / "runs").rglob("*"))

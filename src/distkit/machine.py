@@ -12,7 +12,9 @@ nor ignite (those that need ignite import it inside the function), so the comman
   SLURM), :func:`launched_externally`, :func:`inside_launch`, :func:`in_ipython`,
   :func:`tpu_available`;
 - ignite's log lines: :class:`quiet_ignite_logs`, :func:`set_ignite_verbosity`;
-- GPUs hidden from the processes a gloo launch starts: :func:`cpu_only_processes`.
+- GPUs hidden from the processes a gloo launch starts: :func:`cpu_only_processes`;
+- processes, from ``/proc`` (Linux): :func:`process_state`, :func:`process_alive`,
+  :func:`process_tree` (what the launcher's watchdog, the tests and the benchmarks read).
 
 Example::
 
@@ -224,6 +226,39 @@ def inside_launch() -> bool:
     """True in a process that torchrun (WORLD_SIZE) or a several-task ``srun`` started:
     spawning more processes there would start a second, conflicting job per process."""
     return "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter of ``/proc/<pid>/stat`` (R, S, D, T, Z ...), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def process_alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie, exited but not yet reaped, is not alive)."""
+    return process_state(pid) not in (None, "Z", "X")
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid``'s descendants, read from ``/proc``: children, their children ..., workers in
+    sessions or process groups of their own included (``pgrep -s`` misses those)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        for child in parents.get(frontier.pop(), []):
+            found.append(child)
+            frontier.append(child)
+    return found
 
 
 def in_ipython() -> bool:

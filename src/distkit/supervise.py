@@ -34,10 +34,12 @@ from distkit.checkpoint import latest_checkpoint_in, remove_run_dir_if_empty
 from distkit.errors import DistkitError
 from distkit.failures import RankFailed, Reporter, first_on_this_node, report_from_worker, run_reporting
 from distkit.machine import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython,
-                             restore_environment, set_ignite_verbosity, socket_interface,
+                             process_state, restore_environment, set_ignite_verbosity, socket_interface,
                              threads_per_process, world_layout)
 from distkit.preflight import Launch
-from distkit.rendezvous import node0_waiting_line, wait_for_master
+from distkit.rendezvous import host_master_store, node0_waiting_line, wait_for_master
+
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 
 def prepare_fork(launch: Launch, start_method: str | None = None) -> Launch:
@@ -113,7 +115,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         spawn_kwargs["start_method"] = "spawn"
     if not forking:  # ignite forks under IPython; elsewhere spawned workers import fn
         check_spawned_can_import("the training function", (fn, args))
-    interface = None
+    interface, master_store = None, None
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
     # torch's "Terminating process N via signal SIGTERM" when one worker ends first: the
     # launcher's own line says what happened
@@ -127,14 +129,22 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     forwarding = ForwardStopSignals(before)
     try:
         if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
-            # every wait bounded and said: node N reaches the master before its processes start
+            # every wait bounded and said: the launchers meet at node 0's store, with the
+            # same layout, before any process starts (distkit.rendezvous)
             if config.node_rank:
                 wait_for_master(config.master_addr, config.master_port, config.timeout_s,
-                                config.node_rank)
+                                config.node_rank, nnodes=config.nnodes,
+                                nproc_per_node=config.nproc_per_node)
             else:
                 print(node0_waiting_line(config.nnodes, config.master_addr, config.master_port,
                                          config.timeout_s), flush=True)
-            interface = bind_to_interface_of_master(config, config.master_addr)  # inherited
+                master_store = host_master_store(config.master_addr, config.master_port,
+                                                 config.nnodes, config.nproc_per_node,
+                                                 config.timeout_s)
+            interface = bind_to_interface_of_master(config, config.master_addr) or {}  # inherited
+            # the workers' rendezvous store is node 0's launcher's (torch's env:// reads it)
+            interface.setdefault(AGENT_STORE, os.environ.get(AGENT_STORE))
+            os.environ[AGENT_STORE] = "True"
         with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
                 idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
                                nnodes=config.nnodes, node_rank=config.node_rank,
@@ -176,6 +186,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         logs.restore()  # a notebook's own ignite calls log as before
         spawn_log.setLevel(spawn_level)
         restore_environment(interface)
+        del master_store  # node 0's store closes with the run
         _discard_if_empty(run_dir)
 
 
@@ -198,8 +209,8 @@ class bounded_wait:
             f"distkit: error: rank {layout.rank} could not {self.what} within --timeout "
             f"{self.seconds - 15:g} s (+15){f' after torchrun restart {restart}' if restart != '0' else ''}: "
             "a rank of this launch did not start or cannot be reached; with torchrun "
-            "--max-restarts, launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and "
-            "--rdzv-backend=c10d (scripts/torchrun_1node.sh)\n")
+            "--max-restarts on several nodes, launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
+            "and --rdzv-backend=c10d (scripts/torchrun_nnodes.sh)\n")
         sys.stderr.flush()
         os._exit(1)
 
@@ -313,22 +324,13 @@ class StoppedRankWatchdog:
                 workers = sorted(set(multiprocessing.active_children()) - self.before,
                                  key=lambda p: p._identity)
                 continue
-            states = [_process_state(p.pid) for p in workers]
+            states = [process_state(p.pid) for p in workers]
             if any(state in (None, "Z", "X") for state in states):  # one has exited
                 for rank, (process, state) in enumerate(zip(workers, states)):
                     if state == "T":
                         self.stopped.append(rank)
                         os.kill(process.pid, 9)  # SIGKILL works on a stopped process
                 return
-
-
-def _process_state(pid: int) -> str | None:
-    """The state letter of ``/proc/<pid>/stat`` (R, S, D, T, Z...), None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def stop_workers(children, grace_s: float = 3.0) -> int:
@@ -493,7 +495,16 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
     if launch.backend == "gloo":  # this process is the rank: hide the GPUs before ignite's set_device
         os.environ.update(CPU_ONLY_ENVIRONMENT)
     with bounded_wait(launch.timeout_s + 15, "connect to the other ranks"):
-        idist.initialize(launch.backend, **_timeout(launch))
+        store = attempt_store(launch.timeout_s)
+        if store is None:
+            idist.initialize(launch.backend, **_timeout(launch))
+        else:  # ignite takes the process group from the context (idist's functions)
+            import torch.distributed as dist
+
+            dist.init_process_group(launch.backend, store=store, rank=int(os.environ["RANK"]),
+                                    world_size=int(os.environ["WORLD_SIZE"]), **_timeout(launch))
+            if launch.backend == "nccl":
+                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     try:
         return run_reporting(reporter, fn, idist.get_local_rank(), *args)
     except signals.Preempted as e:  # every rank stopped at one iteration: one line per node
@@ -515,6 +526,36 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
         raise
     finally:
         idist.finalize()
+
+
+def attempt_store(timeout_s: float, environ=os.environ):
+    """Under torchrun's shared store, on one node: the store this attempt's process group
+    meets in, a prefix of its own on torchrun's store (``distkit/attempt-<restart>/``);
+    else None (torch's own ``env://`` rendezvous).
+
+    Why: torchrun's c10d rendezvous keeps one TCP store for the workers of every attempt
+    (``TORCHELASTIC_USE_AGENT_STORE=True``, unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``),
+    and torch's ``env://`` rendezvous on it uses the same keys in every attempt
+    (``default_pg/...``: each rank's gloo address). A restarted worker could read the
+    address its dead peer of the previous attempt left there and wait to connect to it:
+    the restarted group hung in gloo's connect step, or failed to connect, in some of the
+    restarts (issue 30). A prefix per attempt shows each attempt only its own keys, as
+    torch's own elastic workers did with ``/worker/attempt_<n>``.
+
+    One node only: ``TORCHELASTIC_RESTART_COUNT`` is the same for every worker of one
+    agent, but agents on several nodes may count restarts differently (one restarts for
+    its failed worker, another because a node waits), and ranks with different prefixes
+    would never meet."""
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_PORT" not in environ:
+        return None
+    if environ.get("LOCAL_WORLD_SIZE") != environ.get("WORLD_SIZE"):
+        return None
+    import torch.distributed as dist
+
+    client = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]),
+                           int(environ["WORLD_SIZE"]), False, timedelta(seconds=timeout_s))
+    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"distkit/attempt-{restart}", client)  # keys: distkit/attempt-N/...
 
 
 def describe_process_failure(error: Exception, node_rank: int, nproc: int,

@@ -21,7 +21,10 @@
 #   TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 #                         a fresh store for each restart; with one shared store a restarted
 #                         process can read the dead attempt's addresses and fail to connect
-#                         (torch 2.15: 4 of 8 restarts failed so; see distkit.lessons.failure)
+#                         (torch 2.15: 4 of 8 restarts failed so; see distkit.lessons.failure).
+#                         distkit train no longer needs it on one node (each attempt meets
+#                         under its own prefix: docs/resume.md); a SCRIPT makes its own group
+#                         and does
 #   --resume-from latest  newest checkpoint under OUTPUT_DIR, or from scratch if none:
 #                         one command for the first start and every restart
 #   OUTPUT_DIR            one per job (default: a new one per invocation); to resume a job

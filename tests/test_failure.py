@@ -94,10 +94,15 @@ def test_spawned_ranks_are_told_apart_across_a_pid_wrap():
     assert failure.creation_order([12, 11], parent=10, pid_max=32768) == [11, 12]
 
 
-def test_restart_warning_only_for_restarts_with_a_shared_store(monkeypatch):
+def test_restart_warning_only_for_restarts_of_several_nodes_with_a_shared_store(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "3")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1" in checkpoint.restart_store_warning()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # one node: each attempt has its own prefix
+    assert checkpoint.restart_store_warning() is None
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
     assert checkpoint.restart_store_warning() is None
     monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")

@@ -263,12 +263,16 @@ def restart_store_warning() -> str | None:
     4 of 8 restarts failed so, with static or c10d rendezvous; see pytorch issue 135712).
     With a fresh store per attempt, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` and
     ``--rdzv-backend=c10d`` (or ``--standalone``), none of 15 failed;
-    ``scripts/torchrun_*.sh`` launch so."""
-    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and \
+    ``scripts/torchrun_nnodes.sh`` launches so. On one node the kit needs none of it: each
+    attempt's group meets under a prefix of its own (``supervise.attempt_store``), 10 of 10
+    restarts on the shared store in ``benchmarks/torchrun_restarts.py``; so the warning is
+    for runs of several nodes only."""
+    several_nodes = os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE")
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and several_nodes and \
             os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return ("torchrun --max-restarts with a store shared across restarts: a restart may fail "
                 "to reconnect; launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun "
-                "--rdzv-backend=c10d (or --standalone), as scripts/torchrun_1node.sh does")
+                "--rdzv-backend=c10d, as scripts/torchrun_nnodes.sh does")
     return None
 
 

@@ -48,18 +48,11 @@ def stale(nb: dict, name: str) -> list[str]:
 
 # stderr lines a notebook shows knowingly, each with why; the test below fails once one is
 # no longer shown, so that none outlives its reason.
-KNOWN_STDERR = {
-    # the two "nodes" start at once; node 1's launcher says on stderr that it waits for
-    # node 0 (src/distkit/rendezvous.py, wait_for_master), while node 0's line goes to
-    # stdout: the kit's lines should agree (both on stdout), a change in the core's
-    # rendezvous, which another issue is rewriting; re-record 09 after it
-    "09_multi_node.ipynb": ("distkit: node 1: waiting up to --timeout",),
-}
 
 
 def unclean(nb: dict, name: str = "") -> list[str]:
     """Outputs a reader should not see: an error, progress-bar frames (carriage returns),
-    anything written to stderr (warnings, log lines shown in red) but KNOWN_STDERR."""
+    anything written to stderr (warnings, log lines shown in red)."""
     found = []
     for i, cell in enumerate(nb["cells"]):
         for out in cell.get("outputs", []):
@@ -67,20 +60,11 @@ def unclean(nb: dict, name: str = "") -> list[str]:
             if out["output_type"] == "error":
                 found.append(f"cell {i}: {out['ename']}: {out['evalue'][:100]}")
             elif out.get("name") == "stderr":
-                if text.strip() and not text.strip().startswith(KNOWN_STDERR.get(name, ())):
+                if text.strip():
                     found.append(f"cell {i} stderr: {text.strip()[:160]!r}")
             elif "\r" in text:
                 found.append(f"cell {i}: progress-bar frames (carriage returns) in its output")
     return found
-
-
-def test_known_stderr_lines_are_still_shown():
-    for name, lines in KNOWN_STDERR.items():
-        shown = [o for c in load(REPO_ROOT / "notebooks" / name)["cells"] for o in c.get("outputs", [])
-                 if o.get("name") == "stderr"]
-        for line in lines:
-            assert any("".join(o["text"]).strip().startswith(line) for o in shown), \
-                f"{name} no longer shows {line!r} on stderr: remove it from KNOWN_STDERR"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import errno
 import os
 import socket
-import sys
 import time
 
 from distkit.errors import DistkitError
@@ -167,7 +166,8 @@ def wait_for_master(host: str, port: int, timeout_s: float, node_rank: int, say=
     (:func:`host_master_store`): this node's layout is compared with node 0's before any
     process group forms, and a port held by another run is told apart from this run's
     master."""
-    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    # on stdout, as node 0's waiting line: a status, not an error (stderr is for those)
+    say = say or (lambda line: print(line, flush=True))
     deadline = time.monotonic() + timeout_s
     where = f"--master-addr {host} --master-port {port}"
     said, last = False, None

@@ -863,6 +863,10 @@ WRONG_ANSWERS += WRONG_ANSWERS_12_13
 from wrong_answers_flops import WRONG_ANSWERS_14  # noqa: E402
 
 WRONG_ANSWERS += WRONG_ANSWERS_14
+# 01, 06, 07, 10, 11: answers that only the layouts, the inputs or the structure now catch
+from wrong_answers_layouts import WRONG_ANSWERS_LAYOUTS  # noqa: E402
+
+WRONG_ANSWERS += WRONG_ANSWERS_LAYOUTS
 
 
 @pytest.fixture(scope="module")

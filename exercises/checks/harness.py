@@ -442,6 +442,12 @@ def _explain_error(rank: int, rep: dict, finished=()) -> str:
                 f"that only some ranks reach (inside `if rank == 0:` or `if local_rank == 0:`) is "
                 f"the usual cause; idist.one_rank_first() makes the others wait correctly.\n"
                 f"{rep['traceback']}")
+    lowered = text.lower()
+    if "nvidia driver" in lowered or "not compiled with cuda" in lowered or "cuda" in lowered and \
+            "no " in lowered:
+        text += ("\n(a tensor or module was put on a GPU by name ('cuda', 'cuda:N'): this machine has "
+                 "none. Use idist.device(): this rank's own GPU under nccl, the CPU under gloo, so the "
+                 "same code runs in both)")
     if "Pair is not connected" in text:
         text += ("\n(gloo has no connection from a rank to itself: a send or recv whose peer is this "
                  "rank's own number, e.g. (rank + 2) % N with N = 2)")

@@ -107,7 +107,10 @@ def on_rank(dirname):
     report["last"] = None if last is None else str(last)
     if idist.get_rank() == 0:  # DiskSaver writes on rank 0: what is in the folder now
         report["files"] = saved_files(ex, dirname)
-    if idist.all_reduce(float(last is None)) > 0:  # every rank stops here, or none does
+    idist.barrier()  # the file of the last iteration is written (by one rank) before anyone looks
+    report["last_exists"] = last is not None and os.path.exists(str(last))
+    # every rank stops here, or none does
+    if idist.all_reduce(float(last is None or not report["last_exists"])) > 0:
         return report
 
     trainer, model, optimizer, loader = setup(seed=1)  # a new process: other random weights
@@ -163,6 +166,11 @@ def judge(dirname, ranks, fail):
         raise fail(f"the run stopped after {STOP} iterations without saving a checkpoint: "
                    f"attach the Checkpoint to the trainer at Events.ITERATION_COMPLETED")
     files = ranks[0].get("files", [])
+    if not files and ranks[0].get("last_exists") is False:
+        raise fail(f"the Checkpoint says it saved {os.path.basename(ranks[0]['last'])}, but no file is in "
+                   f"the folder: its DiskSaver wrote on no rank of this run. It writes on ONE rank, "
+                   f"save_on_rank (0 by default), which must exist whatever the world size (save_on_rank=1 "
+                   f"has no rank with 1 process): leave save_on_rank at its default")
     if not files:
         raise fail(f"no checkpoint file in {dirname}: save into the dirname you are given")
     for name, iteration in files:

@@ -82,6 +82,21 @@ WRONG_ANSWERS_LAYOUTS = [
        "    total = idist.all_reduce(torch.tensor(float(value), device=device)).item()"),
       ("import ignite.distributed as idist", "import ignite.distributed as idist\nimport torch")],
      r"rank 0 raised RuntimeError: Found no NVIDIA driver.*put on a GPU by name"),
+    ("01", "torch.cuda.set_device(global rank) first",
+     [("    total = idist.all_reduce(float(value))\n",
+       "    torch.cuda.set_device(idist.get_rank())\n    total = idist.all_reduce(float(value))\n"),
+      ("import ignite.distributed as idist", "import ignite.distributed as idist\nimport torch")],
+     r"rank 0 raised RuntimeError: .*put on a GPU by name"),
+    ("01", "the tensor moved with .cuda()",
+     [("total = idist.all_reduce(float(value))",
+       "total = idist.all_reduce(torch.tensor(float(value)).cuda()).item()"),
+      ("import ignite.distributed as idist", "import ignite.distributed as idist\nimport torch")],
+     r"rank 0 raised RuntimeError: Found no NVIDIA driver.*put on a GPU by name"),
+    ("01", "torch.device('cuda', local rank) (right on a GPU node, not on a CPU)",
+     [("total = idist.all_reduce(float(value))",
+       'total = idist.all_reduce(torch.tensor(float(value), device=torch.device("cuda", idist.get_local_rank()))).item()'),
+      ("import ignite.distributed as idist", "import ignite.distributed as idist\nimport torch")],
+     r"rank 0 raised RuntimeError: Found no NVIDIA driver.*Use idist.device\(\)"),
     # --- 06 learning-rate scaling: wrong on one layout only ---------------------------
     ("06", "torch.distributed's world size (raises with no process group)",
      [("peak = base_lr * idist.get_world_size()",
@@ -150,8 +165,14 @@ WRONG_ANSWERS_LAYOUTS = [
     ("07", "written on the last rank (which a single process does not have)",
      [("DiskSaver(dirname, require_empty=False, atomic=True)",
        "DiskSaver(dirname, require_empty=False, atomic=True, save_on_rank=1)")],
-     r"on 1 process \(no process group\): the Checkpoint says it saved checkpoint_7.pt, but no file is in the "
-     r"folder: .*save_on_rank=1.*leave save_on_rank at its default"),
+     r"on 1 process \(no process group\): on rank 0 the Checkpoint says it saved checkpoint_7.pt .*but there is "
+     r"no such file: .*save_on_rank=1.*leave save_on_rank at its default"),
+    ("07", "a folder per node (right on one node)",
+     [("    checkpoint = Checkpoint(\n",
+       "    import os\n    dirname = os.path.join(dirname, f\"node{idist.get_node_rank()}\")\n"
+       "    checkpoint = Checkpoint(\n")],
+     r"on 2 nodes x 2 processes: on rank 2 the Checkpoint says it saved node1/checkpoint_7.pt .*but there is no "
+     r"such file: .*every rank names the same folder \(one every node sees\)"),
     # --- 10 sharded memory: wrong on one layout only ------------------------------------
     ("10", "a device mesh of the processes of one node (right on one node)", '''
 def shard(model):
@@ -172,6 +193,11 @@ def shard(model):
      [('shards = world_size if strategy == "fsdp" else 1', 'shards = max(world_size, 2) if strategy == "fsdp" else 1')],
      r"predict_bytes_per_rank\(9240, 1, 'fsdp'\)\['params'\] should be 36960, got 18480 .*with 1 process nothing "
      r"is divided"),
+    ("10", "the world size of this run, not the one asked about", [
+        ('shards = world_size if strategy == "fsdp" else 1',
+         'import ignite.distributed as idist\n    shards = idist.get_world_size() if strategy == "fsdp" else 1')],
+     r"predict_bytes_per_rank\(9240, 2, 'fsdp'\)\['params'\] should be 18480, got 36960"
+     r"|with 4 ranks under FSDP you predicted"),
     # --- 11 pipeline: 3 and 4 stages, several micro-batch counts ------------------------
     ("11", "no middle stage: every stage after the first is treated as the last", '''
 def pipeline_step(stage_module, stage_index, num_stages, inputs, targets, n_microbatches):

@@ -166,11 +166,15 @@ def judge(dirname, ranks, fail):
         raise fail(f"the run stopped after {STOP} iterations without saving a checkpoint: "
                    f"attach the Checkpoint to the trainer at Events.ITERATION_COMPLETED")
     files = ranks[0].get("files", [])
-    if not files and ranks[0].get("last_exists") is False:
-        raise fail(f"the Checkpoint says it saved {os.path.basename(ranks[0]['last'])}, but no file is in "
-                   f"the folder: its DiskSaver wrote on no rank of this run. It writes on ONE rank, "
-                   f"save_on_rank (0 by default), which must exist whatever the world size (save_on_rank=1 "
-                   f"has no rank with 1 process): leave save_on_rank at its default")
+    for rank, r in enumerate(ranks):
+        if r.get("last_exists") is False and r.get("last"):
+            shown = os.path.relpath(r["last"], dirname) if r["last"].startswith(dirname) else r["last"]
+            raise fail(f"on rank {rank} the Checkpoint says it saved {shown} (in {dirname}), but there "
+                       f"is no such file: no rank of this run wrote it there. The DiskSaver writes on ONE "
+                       f"rank, save_on_rank (0 by default), which must exist whatever the world size "
+                       f"(save_on_rank=1 has no rank with 1 process): leave save_on_rank at its default; "
+                       f"and every rank names the same folder (one every node sees), since every rank "
+                       f"resumes from that one file")
     if not files:
         raise fail(f"no checkpoint file in {dirname}: save into the dirname you are given")
     for name, iteration in files:

@@ -124,7 +124,7 @@ WRONG_ANSWERS_LAYOUTS = [
     # --- 06: right on the task's example only -----------------------------------------
     ("06", "the warm-up of the example (4 steps) written in",
      [("(warmup_iters, peak),", "(4, peak),")],
-     r"rank 0, create_lr_scheduler\(optimizer, base_lr=[0-9.]+, warmup_iters=\d, total_iters=\d+\) with 1 "
+     r"rank 0, create_lr_scheduler\(optimizer, base_lr=[0-9.]+, warmup_iters=\d, total_iters=\d+\) with \d "
      r"process\(es\): the learning rate of iteration \d+ \(step \d+\) is [0-9.e-]+, expected [0-9.e-]+ \(the "
      r"reference solution's.*DISTKIT_CHECK_SEED"),
     ("06", "the length of the example (12 steps) written in",

@@ -2,7 +2,7 @@
 processes, 2 nodes x 2 processes sharing one checkpoint folder, as nodes share a cluster's
 file system), a run stopped after STOP iterations and resumed from its checkpoint must end
 with exactly the weights of a run that never stopped, and its folder must hold the files
-the reference solution's does."""
+the task asks for."""
 import os
 
 import pytest

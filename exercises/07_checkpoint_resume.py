@@ -24,8 +24,9 @@ Task: write two functions.
    given ``read_checkpoint`` (``torch.load(..., weights_only=True)``: never unpickle
    arbitrary objects) and load it into the same three objects.
 
-The check runs 2 processes; ``model`` is wrapped in DistributedDataParallel (``Checkpoint``
-handles that: it saves the inner module's weights).
+The check runs 1 process (no process group), 2 and 3 processes, and 2 nodes x 2
+processes; with several, ``model`` is wrapped in DistributedDataParallel (``Checkpoint``
+handles that: it saves the inner module's weights), with one it is the plain module.
 
 Check it:  pytest exercises -m ex07     (or: distkit check 07)
 Stuck?     distkit check 07 --hint     (or read exercises/hints.md)

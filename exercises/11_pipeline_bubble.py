@@ -5,7 +5,8 @@ into micro-batches that flow through them. In a step of the GPipe schedule each 
 runs all the micro-batches' forwards, then all their backwards; at the start and the end
 some stages wait for the others: the *bubble*. The check runs your schedule on 2 gloo
 ranks with stages whose forward and backward take a known time, measures the share of
-the step each stage sat idle, and sets it against your prediction.
+the step each stage sat idle, and sets it against your prediction; then on 3 and 4
+ranks (stages in the middle) with several micro-batch counts, against the reference.
 
 Task:
 
@@ -19,7 +20,8 @@ Task:
    ``PipelineStage`` (on the CPU), make a ``ScheduleGPipe`` with ``n_microbatches``
    micro-batches and the loss ``F.mse_loss``, and run ``schedule.step``: the first
    stage gives it ``inputs`` (the whole batch: the schedule cuts it), the last stage
-   ``target=targets`` and a list to collect each micro-batch's loss in (``losses=``).
+   ``target=targets`` and a list to collect each micro-batch's loss in (``losses=``);
+   a stage in the middle gets neither (it receives and sends only).
    Return the mean of those losses as a Python float on the last stage, None elsewhere.
 
 Check it:  pytest exercises -m ex11     (or: distkit check 11)

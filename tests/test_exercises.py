@@ -863,6 +863,10 @@ WRONG_ANSWERS += WRONG_ANSWERS_12_13
 from wrong_answers_flops import WRONG_ANSWERS_14  # noqa: E402
 
 WRONG_ANSWERS += WRONG_ANSWERS_14
+# 01, 06, 07, 10, 11: answers that only the layouts, the inputs or the structure now catch
+from wrong_answers_layouts import WRONG_ANSWERS_LAYOUTS  # noqa: E402
+
+WRONG_ANSWERS += WRONG_ANSWERS_LAYOUTS
 
 
 @pytest.fixture(scope="module")
@@ -941,9 +945,9 @@ def test_distkit_check_runs_one_exercise_and_shows_hints(capfd, monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
     monkeypatch.setenv("PYTHONDONTWRITEBYTECODE", "1")
     code, out, _ = distkit(capfd, "check", "06", "--solutions")  # = pytest exercises -m ex06
-    assert code == 0 and re.search(r"3 passed, \d+ deselected", out), out[-3000:]
+    assert code == 0 and re.search(r"4 passed, \d+ deselected", out), out[-3000:]
     code, out, _ = distkit(capfd, "check", "6")
-    assert code == 1 and "exercise 06 is not solved yet" in out and "3 failed" in out, out[-3000:]
+    assert code == 1 and "exercise 06 is not solved yet" in out and "4 failed" in out, out[-3000:]
     code, out, _ = distkit(capfd, "check", "06", "--hint")
     assert code == 0 and out.startswith("## 06") and "## 07" not in out
     code, out, _ = distkit(capfd, "check", "06", "--solution")

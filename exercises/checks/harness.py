@@ -145,6 +145,7 @@ def run_ranks(target, *args, nproc: int = NPROC) -> list:
         logging.getLogger(f"ignite.distributed.{name}").setLevel(logging.WARNING)
     # torch warns when it stops the other ranks after one failed; the failure says enough.
     logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
+    _warm_for_fork()
     for attempt in range(3):
         reports_dir = Path(tempfile.mkdtemp(prefix="distkit-check-"))
         try:
@@ -177,10 +178,7 @@ def run_nodes(target, *args, nnodes: int = 2, nproc_per_node: int = 2, group: bo
     ``nproc_per_node`` processes the same way; ``group=False`` (one process) makes no
     process group at all."""
     world = nnodes * nproc_per_node
-    if start_method() == "fork":
-        # imported once here, not in every forked process: the four layouts of an empty
-        # target took 1.4 s instead of 17.8 s on a loaded 2-core machine
-        import ignite.distributed  # noqa: F401
+    _warm_for_fork()
     for attempt in range(3):
         reports_dir = Path(tempfile.mkdtemp(prefix="distkit-check-nodes-"))
         try:
@@ -196,6 +194,32 @@ def run_nodes(target, *args, nnodes: int = 2, nproc_per_node: int = 2, group: bo
         finally:
             shutil.rmtree(reports_dir, ignore_errors=True)
     raise AssertionError("unreachable")
+
+
+_WARM = []
+
+
+def _warm_for_fork() -> None:
+    """Import (and run once) in the parent what every rank would otherwise import after
+    the fork: the four layouts of an empty target took 1.4 s instead of 17.8 s with
+    ``ignite.distributed`` imported here; ``ignite.handlers`` cost 2.3 s, and the first
+    ``TorchDispatchMode`` (``CommCounter``, ``Recorder(compute=True)``) 3.5 to 7.7 s, in
+    EACH rank of a loaded 2-core machine (2026-11-26, load average 9 to 11)."""
+    if _WARM or start_method() != "fork":
+        return
+    import ignite.distributed  # noqa: F401
+    import ignite.engine  # noqa: F401
+    import ignite.handlers  # noqa: F401
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Nothing(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Nothing():
+        torch.ones(1) + 1
+    _WARM.append(True)
 
 
 def _free_port() -> int:
@@ -418,6 +442,12 @@ def _explain_error(rank: int, rep: dict, finished=()) -> str:
                 f"that only some ranks reach (inside `if rank == 0:` or `if local_rank == 0:`) is "
                 f"the usual cause; idist.one_rank_first() makes the others wait correctly.\n"
                 f"{rep['traceback']}")
+    lowered = text.lower()
+    if "nvidia driver" in lowered or "not compiled with cuda" in lowered or "cuda" in lowered and \
+            "no " in lowered:
+        text += ("\n(a tensor or module was put on a GPU by name ('cuda', 'cuda:N'): this machine has "
+                 "none. Use idist.device(): this rank's own GPU under nccl, the CPU under gloo, so the "
+                 "same code runs in both)")
     if "Pair is not connected" in text:
         text += ("\n(gloo has no connection from a rank to itself: a send or recv whose peer is this "
                  "rank's own number, e.g. (rank + 2) % N with N = 2)")
@@ -476,6 +506,19 @@ def each_layout(target, *args, layouts=LAYOUTS):
 # the processes' layouts first, then one process: a learner reads first what the
 # exercise is about, then that the code must also run with no process group
 MULTI_FIRST = LAYOUTS[1:] + LAYOUTS[:1]
+
+
+def preload(number: str) -> None:
+    """Import the learner's file and the reference of exercise ``number`` in the parent
+    before processes are forked, so every rank does not import them (and what they import)
+    again. A file that fails to import is left for the ranks to report."""
+    if start_method() != "fork":
+        return
+    load_reference(number)
+    try:
+        load(number)
+    except Exception:  # noqa: BLE001 - reported by the rank that imports it
+        pass
 
 
 def load_reference(number: str) -> ModuleType:

@@ -1,4 +1,8 @@
-"""Checks for exercise 01: ``average_across_ranks`` on 1 and on 2 processes."""
+"""Checks for exercise 01: ``average_across_ranks`` in every layout (1 process with no
+process group, 2 and 3 processes, 2 nodes x 2 processes), run beside the reference
+solution on the same values in the same processes: fixed values (whose mistakes have a
+name), seeded random ones, and adversarial ones (large, of both signs, not exact in
+bfloat16 or float16, so a sum in low precision shows)."""
 import math
 
 import pytest
@@ -8,20 +12,47 @@ import harness
 pytestmark = pytest.mark.ex01
 
 VALUES = [1.0, 4.0]  # rank r passes VALUES[r]: mean 2.5, sum 5.0, distinct from both
-
-
 NODE_VALUES = [1.0, 4.0, 2.0, 9.0]  # on 2 nodes of 2 processes: mean 4.0, sum 16.0
+FIXED = {1: [3.0], 2: VALUES, 3: [1.0, 4.0, 2.5], 4: NODE_VALUES}
+# The learner's mean against the reference's (float64 through idist): a float32 sum is
+# within about 1e-7 x the largest value; one value's share of the mean, or a bfloat16 sum
+# (about 4e-3 relative), is far outside.
+RTOL = 1e-6
 
 
-def on_rank(values=VALUES):
+def inputs(seed, world):
+    """``[(name, [the value of each rank])]``: fixed, seeded random, adversarial."""
+    import random
+
+    rng = random.Random(seed * 10 + world)
+    uniform = [round(rng.uniform(-50, 50), 6) for _ in range(world)]
+    # magnitudes near 1e5 of both signs: the mean is small beside them, and neither
+    # bfloat16 nor float16 holds them (float16 has no 1e5 at all)
+    big = [rng.choice((-1, 1)) * (1e5 + rng.uniform(0, 1000)) + 0.1 for _ in range(world)]
+    return [("fixed", FIXED[world]), ("random", uniform), ("adversarial", big)]
+
+
+def on_rank(seed):
+    """The reference's results first (for every set of values), then the learner's: a
+    learner's call that only some ranks make cannot pair with the reference's."""
     import ignite.distributed as idist
     from distkit.lessons.sharded import CommCounter
 
+    rank, world = idist.get_rank(), idist.get_world_size()
+    sets = inputs(seed, world)
+    reference = harness.load_reference("01")
+    expected = [reference.average_across_ranks(values[rank]) for _, values in sets]
     ex = harness.load("01")
-    with CommCounter() as comm:  # which collectives the answer ran
-        got = ex.average_across_ranks(values[idist.get_rank()])
-    return {"value": got, "collectives": dict(comm.calls),
-            "nproc_per_node": idist.get_nproc_per_node(), "local_rank": idist.get_local_rank()}
+    results = []
+    for (name, values), want in zip(sets, expected):
+        with CommCounter() as comm, harness.Recorder() as record:  # which collectives the answer ran
+            got = ex.average_across_ranks(values[rank])
+        if not isinstance(got, (int, float, type(None))) and not _is_tensor(got):
+            got = repr(got)[:200]
+        results.append({"name": name, "values": values, "value": got, "expected": want,
+                        "collectives": dict(comm.calls), "log": record.log})
+    return {"sets": results, "nproc_per_node": idist.get_nproc_per_node(),
+            "local_rank": idist.get_local_rank(), "device": str(idist.device())}
 
 
 def explain(rank, got, values):
@@ -54,13 +85,6 @@ def _is_tensor(value):
     import torch
 
     return isinstance(value, torch.Tensor)
-
-
-def test_one_process_returns_its_value():
-    ex = harness.load("01")
-    problem = explain(0, ex.average_across_ranks(3.0), [3.0])
-    if problem:
-        raise harness.ExerciseFailure(f"with a single process (world size 1): {problem}")
 
 
 def combined_by_op(results, values, where):
@@ -120,22 +144,85 @@ def check_ranks(results, values, where=""):
             raise harness.ExerciseFailure(where + problem)
 
 
+
+def judge(ranks, where, seed):
+    """The learner's message for the first thing wrong in one layout (``ranks``: what
+    :func:`on_rank` returned on each rank)."""
+    world = len(ranks)
+    for index, (name, values) in enumerate(inputs(seed, world)):
+        results = [r["sets"][index] for r in ranks]
+        shown = "" if name == "fixed" else f"with {name} values {harness.replay(seed)}, "
+        for rank, r in enumerate(ranks):
+            wrong_device = harness.on_device([c for c in results[rank]["log"] if c["op"] != "wait"],
+                                             r["device"])
+            if wrong_device:
+                raise harness.ExerciseFailure(f"{where}rank {rank}: {wrong_device}")
+        if world == 4 and name == "fixed":
+            per_node = ranks[0]["nproc_per_node"]
+            for rank, r in enumerate(results):
+                got = r["value"]
+                if isinstance(got, (int, float)) and math.isclose(got, sum(values) / per_node) \
+                        and not math.isclose(got, sum(values) / world):
+                    raise harness.ExerciseFailure(
+                        f"{where}rank {rank} returned {got}, the sum {sum(values)} divided by "
+                        f"{per_node}, the processes of ONE node (idist.get_nproc_per_node()): "
+                        f"the average is over every process of every node, so divide by "
+                        f"idist.get_world_size() ({world})")
+        if name == "fixed":
+            check_ranks(results, values, where)
+            continue
+        # against the reference, within one term's share: the mistakes with a name were
+        # looked for on the fixed values
+        scale = max(abs(v) for v in values)
+        for rank, r in enumerate(results):
+            got, want = r["value"], r["expected"]
+            if isinstance(got, (int, float)) and not isinstance(got, bool) and \
+                    math.isclose(got, want, rel_tol=0, abs_tol=RTOL * scale):
+                continue
+            problem = explain(rank, got, values) if _is_number(got) else None
+            low = [c["copy"].dtype for c in r["log"] if c.get("copy") is not None
+                   and c["copy"].is_floating_point() and c["copy"].element_size() < 4]
+            why = (f": the all_reduce was given a {str(low[0]).replace('torch.', '')} tensor, "
+                   f"which cannot hold these values (its sum is off by more than one value's "
+                   f"share); reduce the value as a Python float or float32/float64 tensor"
+                   if low else (f" ({problem})" if problem else ""))
+            raise harness.ExerciseFailure(
+                f"{where}{shown}rank {rank}: average_across_ranks({values[rank]!r}) should return "
+                f"{want!r}, the reference solution's mean of {values}, got "
+                f"{harness.describe(got)}{why}")
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+# where each layout's message starts (the 1-process layout has no process group at all)
+WHERE = {harness.LAYOUTS[0][0]: "with a single process (world size 1, no process group): ",
+         harness.LAYOUTS[1][0]: "",
+         harness.LAYOUTS[2][0]: "on 3 processes: ",
+         harness.LAYOUTS[3][0]: "on 2 nodes of 2 processes each (world size 4): "}
+
+
+def _in_layout(index):
+    seed = harness.check_seed()
+    harness.preload("01")
+    layout = harness.LAYOUTS[index]
+    ranks = harness.run_layouts(on_rank, seed, layouts=[layout])[layout[0]]
+    judge(ranks, WHERE[layout[0]], seed)
+
+
+def test_one_process_returns_its_value():
+    _in_layout(0)
+
+
 def test_every_rank_gets_the_average():
-    check_ranks(harness.run_ranks(on_rank), VALUES)
+    _in_layout(1)
+
+
+def test_three_processes_get_the_average():
+    _in_layout(2)
 
 
 def test_every_rank_of_two_nodes_gets_the_average():
     # 2 nodes x 2 processes: the world size (4) is not the processes per node (2).
-    results = harness.run_nodes(on_rank, NODE_VALUES)
-    where = "on 2 nodes of 2 processes each (world size 4): "
-    mean = sum(NODE_VALUES) / len(NODE_VALUES)
-    for rank, r in enumerate(results):
-        got = r["value"]
-        if isinstance(got, (int, float)) and math.isclose(got, sum(NODE_VALUES) / r["nproc_per_node"]) \
-                and not math.isclose(got, mean):
-            raise harness.ExerciseFailure(
-                f"{where}rank {rank} returned {got}, the sum {sum(NODE_VALUES)} divided by "
-                f"{r['nproc_per_node']}, the processes of ONE node (idist.get_nproc_per_node()): "
-                f"the average is over every process of every node, so divide by "
-                f"idist.get_world_size() ({len(NODE_VALUES)})")
-    check_ranks(results, NODE_VALUES, where)
+    _in_layout(3)

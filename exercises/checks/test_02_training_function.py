@@ -57,7 +57,7 @@ def full_loss(model, dataset):
         return torch.nn.functional.cross_entropy(module(x), y).item()
 
 
-def on_rank():
+def on_rank(n_samples=None, global_batch=None, exact=None):
     import ignite.distributed as idist
 
     ex = harness.load("02")
@@ -87,10 +87,10 @@ def on_rank():
 
     idist.auto_optim = recording_auto_optim
     DistributedSampler.set_epoch = recording_set_epoch
-    dataset = RecordingDataset()
+    dataset = RecordingDataset(n_samples or N_SAMPLES)
     torch.manual_seed(0)
     initial_loss = full_loss(ex.make_model(), dataset)
-    config = {"dataset": dataset, "batch_size": GLOBAL_BATCH, "lr": 0.2, "epochs": EPOCHS}
+    config = {"dataset": dataset, "batch_size": global_batch or GLOBAL_BATCH, "lr": 0.2, "epochs": EPOCHS}
     try:
         returned = ex.training(idist.get_local_rank(), config)
     finally:
@@ -101,7 +101,7 @@ def on_rank():
             f"training returned {type(returned).__name__}; return the pair (model, train_loader)")
     model, loader = returned
     return {
-        "exact_step": exact_step(ex, idist.get_local_rank()),
+        "exact_step": exact_step(ex, idist.get_local_rank(), exact or EXACT_BATCH),
         "fetched": list(dataset.fetched),
         "batch_size": getattr(loader, "batch_size", None),
         "weights": harness.flat_weights(model),
@@ -136,14 +136,14 @@ def dyadic(model):
     return model
 
 
-def exact_data():
+def exact_data(batch=EXACT_BATCH):
     """Integer images in -2..2 and 4 balanced classes: one global batch."""
     g = torch.Generator().manual_seed(1)
-    x = torch.randint(-2, 3, (EXACT_BATCH, 1, 4, 4), generator=g).float()
-    return torch.utils.data.TensorDataset(x, torch.arange(EXACT_BATCH) % 4)
+    x = torch.randint(-2, 3, (batch, 1, 4, 4), generator=g).float()
+    return torch.utils.data.TensorDataset(x, torch.arange(batch) % 4)
 
 
-def exact_step(ex, local_rank):
+def exact_step(ex, local_rank, batch=EXACT_BATCH):
     """Rank's weights after ``training`` ran one step on ``exact_data`` from ``dyadic``
     weights (``make_model`` is swapped for the run; ``training`` looks it up at call
     time), and the weights it started from."""
@@ -157,7 +157,7 @@ def exact_step(ex, local_rank):
 
     ex.make_model = make_model
     try:
-        config = {"dataset": exact_data(), "batch_size": EXACT_BATCH, "lr": EXACT_LR,
+        config = {"dataset": exact_data(batch), "batch_size": batch, "lr": EXACT_LR,
                   "epochs": 1}
         returned = ex.training(local_rank, config)
     finally:
@@ -166,32 +166,34 @@ def exact_step(ex, local_rank):
     return {"after": harness.flat_weights(model), "start": start[0] if start else None}
 
 
-def one_process_step(make_model, dtype):
+def one_process_step(make_model, dtype, batch=EXACT_BATCH):
     """The reference: one step of plain SGD on the whole batch, in one process."""
     model = dyadic(make_model()).to(dtype)
-    x, y = exact_data().tensors
+    x, y = exact_data(batch).tensors
     optimizer = torch.optim.SGD(model.parameters(), lr=EXACT_LR)
     torch.nn.functional.cross_entropy(model(x.to(dtype)), y).backward()
     optimizer.step()
     return harness.flat_weights(model)
 
 
-def compare_with_one_process(r, world_size):
+def compare_with_one_process(r, world_size, batch=EXACT_BATCH, rtol=0.0):
     """Rank 0's weights after the exact step against the one-process reference."""
     where = (f"after ONE step of training on {world_size} processes (epochs=1, a dataset of "
-             f"exactly one global batch of {EXACT_BATCH}, lr={EXACT_LR})")
+             f"exactly one global batch of {batch}, lr={EXACT_LR})")
     if r["start"] is None:
         raise harness.ExerciseFailure(
             f"{where}, training never called make_model(): build the model with "
             f"idist.auto_model(make_model())")
     make_model = harness.load("02").make_model
-    want = one_process_step(make_model, torch.float32)
+    want = one_process_step(make_model, torch.float32, batch)
     # The bitwise comparison is fair only if fp32 rounded nothing: the float64 twin must
-    # give the same numbers (a change of model or data that breaks it fails here).
-    assert torch.equal(want.double(), one_process_step(make_model, torch.float64)), \
+    # give the same numbers (a change of model or data that breaks it fails here). With 3
+    # processes the mean divides by 3, which rounds: there a tolerance of a few float32
+    # roundings (rtol) replaces equality.
+    assert rtol or torch.equal(want.double(), one_process_step(make_model, torch.float64, batch)), \
         "check bug: the one-process reference step is not exact in fp32"
     got, start = r["after"], r["start"]
-    if torch.equal(got, want):
+    if torch.equal(got, want) or (rtol and torch.allclose(got, want, rtol=rtol, atol=rtol)):
         return
     moved, should = got - start, want - start  # exact: short dyadic numbers
     if torch.equal(got, start):
@@ -211,8 +213,8 @@ def compare_with_one_process(r, world_size):
             f"you divided the learning rate (or the loss) by the world size ({world_size}), "
             f"but DDP already AVERAGES the gradients over the processes: use lr=config['lr'] "
             f"and nn.CrossEntropyLoss() as they are"),
-        float(EXACT_BATCH // world_size): (
-            f"the loss is SUMMED over the {EXACT_BATCH // world_size} samples of each rank's "
+        float(batch // world_size): (
+            f"the loss is SUMMED over the {batch // world_size} samples of each rank's "
             f"batch, not averaged: use nn.CrossEntropyLoss() (reduction='mean')"),
     }
     diff = (got - want).abs().max().item()
@@ -312,6 +314,7 @@ def test_one_process_and_two_nodes_train_like_one_process():
     """The same training function with no process group at all (a plain `python train.py`)
     and on 2 nodes x 2 processes (world size 4, 2 per node, local ranks 0 1 0 1): the
     batch per process, replicas equal, and the exact step equal to one process's."""
+    harness.preload("02")
     for layout, ranks in harness.each_layout(on_rank, layouts=[harness.LAYOUTS[3], harness.LAYOUTS[0]]):
         world = len(ranks)
         for rank, r in enumerate(ranks):
@@ -329,3 +332,42 @@ def test_one_process_and_two_nodes_train_like_one_process():
             compare_with_one_process(ranks[0]["exact_step"], world)
         except harness.ExerciseFailure as failure:
             raise harness.ExerciseFailure(f"on {layout}: {failure}") from None
+
+
+THREE = {"n_samples": 72, "global_batch": 24, "exact": 24}  # 8 samples per rank on 3 ranks
+
+
+def test_three_processes_train_like_one_process():
+    """3 processes: a global batch of 24 (8 per process) on 72 samples; the step is
+    compared with one process's within float32 rounding (the mean over 3 ranks rounds)."""
+    harness.preload("02")
+    layout = harness.LAYOUTS[2]
+    ranks = harness.run_layouts(on_rank, *THREE.values(), layouts=[layout])[layout[0]]
+    world, batch = len(ranks), THREE["global_batch"]
+    per_rank = THREE["n_samples"] // world
+    for rank, r in enumerate(ranks):
+        if r["batch_size"] != batch // world:
+            raise harness.ExerciseFailure(
+                f"on {layout[0]}, rank {rank}'s loader takes {r['batch_size']} samples per step, but a GLOBAL "
+                f"batch of {batch} over {world} processes is {batch // world} each: pass the global batch "
+                f"size to idist.auto_dataloader, which divides it by the WORLD size")
+    for epoch in range(EPOCHS):
+        seen = [set(r["fetched"][epoch * per_rank:(epoch + 1) * per_rank]) for r in ranks]
+        for a in range(world):
+            for b in range(a + 1, world):
+                both = sorted(seen[a] & seen[b])
+                if both:
+                    raise harness.ExerciseFailure(
+                        f"on {layout[0]}, rank {a} and rank {b} both trained on sample {both[0]} in epoch "
+                        f"{epoch + 1}: build the loader with idist.auto_dataloader so that each process "
+                        f"reads its own shard")
+    for rank, r in enumerate(ranks):
+        diff = (r["weights"] - ranks[0]["weights"]).abs().max().item()
+        if diff > 1e-5:
+            raise harness.ExerciseFailure(
+                f"on {layout[0]}, after training rank {rank} and rank 0 hold different weights (largest "
+                f"difference {diff:.3g}): wrap the model with idist.auto_model")
+    try:
+        compare_with_one_process(ranks[0]["exact_step"], world, THREE["exact"], rtol=1e-6)
+    except harness.ExerciseFailure as failure:
+        raise harness.ExerciseFailure(f"on {layout[0]}: {failure}") from None

@@ -1,4 +1,7 @@
-"""Checks for exercise 06: the learning rate of every iteration, on 1 and on 2 processes."""
+"""Checks for exercise 06: the learning rate of every iteration, in every layout (1 process
+with no process group, 2 and 3 processes, 2 nodes x 2 processes), the learner's scheduler
+beside the reference solution's in the same process: on the task's example (whose
+mistakes have a name) and on seeded random settings."""
 import math
 
 import pytest
@@ -25,13 +28,11 @@ def expected_schedule(world_size):
     return values
 
 
-def recorded_schedule():
-    """The lr the optimizer holds during each of TOTAL iterations."""
-    import ignite.distributed as idist
-
-    ex = harness.load("06")
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=BASE_LR)
-    scheduler = ex.create_lr_scheduler(optimizer, BASE_LR, WARMUP, TOTAL)
+def schedule_of(create, base_lr, warmup, total):
+    """The lr the optimizer holds during each of ``total`` iterations, with the scheduler
+    ``create`` returns; or the sentence saying why there is none."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=base_lr)
+    scheduler = create(optimizer, base_lr, warmup, total)
     if not callable(scheduler):
         raise harness.ExerciseFailure(
             f"create_lr_scheduler returned {scheduler!r}: return the ignite scheduler "
@@ -39,9 +40,38 @@ def recorded_schedule():
     seen = []
     trainer = Engine(lambda engine, batch: seen.append(optimizer.param_groups[0]["lr"]))
     trainer.add_event_handler(Events.ITERATION_STARTED, scheduler)
-    trainer.run(range(TOTAL), max_epochs=1)
-    return {"world_size": idist.get_world_size(), "nproc_per_node": idist.get_nproc_per_node(),
-            "lrs": seen}
+    trainer.run(range(total), max_epochs=1)
+    return seen
+
+
+def random_settings(seed):
+    """Seeded settings: a base_lr no binary fraction holds, a warm-up of 1 to 6 steps and
+    2 to 9 steps of decay, never the example's 4 and 12."""
+    import random
+
+    rng = random.Random(seed)
+    # never the task's example (WARMUP, TOTAL): a schedule that hard-codes it shows here
+    warmup = rng.choice([w for w in range(1, 7) if w != WARMUP])
+    total = rng.choice([t for t in range(warmup + 2, warmup + 10) if t != TOTAL])
+    return round(rng.uniform(0.01, 0.5), 7), warmup, total
+
+
+def recorded_schedule(seed=None):
+    """The task's example (BASE_LR, WARMUP, TOTAL), and with ``seed`` the learner's and the
+    reference's schedules for random settings."""
+    import ignite.distributed as idist
+
+    report = {"world_size": idist.get_world_size(), "nproc_per_node": idist.get_nproc_per_node()}
+    if seed is not None:
+        settings = random_settings(seed)
+        report["random"] = {"settings": settings,
+                            "expected": schedule_of(harness.load_reference("06").create_lr_scheduler,
+                                                    *settings)}
+    ex = harness.load("06")
+    report["lrs"] = schedule_of(ex.create_lr_scheduler, BASE_LR, WARMUP, TOTAL)
+    if seed is not None:
+        report["random"]["got"] = schedule_of(ex.create_lr_scheduler, *report["random"]["settings"])
+    return report
 
 
 def explain(result):
@@ -80,22 +110,58 @@ def explain(result):
     return f"{where} the schedule has {len(lrs)} steps instead of {TOTAL}"
 
 
+def against_reference(where, rank, result, seed):
+    """The learner's schedule for random settings against the reference's."""
+    base_lr, warmup, total = result["random"]["settings"]
+    want, got = result["random"]["expected"], result["random"]["got"]
+    for step, (a, b) in enumerate(zip(got, want)):
+        if not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12):
+            raise harness.ExerciseFailure(
+                f"{where}rank {rank}, create_lr_scheduler(optimizer, base_lr={base_lr}, "
+                f"warmup_iters={warmup}, total_iters={total}) with {result['world_size']} "
+                f"process(es): the learning rate of iteration {step + 1} (step {step}) is {a:.6g}, "
+                f"expected {b:.6g} (the reference solution's: linear from 0 to base_lr x "
+                f"world size at step warmup_iters, then to 0 at step total_iters); expected "
+                f"schedule {', '.join(f'{v:.4g}' for v in want)}; got {', '.join(f'{v:.4g}' for v in got)} "
+                f"{harness.replay(seed)}")
+    if len(got) != len(want):
+        raise harness.ExerciseFailure(f"{where}rank {rank}: the schedule ran {len(got)} iterations "
+                                      f"instead of {len(want)}")
+
+
+def _in_layout(index, where=""):
+    seed = harness.check_seed()
+    harness.preload("06")
+    layout = harness.LAYOUTS[index]
+    ranks = harness.run_layouts(recorded_schedule, seed, layouts=[layout])[layout[0]]
+    for rank, result in enumerate(ranks):
+        problem = explain(result)
+        if problem:
+            raise harness.ExerciseFailure(f"{where}rank {rank}: {problem}" if where else problem)
+    for rank, result in enumerate(ranks):
+        against_reference(where, rank, result, seed)
+    return ranks
+
+
 def test_one_process_uses_the_base_lr():
-    problem = explain(recorded_schedule())
-    if problem:
-        raise harness.ExerciseFailure(problem)
+    # no process group at all: a plain `python train.py`
+    _in_layout(0)
 
 
 def test_two_processes_scale_the_lr_and_warm_up():
-    for result in harness.run_ranks(recorded_schedule):
-        problem = explain(result)
-        if problem:
-            raise harness.ExerciseFailure(problem)
+    _in_layout(1)
+
+
+def test_three_processes_scale_the_lr_and_warm_up():
+    _in_layout(2, "on 3 processes, ")
 
 
 def test_two_nodes_scale_by_the_world_size():
     # 2 nodes x 2 processes: the world size (4) is not the processes per node (2).
-    for rank, result in enumerate(harness.run_nodes(recorded_schedule)):
+    seed = harness.check_seed()
+    harness.preload("06")
+    layout = harness.LAYOUTS[3]
+    for rank, result in enumerate(harness.run_layouts(recorded_schedule, seed, layouts=[layout])[layout[0]]):
         top = max(result["lrs"]) if result["lrs"] else None
         per_node = result["nproc_per_node"]
         if top is not None and math.isclose(top, BASE_LR * per_node, rel_tol=1e-6):
@@ -108,3 +174,4 @@ def test_two_nodes_scale_by_the_world_size():
         problem = explain(result)
         if problem:
             raise harness.ExerciseFailure(f"on 2 nodes, rank {rank}: {problem}")
+        against_reference("on 2 nodes, ", rank, result, seed)

@@ -1,5 +1,8 @@
-"""Checks for exercise 10: the bytes each of 2 ranks holds after one Adam step, measured
-under DDP and under the learner's FSDP sharding, against the learner's prediction."""
+"""Checks for exercise 10: the bytes each rank holds after one Adam step, measured under
+DDP and under the learner's FSDP sharding, against the learner's prediction, on 2 and 3
+processes and on 2 nodes x 2 processes; the prediction against the reference solution's
+for world sizes 1 to 8. One process has no FSDP (``fully_shard`` needs a process group):
+there only the prediction is judged."""
 import pytest
 import torch
 import torch.nn as nn
@@ -12,9 +15,13 @@ WORLD = 2
 KINDS = ("params", "grads", "optimizer")
 
 
-def make_model():
-    torch.manual_seed(0)  # every layer's first dimension divides by 2: equal shards
-    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+DIMS = {2: (16, 32, 32, 8), 3: (12, 24, 24, 12), 4: (12, 24, 24, 12)}  # rows divide by the world
+
+
+def make_model(world=WORLD):
+    torch.manual_seed(0)  # every layer's first dimension divides by the world size: equal shards
+    a, b, c, d = DIMS[world]
+    return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c), nn.ReLU(), nn.Linear(c, d))
 
 
 NUM_PARAMS = sum(p.numel() for p in make_model().parameters())
@@ -24,7 +31,7 @@ def one_adam_step(model):
     from distkit.lessons.sharded import state_bytes
 
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(8, getattr(model, "module", model)[0].in_features, generator=torch.Generator().manual_seed(1))
     out = model(x)
     out.pow(2).mean().backward()
     optimizer.step()
@@ -37,10 +44,13 @@ def on_rank():
     from torch.distributed.tensor import DTensor
 
     ex = harness.load("10")
-    report = {"predicted": {s: ex.predict_bytes_per_rank(NUM_PARAMS, WORLD, s) for s in ("ddp", "fsdp")},
-              "predicted_fsdp_4": ex.predict_bytes_per_rank(NUM_PARAMS, 4, "fsdp")}
-    reference_out, report["ddp"] = one_adam_step(idist.auto_model(make_model()))
-    sharded = ex.shard(make_model())
+    world = idist.get_world_size()
+    num_params = sum(p.numel() for p in make_model(world).parameters())
+    report = {"predicted": {s: ex.predict_bytes_per_rank(num_params, world, s) for s in ("ddp", "fsdp")},
+              "predicted_fsdp_4": ex.predict_bytes_per_rank(NUM_PARAMS, 4, "fsdp"),
+              "world": world, "num_params": num_params}
+    reference_out, report["ddp"] = one_adam_step(idist.auto_model(make_model(world)))
+    sharded = ex.shard(make_model(world))
     if not isinstance(sharded, nn.Module):
         report["returned"] = type(sharded).__name__
         return report
@@ -67,12 +77,12 @@ def on_rank():
         hook.remove()
     report["whole_in_forward"] = max(whole_in_forward, default=(0, 0))
     report["largest_layer"] = max(4 * sum(p.numel() for p in m.parameters())
-                                  for m in make_model().modules() if isinstance(m, nn.Linear))
+                                  for m in make_model(world).modules() if isinstance(m, nn.Linear))
     report["same_output"] = torch.allclose(out, reference_out, rtol=0, atol=1e-6)
     return report
 
 
-def explain(strategy, kind, predicted, measured):
+def explain(strategy, kind, predicted, measured, WORLD=WORLD):
     """The learner's likely mistake, from how the prediction relates to the measurement
     (kinds are compared in the order params, grads, optimizer: by the optimizer, the
     first two were right)."""
@@ -90,42 +100,42 @@ def explain(strategy, kind, predicted, measured):
     return "params and grads take 4 bytes per parameter each, Adam's state 8, divided by the ranks under FSDP"
 
 
-def test_predicted_bytes_match_the_measured_ones():
-    ranks = harness.run_ranks(on_rank)
+def judge(ranks, where=""):
     r = ranks[0]
+    WORLD, NUM_PARAMS = r["world"], r["num_params"]
     for strategy in ("ddp", "fsdp"):
         predicted = r["predicted"][strategy]
         if not isinstance(predicted, dict) or set(predicted) != set(KINDS):
-            raise harness.ExerciseFailure(
+            raise harness.ExerciseFailure(where +
                 f"predict_bytes_per_rank(..., {strategy!r}) returned {predicted!r}: return a dict "
                 f"with exactly the keys 'params', 'grads' and 'optimizer' (bytes per rank)")
     if "returned" in r:
-        raise harness.ExerciseFailure(
+        raise harness.ExerciseFailure(where +
             f"shard(model) returned {r['returned']}, not the model: return the model you sharded")
     if r["whole"]:
-        raise harness.ExerciseFailure(
+        raise harness.ExerciseFailure(where +
             f"after shard(model) the parameters {harness.short_list(r['whole'])} are still whole "
             f"(plain tensors, not DTensor shards) on every rank: call fully_shard on every nn.Linear")
     if not all(r["linear_units"]):
-        raise harness.ExerciseFailure(
+        raise harness.ExerciseFailure(where +
             f"only {sum(r['linear_units'])} of the {len(r['linear_units'])} nn.Linear layers are "
             f"FSDP units of their own: with fully_shard on the root only, the forward gathers the "
             f"WHOLE model at once, which is what sharding should avoid. Call fully_shard on every "
             f"nn.Linear, then on the model")
     if not r["root_unit"]:
-        raise harness.ExerciseFailure(
+        raise harness.ExerciseFailure(where +
             "the model itself is not sharded: after the layers, call fully_shard(model) on the "
             "root too (it runs the hooks that gather and free each layer's weights)")
     layers, nbytes = r["whole_in_forward"]
     if layers > 1:
-        raise harness.ExerciseFailure(
+        raise harness.ExerciseFailure(where +
             f"while the model ran its forward, rank 0 held {layers} layers' whole weights at "
             f"once ({nbytes} bytes; the largest layer alone is {r['largest_layer']}): FSDP "
             f"gathers each layer just before its forward, and with reshard_after_forward=False "
             f"keeps it whole until the backward, so the peak grows to the whole model. Leave "
             f"fully_shard's default (reshard_after_forward=True): one layer whole at a time")
     if not r["same_output"]:
-        raise harness.ExerciseFailure(
+        raise harness.ExerciseFailure(where +
             "the sharded model computes other outputs than the plain one with the same weights: "
             "shard(model) must only shard it, not change or re-create its layers")
     for rank, report in enumerate(ranks):
@@ -133,13 +143,45 @@ def test_predicted_bytes_match_the_measured_ones():
             for kind in KINDS:
                 predicted, measured = report["predicted"][strategy][kind], report[strategy][kind]
                 if predicted != measured:
-                    raise harness.ExerciseFailure(
+                    raise harness.ExerciseFailure(where +
                         f"under {strategy.upper()} with {WORLD} ranks you predicted {predicted!r} bytes "
                         f"of {kind} per rank; rank {rank} holds {measured} (measured, model of "
-                        f"{NUM_PARAMS} parameters): {explain(strategy, kind, predicted, measured)}")
+                        f"{NUM_PARAMS} parameters): {explain(strategy, kind, predicted, measured, WORLD)}")
+    if WORLD != 2:
+        return
     four = r["predicted_fsdp_4"]
     expected = {k: v // 2 for k, v in r["fsdp"].items() if k in KINDS}
     if not isinstance(four, dict) or {k: four.get(k) for k in KINDS} != expected:
-        raise harness.ExerciseFailure(
+        raise harness.ExerciseFailure(where +
             f"with 4 ranks under FSDP you predicted {four!r}, but the 2-rank measurement halves "
             f"to {expected}: divide by world_size, not by a fixed number")
+
+
+def test_predicted_bytes_match_the_measured_ones():
+    harness.preload("10")
+    judge(harness.run_ranks(on_rank))
+
+
+def test_three_processes_and_two_nodes_hold_their_share():
+    """3 processes and 2 nodes x 2 (world size 4, 2 per node): a model whose layers divide
+    by 3 and 4, measured and predicted as on 2."""
+    harness.preload("10")
+    for layout, ranks in harness.each_layout(on_rank, layouts=(harness.LAYOUTS[2], harness.LAYOUTS[3])):
+        judge(ranks, f"on {layout}: ")
+
+
+def test_prediction_matches_the_reference_for_every_world_size():
+    """A pure function: compared in this process with the reference's, world sizes 1 to 8
+    (1: no sharding at all), for a number of parameters that divides by all of them."""
+    ex, reference = harness.load("10"), harness.load_reference("10")
+    num_params = 840 * 11
+    for world in range(1, 9):
+        for strategy in ("ddp", "fsdp"):
+            want = reference.predict_bytes_per_rank(num_params, world, strategy)
+            got = ex.predict_bytes_per_rank(num_params, world, strategy)
+            differs = harness.difference(want, got, what=f"predict_bytes_per_rank({num_params}, {world}, {strategy!r})")
+            if differs:
+                raise harness.ExerciseFailure(
+                    f"{differs} (the reference solution's: {want}; fp32 params and grads 4 bytes per "
+                    f"parameter each, Adam's two moments 8, all divided by the world size under FSDP "
+                    f"only" + (", and with 1 process nothing is divided" if world == 1 else "") + ")")

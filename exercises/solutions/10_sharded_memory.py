@@ -3,8 +3,8 @@
 Data parallelism (DDP) keeps a whole copy of the model on every rank: its parameters,
 their gradients and the optimizer's state. FSDP (``torch.distributed.fsdp.fully_shard``,
 notebook 10) keeps 1/N of each on each of N ranks (ZeRO stage 3). The check trains one
-step with Adam, in fp32, on 2 gloo ranks, measures the bytes each rank holds, and sets
-them against your prediction.
+step with Adam, in fp32, on 2, 3 and 4 gloo ranks, measures the bytes each rank holds,
+and sets them against your prediction.
 
 Task:
 

@@ -16,9 +16,10 @@ import time
 import ignite.distributed as idist
 import torch
 from ignite.engine import Events, create_supervised_evaluator
-from ignite.engine.deterministic import DeterministicEngine
+from ignite.engine.deterministic import DeterministicEngine, ReproducibleBatchSampler, update_dataloader
 from ignite.handlers import Checkpoint, EarlyStopping, ProgressBar
 from ignite.utils import manual_seed
+from torch.utils.data import DataLoader
 
 from distkit import profiling, signals, stopping, throughput, tracing, tracking
 from distkit.agreement import check_replicas_identical, check_same_settings
@@ -107,12 +108,30 @@ class Trainer(DeterministicEngine):
 
     def _setup_engine(self):
         in_the_middle = self.state.rng_states is not None
+        loader = self.state.dataloader
+        if isinstance(loader, DataLoader) and loader.batch_sampler is not None and \
+                not isinstance(loader.batch_sampler, ReproducibleBatchSampler):
+            self.state.dataloader = update_dataloader(loader, DrawnAtIter(loader.batch_sampler))
         super()._setup_engine()  # restores the CPU generators in the middle of an epoch
         cuda_states = getattr(self, "_cuda_rng_states", None)
         if cuda_states and in_the_middle and self.state.rng_states is None and \
                 torch.cuda.is_available():
             torch.cuda.set_rng_state_all(cuda_states)
         self._cuda_rng_states = None
+
+
+class DrawnAtIter(ReproducibleBatchSampler):
+    """ignite's ``ReproducibleBatchSampler``, whose order is drawn when the iterator is
+    made, not at its first batch. Why: ignite seeds torch for the epoch, makes the
+    iterator, and then, resumed mid-epoch, puts back the checkpoint's generators; its
+    sampler drew the order only at the first batch, so from the generators put back. A
+    ``RandomSampler`` (one process has no ``DistributedSampler``) then gave the resumed
+    epoch another order: one process resumed at iteration 30 of 46 ended with other
+    weights. (A ``DistributedSampler`` orders by its own seed and epoch: unaffected.)"""
+
+    def __iter__(self):
+        self.setup_batch_indices()  # now, under the epoch's seed
+        return iter(self.batch_indices)
 
 
 RNG_BY_RANK = "rng_by_rank"

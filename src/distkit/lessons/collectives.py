@@ -60,7 +60,9 @@ def oversubscription(process_counts=None, threads: int = 1, iters: int = 100, si
     ``size`` x ``size``, ``threads`` torch threads each) at the same moment, for each N in
     ``process_counts`` (default: 1, cores, 2 x cores, 4 x cores). Return, per N, the
     median over ``repeats`` of the time from the first start to the last finish, its
-    ratio to N=1, and the total work done per second.
+    ratio to N=1, and the total work done per second. The rounds are interleaved (every
+    N once per round), so a load from outside that comes and goes weighs on every N
+    alike rather than on the N measured while it lasted.
 
     With N <= cores each process has a core and the time stays flat; beyond, the
     processes share the cores and each takes about N / cores times longer, while the
@@ -71,10 +73,9 @@ def oversubscription(process_counts=None, threads: int = 1, iters: int = 100, si
     if process_counts is None:
         process_counts = sorted({1, cores, 2 * cores, 4 * cores})
     ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-    rows = []
-    for n in process_counts:
-        times = []
-        for _ in range(repeats):
+    times = {n: [] for n in process_counts}
+    for _ in range(repeats):
+        for n in process_counts:
             barrier, queue = ctx.Barrier(n), ctx.Queue()
             procs = [ctx.Process(target=_busy_worker, args=(threads, iters, size, barrier, queue))
                      for _ in range(n)]
@@ -84,8 +85,10 @@ def oversubscription(process_counts=None, threads: int = 1, iters: int = 100, si
             for p in procs:
                 p.join()
             # first start to last finish: a process the scheduler left waiting counts too
-            times.append(max(end for _, end in spans) - min(start for start, _ in spans))
-        seconds = statistics.median(times)
+            times[n].append(max(end for _, end in spans) - min(start for start, _ in spans))
+    rows = []
+    for n in process_counts:
+        seconds = statistics.median(times[n])
         rows.append({"processes": n, "cores": cores, "threads_per_process": threads, "size": size,
                      "seconds": seconds, "matmuls_per_second": n * iters / seconds})
     for r in rows:

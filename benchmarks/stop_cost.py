@@ -4,7 +4,7 @@ the machinery of a resumable stop adds to a run.
     python benchmarks/stop_cost.py --rounds 5 --note "quiet"   # writes benchmarks/results/stop-cost.json
 
 1. ``sigterm_to_gone_s``: ``distkit train`` with its default task (digits x cnn, 2 gloo
-   processes), SIGTERM sent to the launcher once its first checkpoint exists; the time
+   processes) and with the GPT (``--dataset text --model gpt``, keys ending ``_gpt``), SIGTERM sent to the launcher once its first checkpoint exists; the time
    until the launcher and both workers have ended (the workers stop within 10
    iterations, agree, write the checkpoint and exit). Also under torchrun (SIGTERM to
    torchrun; its agent passes it on). Medians over ``--rounds`` fresh runs.
@@ -37,9 +37,13 @@ HERE = Path(__file__).resolve().parent
 from distkit.machine import process_alive as alive, process_tree as descendants  # noqa: E402
 
 
-def sigterm_to_gone(launcher: str, folder: str) -> dict:
+TASKS = {"default": [], "gpt": ["--dataset", "text", "--model", "gpt"]}  # the kit's GPT on text
+
+
+def sigterm_to_gone(launcher: str, folder: str, task: str = "default") -> dict:
     runs = os.path.join(folder, "runs")
-    args = ["--epochs", "30", "--no-progress", "--output-dir", runs, "--checkpoint-every", "5"]
+    args = [*TASKS[task], "--epochs", "30", "--no-progress", "--output-dir", runs,
+            "--checkpoint-every", "5"]
     cmd = ([sys.executable, "-m", "distkit", "train", "--nproc-per-node", "2", *args]
            if launcher == "spawn" else
            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -172,15 +176,17 @@ def main() -> None:
     import torch
 
     result["versions"] = {"python": platform.python_version(), "torch": torch.__version__}
-    for launcher in ("spawn", "torchrun"):
-        rounds = []
-        for _ in range(args.rounds):
-            with tempfile.TemporaryDirectory() as folder:
-                rounds.append(sigterm_to_gone(launcher, folder))
-        result[f"sigterm_to_gone_{launcher}"] = {
-            "median_s": statistics.median(r["seconds"] for r in rounds), "rounds": rounds}
-        print(launcher, "SIGTERM to every process ended, median s:",
-              round(result[f"sigterm_to_gone_{launcher}"]["median_s"], 2), flush=True)
+    for task in TASKS:
+        for launcher in ("spawn", "torchrun"):
+            rounds = []
+            for _ in range(args.rounds):
+                with tempfile.TemporaryDirectory() as folder:
+                    rounds.append(sigterm_to_gone(launcher, folder, task))
+            key = f"sigterm_to_gone_{launcher}" + ("" if task == "default" else f"_{task}")
+            result[key] = {"median_s": statistics.median(r["seconds"] for r in rounds),
+                           "rounds": rounds}
+            print(task, launcher, "SIGTERM to every process ended, median s:",
+                  round(result[key]["median_s"], 2), flush=True)
     result["checkpoint_per_rank"] = launch_function(checkpoint_cost, backend="gloo", nproc_per_node=2,
                                                     all_ranks=True)
     print("checkpoint per rank:", result["checkpoint_per_rank"], flush=True)

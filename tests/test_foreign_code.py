@@ -28,6 +28,7 @@ import torch
 from distkit import Config, DistkitError, Task, run
 from distkit.effective import every_field_grouped
 from distkit.lessons.multinode import clean_env, log_tail
+from distkit.machine import process_state, process_tree
 
 REPO = Path(__file__).resolve().parent.parent
 FOREIGN = REPO / "tests" / "foreign"
@@ -476,8 +477,16 @@ def test_ctrl_c_sigterm_and_timeout_stop_every_rank_with_one_line(tmp_path):
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             pids = _wait_for([tmp_path / "pid0", tmp_path / "pid1"])
+            everyone = [proc.pid, *process_tree(proc.pid)]
             proc.send_signal(sig)
-            _, err = proc.communicate(timeout=60)
+            try:
+                _, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:  # once in CI under load: say who was still there
+                states = {pid: process_state(pid) for pid in everyone}
+                proc.kill()
+                _, err = proc.communicate()
+                pytest.fail(f"{sig.name}: the launch did not end within 60 s; processes "
+                            f"(launcher first) and their states: {states}; stderr: {err[-2000:]!r}")
         finally:
             proc.kill()
         assert proc.returncode == code, err

@@ -98,7 +98,8 @@ def checkpoint_cost(local_rank, saves=20, warmup=3):
         if i >= warmup:
             times.append(took)
             gathers.append(gathered)
-    size = os.path.getsize(os.path.join(folder, os.listdir(folder)[0])) if idist.get_rank() == 0 else None
+    (saved,) = [n for n in os.listdir(folder) if n.endswith(".pt")] if idist.get_rank() == 0 else [None]
+    size = os.path.getsize(os.path.join(folder, saved)) if saved else None  # not its .sha256
     return {"save_ms": 1e3 * statistics.median(times), "rng_gather_ms": 1e3 * statistics.median(gathers),
             "file_bytes": size}
 

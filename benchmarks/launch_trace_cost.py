@@ -17,6 +17,7 @@ time, and the files.
 
     python benchmarks/launch_trace_cost.py [rounds] [steps per block] [launches]
 """
+import functools
 import json
 import os
 import shutil
@@ -28,6 +29,18 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+
+
+def timed_steps(model, optimizer, loss, x, y, n: int) -> list[float]:
+    """Seconds of each of ``n`` training steps on the batch ``(x, y)``."""
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        optimizer.zero_grad()
+        loss(model(x), y).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def per_step(rounds: int, steps: int, out: str) -> None:
@@ -46,15 +59,7 @@ def per_step(rounds: int, steps: int, out: str) -> None:
     loss = torch.nn.CrossEntropyLoss()
     x, y = torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,))  # the digits images
 
-    def block(n):
-        times = []
-        for _ in range(n):
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            loss(model(x), y).backward()
-            optimizer.step()
-            times.append(time.perf_counter() - start)
-        return times
+    block = functools.partial(timed_steps, model, optimizer, loss, x, y)
 
     folder = tempfile.mkdtemp(prefix="launch-trace-cost-")
     block(steps)  # warm-up
@@ -105,15 +110,7 @@ def one_process(rounds: int) -> dict:
     loss = torch.nn.CrossEntropyLoss()
     x, y = torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,))
 
-    def block(n):
-        times = []
-        for _ in range(n):
-            start = time.perf_counter()
-            optimizer.zero_grad()
-            loss(model(x), y).backward()
-            optimizer.step()
-            times.append(time.perf_counter() - start)
-        return times
+    block = functools.partial(timed_steps, model, optimizer, loss, x, y)
 
     folder = tempfile.mkdtemp(prefix="launch-trace-cost-")
     block(200)

@@ -391,57 +391,16 @@ for name in ("GPipe", "1F1B"):
 #   mean stands for them).
 
 # %%
-def pipeline_work(trace, rank):
-    """``{(kind, micro-batch): (start, end)}`` of a stage's work, in the order it ran."""
-    work = {("F", i): s for i, s in enumerate(tracing.spans(trace, rank, "_Sleep"))}
-    work |= {("B", i): s for i, s in enumerate(tracing.spans(trace, rank, "_SleepBackward"))}
-    return dict(sorted(work.items(), key=lambda item: item[1][0]))
+from distkit.lessons.pipeline import replay, stage_delays, stage_work
 
-
-def needs(rank, kind, i):
-    """The other stage's work this one waits for: its output (forward) or gradient (backward)."""
-    return (0, "F", i) if (rank, kind) == (1, "F") else (1, "B", i) if (rank, kind) == (0, "B") else None
-
-
-def replay(order, length, delay=0.0):
-    """Each stage runs ``order[rank]`` in turn, each piece as soon as it can, plus ``delay``."""
-    end, free, todo = {}, [None, None], [list(order[0]), list(order[1])]
-    while todo[0] or todo[1]:
-        ran = False
-        for rank in (0, 1):
-            if todo[rank] and needs(rank, *todo[rank][0]) in (None, *end):
-                kind, i = todo[rank].pop(0)
-                ready = [t for t in (free[rank], end.get(needs(rank, kind, i))) if t is not None]
-                start = max(ready) + delay if ready else 0.0
-                end[(rank, kind, i)] = free[rank] = start + length[(rank, kind, i)]
-                ran = True
-        assert ran, "the order waits on itself"
-    return max(end.values())
-
-
-def delays(work):
-    """How late each piece of work started after it could have, as the run went."""
-    late = []
-    for rank in (0, 1):
-        previous = None
-        for (kind, i), (start, _) in work[rank].items():
-            need = needs(rank, kind, i)
-            ready = [t for t in (previous, work[need[0]][need[1:]][1] if need else None)
-                     if t is not None]
-            if ready:
-                late.append(start - max(ready))
-            previous = work[rank][(kind, i)][1]
-    return late
-
-# %%
 TOLERANCE = 0.10
 for name in ("GPipe", "1F1B"):
-    work = [pipeline_work(merged(name), r) for r in (0, 1)]
+    work = [stage_work(merged(name), r) for r in (0, 1)]
     order = [list(w) for w in work]
     measured = {(r, *key): b - a for r in (0, 1) for key, (a, b) in work[r].items()}
     nominal = {key: (3e3 if key[1] == "F" else 6e3) * 32 / MICRO for key in measured}  # us
     busy = [sum(v for k, v in measured.items() if k[0] == r) for r in (0, 1)]
-    late = delays(work)
+    late = stage_delays(work)
     mean_delay = statistics.mean(late)
     ideal_nominal = 1 - sum(v for k, v in nominal.items() if k[0] == 0) / replay(order, nominal)
     ideal = [1 - u / replay(order, measured) for u in busy]

@@ -13,6 +13,8 @@ import time
 import torch
 import torch.nn as nn
 
+from distkit.tracing import spans
+
 BUSY: list[tuple[float, float]] = []
 """(start, end) of every forward and backward of a :class:`Timed` layer in this process."""
 
@@ -122,3 +124,50 @@ class _Held:
 def _storage(tensor):
     """The storage behind a tensor; for a DTensor, behind this rank's local shard."""
     return getattr(tensor, "_local_tensor", tensor).untyped_storage()
+
+
+# --- a 2-stage run read from its trace (notebook 15): what each stage ran, and its replay ---
+# A piece of work is ("F" | "B", micro-batch); its span is (start_us, end_us) in the trace.
+
+def stage_work(trace, rank):
+    """``{(kind, micro-batch): (start, end)}`` of a stage's work, in the order it ran."""
+    work = {("F", i): s for i, s in enumerate(spans(trace, rank, "_Sleep"))}
+    work |= {("B", i): s for i, s in enumerate(spans(trace, rank, "_SleepBackward"))}
+    return dict(sorted(work.items(), key=lambda item: item[1][0]))
+
+
+def _needs(rank, kind, i):
+    """The other stage's work this one waits for: its output (forward) or gradient (backward)."""
+    return (0, "F", i) if (rank, kind) == (1, "F") else (1, "B", i) if (rank, kind) == (0, "B") else None
+
+
+def replay(order, length, delay=0.0):
+    """Each stage runs ``order[rank]`` in turn, each piece as soon as it can, plus ``delay``."""
+    end, free, todo = {}, [None, None], [list(order[0]), list(order[1])]
+    while todo[0] or todo[1]:
+        ran = False
+        for rank in (0, 1):
+            if todo[rank] and _needs(rank, *todo[rank][0]) in (None, *end):
+                kind, i = todo[rank].pop(0)
+                ready = [t for t in (free[rank], end.get(_needs(rank, kind, i))) if t is not None]
+                start = max(ready) + delay if ready else 0.0
+                end[(rank, kind, i)] = free[rank] = start + length[(rank, kind, i)]
+                ran = True
+        if not ran:
+            raise ValueError("the order waits on itself")
+    return max(end.values())
+
+
+def stage_delays(work):
+    """How late each piece of work started after it could have, as the run went."""
+    late = []
+    for rank in (0, 1):
+        previous = None
+        for (kind, i), (start, _) in work[rank].items():
+            need = _needs(rank, kind, i)
+            ready = [t for t in (previous, work[need[0]][need[1:]][1] if need else None)
+                     if t is not None]
+            if ready:
+                late.append(start - max(ready))
+            previous = work[rank][(kind, i)][1]
+    return late

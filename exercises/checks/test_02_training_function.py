@@ -231,16 +231,31 @@ def compare_with_one_process(r, world_size, batch=EXACT_BATCH, rtol=0.0):
         f"SGD(model.parameters(), lr=config['lr']) and nn.CrossEntropyLoss()")
 
 
+def check_batch_per_rank(ranks, global_batch, where=""):
+    """Every rank's loader takes the global batch divided by the world size."""
+    world = len(ranks)
+    for rank, r in enumerate(ranks):
+        if r["batch_size"] != global_batch // world:
+            raise harness.ExerciseFailure(
+                f"{where}rank {rank}'s loader takes {r['batch_size']} samples per step, but a GLOBAL "
+                f"batch of {global_batch} over {world} process{'es' if world > 1 else ''} is "
+                f"{global_batch // world} each: pass the global batch size to "
+                f"idist.auto_dataloader, which divides it by the world size itself")
+
+
+def check_replicas_equal(ranks, layout):
+    for rank, r in enumerate(ranks):
+        diff = (r["weights"] - ranks[0]["weights"]).abs().max().item()
+        if diff > 1e-5:
+            raise harness.ExerciseFailure(
+                f"on {layout}, after training rank {rank} and rank 0 hold different weights (largest "
+                f"difference {diff:.3g}): wrap the model with idist.auto_model")
+
+
 def test_training_shards_data_and_keeps_replicas_equal():
     ranks = harness.run_ranks(on_rank)
     per_rank = N_SAMPLES // len(ranks)
-    for rank, r in enumerate(ranks):
-        if r["batch_size"] != GLOBAL_BATCH // len(ranks):
-            raise harness.ExerciseFailure(
-                f"rank {rank}'s loader takes {r['batch_size']} samples per step, but a GLOBAL "
-                f"batch of {GLOBAL_BATCH} over {len(ranks)} processes is "
-                f"{GLOBAL_BATCH // len(ranks)} each: pass the global batch size to "
-                f"idist.auto_dataloader, which divides it by the world size itself")
+    check_batch_per_rank(ranks, GLOBAL_BATCH)
     for epoch in range(EPOCHS):
         seen = [set(r["fetched"][epoch * per_rank:(epoch + 1) * per_rank]) for r in ranks]
         both = sorted(seen[0] & seen[1])
@@ -317,17 +332,8 @@ def test_one_process_and_two_nodes_train_like_one_process():
     harness.preload("02")
     for layout, ranks in harness.each_layout(on_rank, layouts=[harness.LAYOUTS[3], harness.LAYOUTS[0]]):
         world = len(ranks)
-        for rank, r in enumerate(ranks):
-            if r["batch_size"] != GLOBAL_BATCH // world:
-                raise harness.ExerciseFailure(
-                    f"on {layout}, rank {rank}'s loader takes {r['batch_size']} samples per step, but a GLOBAL "
-                    f"batch of {GLOBAL_BATCH} over {world} process(es) is {GLOBAL_BATCH // world} each: pass "
-                    f"the global batch size to idist.auto_dataloader, which divides it by the WORLD size")
-            diff = (r["weights"] - ranks[0]["weights"]).abs().max().item()
-            if diff > 1e-5:
-                raise harness.ExerciseFailure(
-                    f"on {layout}, after training rank {rank} and rank 0 hold different weights (largest "
-                    f"difference {diff:.3g}): wrap the model with idist.auto_model")
+        check_batch_per_rank(ranks, GLOBAL_BATCH, f"on {layout}, ")
+        check_replicas_equal(ranks, layout)
         try:
             compare_with_one_process(ranks[0]["exact_step"], world)
         except harness.ExerciseFailure as failure:
@@ -345,12 +351,7 @@ def test_three_processes_train_like_one_process():
     ranks = harness.run_layouts(on_rank, *THREE.values(), layouts=[layout])[layout[0]]
     world, batch = len(ranks), THREE["global_batch"]
     per_rank = THREE["n_samples"] // world
-    for rank, r in enumerate(ranks):
-        if r["batch_size"] != batch // world:
-            raise harness.ExerciseFailure(
-                f"on {layout[0]}, rank {rank}'s loader takes {r['batch_size']} samples per step, but a GLOBAL "
-                f"batch of {batch} over {world} processes is {batch // world} each: pass the global batch "
-                f"size to idist.auto_dataloader, which divides it by the WORLD size")
+    check_batch_per_rank(ranks, batch, f"on {layout[0]}, ")
     for epoch in range(EPOCHS):
         seen = [set(r["fetched"][epoch * per_rank:(epoch + 1) * per_rank]) for r in ranks]
         for a in range(world):
@@ -361,12 +362,7 @@ def test_three_processes_train_like_one_process():
                         f"on {layout[0]}, rank {a} and rank {b} both trained on sample {both[0]} in epoch "
                         f"{epoch + 1}: build the loader with idist.auto_dataloader so that each process "
                         f"reads its own shard")
-    for rank, r in enumerate(ranks):
-        diff = (r["weights"] - ranks[0]["weights"]).abs().max().item()
-        if diff > 1e-5:
-            raise harness.ExerciseFailure(
-                f"on {layout[0]}, after training rank {rank} and rank 0 hold different weights (largest "
-                f"difference {diff:.3g}): wrap the model with idist.auto_model")
+    check_replicas_equal(ranks, layout[0])
     try:
         compare_with_one_process(ranks[0]["exact_step"], world, THREE["exact"], rtol=1e-6)
     except harness.ExerciseFailure as failure:

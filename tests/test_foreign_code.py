@@ -381,10 +381,12 @@ def test_tutorial_script_trains_under_distkit_launch_resumes_and_runs_under_torc
 def test_a_launched_script_ends_as_python_would_atexit_handlers_and_unflushed_output(tmp_path):
     """A rank ends without Python's finalization (distkit.script_worker.leave): what a
     script may rely on at exit still happens on every rank: its atexit handlers run (in
-    reverse order of registration) and output it never flushed arrives."""
+    reverse order of registration), a non-daemon thread it left running finishes, and
+    output it never flushed arrives."""
     (tmp_path / "ends.py").write_text(
-        "import atexit, os, sys\n"
+        "import atexit, os, sys, threading, time\n"
         "rank = os.environ['RANK']\n"
+        "threading.Thread(target=lambda: (time.sleep(1), open(f'thread-{rank}', 'w').write('done'))).start()\n"
         "atexit.register(lambda: print(f'second handler rank {rank}', end=''))\n"
         "atexit.register(lambda: open(f'atexit-{rank}', 'w').write('ran'))\n"
         "sys.stdout.write(f'unflushed rank {rank} ')\n"
@@ -392,8 +394,12 @@ def test_a_launched_script_ends_as_python_would_atexit_handlers_and_unflushed_ou
     out = launch(["--nproc-per-node", "2", "ends.py"], tmp_path, timeout=100)
     assert out.returncode == 0, out.stderr
     for rank in (0, 1):
-        assert f"unflushed rank {rank} second handler rank {rank}" in out.stdout, out.stdout
+        # both ranks write to one stdout: each rank's two pieces, in its own order
+        unflushed, handler = f"unflushed rank {rank} ", f"second handler rank {rank}"
+        assert unflushed in out.stdout and handler in out.stdout, out.stdout
+        assert out.stdout.index(unflushed) < out.stdout.index(handler), out.stdout
         assert (tmp_path / f"atexit-{rank}").read_text() == "ran"
+        assert (tmp_path / f"thread-{rank}").read_text() == "done"
 
 
 @pytest.mark.slow

@@ -74,7 +74,8 @@ LAYERS, WIDTH, BATCH = 8, 256, 64
 # %%
 def ddp_steps(name, bucket_cap_mb=None, accumulate=1, straggle=0.0):
     """Train a few steps under DDP with the profiler on; in each recorded step rank 1
-    sleeps ``straggle`` times the warm-up step's time (the slowest rank's) in its forward.
+    sleeps ``straggle`` times the warm-up step's time (the slowest rank's; at least 0.2 s)
+    in its forward.
     Writes this rank's trace to ``<folder>/<name>-rank<r>.json``."""
     rank = idist.get_rank()
     torch.manual_seed(0)
@@ -98,7 +99,7 @@ def ddp_steps(name, bucket_cap_mb=None, accumulate=1, straggle=0.0):
                     with record_function("forward"):
                         if rank == 1 and straggle and recording:
                             with record_function("straggle"):
-                                time.sleep(min(2.0, straggle * step_s))
+                                time.sleep(min(2.0, max(0.2, straggle * step_s)))
                         loss = model(x).square().mean()
                     with record_function("backward"):
                         loss.backward()
@@ -216,8 +217,8 @@ print({k: round(v, 2) for k, v in fraction.items()})
 # ## 3. A straggler: everyone waits for the slowest rank
 #
 # In the run named `straggler`, rank 1 slept in every recorded forward, twice as long
-# as a warm-up step took (at most 2 s; a range named `straggle` in its trace says how
-# long).
+# as a warm-up step took, and at least 0.2 s, so that the wait stands out of a loaded
+# machine's noise (at most 2 s; a range named `straggle` in its trace says how long).
 # Synchronous data parallelism cannot leave it behind: rank 0's all-reduce starts on
 # time, but it cannot finish until rank 1 joins. So rank 0's all-reduces last longer
 # than rank 1's, by about the time rank 1 slept. The slow rank is the one that **waits least** in the collectives: it arrives

@@ -867,6 +867,9 @@ WRONG_ANSWERS += WRONG_ANSWERS_14
 from wrong_answers_layouts import WRONG_ANSWERS_LAYOUTS  # noqa: E402
 
 WRONG_ANSWERS += WRONG_ANSWERS_LAYOUTS
+# the newer ones, a module per exercise or group: tests/wrong_answers_ex*.py's WRONG_ANSWERS
+for _module in sorted(Path(__file__).resolve().parent.glob("wrong_answers_ex*.py")):
+    WRONG_ANSWERS += __import__(_module.stem).WRONG_ANSWERS
 
 
 @pytest.fixture(scope="module")

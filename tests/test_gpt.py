@@ -79,6 +79,34 @@ def test_same_seed_same_gpt_and_the_default_sizes():
     assert 0.7e6 < sum(p.numel() for p in model.parameters()) < 1e6
 
 
+@pytest.mark.parametrize("size", ["default", "gpt2-small"])
+def test_set_size_gives_the_named_gpt_and_blocks_of_its_context(size):
+    from distkit.models import GPT_SIZES
+    from distkit.tasks import resolve_task
+
+    config = Config(dataset="text", model="gpt", task_settings={"size": size})
+    task = resolve_task(config)
+    config = task.configure(config)
+    model, (train, val) = task.model(config), task.datasets(config)
+    want = GPT_SIZES[size]
+    assert {k: getattr(model, k) for k in want} == want
+    assert train[0][0].shape == val[0][0].shape == (want["block_size"],)
+    # the same validation text whatever the block (46,080 characters, 48 blocks of 1024)
+    assert len(val) * want["block_size"] in (TEXT_VAL_BLOCKS * TEXT_BLOCK_SIZE, 48 * 1024)
+    assert all(len(val) % n == 0 for n in (1, 2, 3, 4, 6, 8))
+    params = sum(p.numel() for p in model.parameters())
+    assert (0.7e6 < params < 1e6) if size == "default" else (85e6 < params < 87e6)
+
+
+def test_an_unknown_gpt_size_fails_in_one_line_naming_the_sizes():
+    from distkit.tasks import resolve_task
+
+    config = Config(dataset="text", model="gpt", task_settings={"size": "huge"})
+    task = resolve_task(config)
+    with pytest.raises(DistkitError, match=r"--set size=huge: the GPT comes in sizes default, gpt2-small"):
+        task.model(task.configure(config))
+
+
 def test_block_parts_are_named_for_parallelize_module_plans():
     names = dict(small_gpt().named_modules())
     for part in ("attn.q", "attn.k", "attn.v", "attn.proj", "mlp.fc", "mlp.proj", "ln1", "ln2"):

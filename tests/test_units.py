@@ -152,3 +152,14 @@ def test_early_stopping_and_best_model_judge_the_evaluators_metrics(tmp_path):
     first_loss = results["history"][0]["val_loss"]  # the best of two epochs, by val loss
     # named by the loss as measured, not by ignite's signed score (once best_model_loss=-0.0871.pt)
     assert os.path.basename(best) == f"best_model_loss={min(first_loss, results['final']['val_loss']):.4f}.pt"
+
+
+def test_the_summary_of_a_run_that_ended_inside_its_first_epoch_has_no_nan():
+    # --max-iters 8 on a 12-step epoch: no epoch ended, so there is no time per epoch
+    from distkit.reporting import run_summary
+
+    text = run_summary({"backend": "gloo", "world_size": 2, "nnodes": 1, "device": "cpu",
+                        "final": None, "epochs_completed": 0, "iterations": 8,
+                        "seconds_per_epoch": None, "samples_per_second": 2953.0, "run_dir": "runs/x"})
+    assert "nan" not in text
+    assert "no whole epoch ran (no time per epoch)  2953 samples/s (end to end)" in text.splitlines()

@@ -149,10 +149,15 @@ class CharBlocks(Dataset):
         return chunk[:-1], chunk[1:]
 
 
-def text_datasets(block_size: int = TEXT_BLOCK_SIZE, val_blocks: int = TEXT_VAL_BLOCKS):
+def text_datasets(block_size: int = None, val_blocks: int = None):
     """(train, validation) :class:`CharBlocks` of :func:`text_corpus`: validation is the
     text's last ``val_blocks`` blocks, training everything before them (a split in
-    position, so no validation character is ever a training target)."""
+    position, so no validation character is ever a training target). Longer blocks keep
+    about the same validation text: 46,080 characters, in a number of blocks that
+    divides by 1 to 4, 6 and 8 (48 blocks of 1024)."""
+    block_size = block_size or TEXT_BLOCK_SIZE
+    if val_blocks is None:
+        val_blocks = -(-TEXT_VAL_BLOCKS * TEXT_BLOCK_SIZE // block_size // 24) * 24
     ids = text_vocab().encode(text_corpus())
     cut = len(ids) - val_blocks * block_size - 1
     return CharBlocks(ids[:cut + 1], block_size), CharBlocks(ids[cut:], block_size)
@@ -195,15 +200,16 @@ def fetch_torchvision(name: str, root: str):
         socket.setdefaulttimeout(previous)
 
 
-def get_datasets(config):
-    """(train, validation) datasets for ``config.dataset``."""
+def get_datasets(config, block_size: int = None):
+    """(train, validation) datasets for ``config.dataset`` (text: blocks of ``block_size``
+    characters, default :data:`TEXT_BLOCK_SIZE`)."""
     if config.dataset == "digits":
         return split(digits_dataset(), seed=config.seed)
     if config.dataset == "synthetic":
         full = synthetic_dataset(config.dataset_size + VAL_SIZE, seed=config.seed)
         return split(full, seed=config.seed)
     if config.dataset == "text":
-        return text_datasets()
+        return text_datasets(block_size)
     # One process per node downloads; the others wait, then find the files. A failed
     # download raises in rank 0 only after the barrier, so no process is left waiting.
     error = None

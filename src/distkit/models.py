@@ -198,6 +198,27 @@ def _gpt_init(module):
         nn.init.zeros_(module.bias)
 
 
+GPT_SIZES = {
+    # the kit's default: a pass over the text in about a minute on 2 CPU cores
+    "default": {"n_layer": 4, "n_head": 4, "d_model": 128, "block_size": 128},
+    # GPT-2 small's shape (12 layers, 12 heads, d_model 768, context 1024) with the kit's
+    # character vocabulary, so about 85 M parameters (GPT-2's 124 M count its 50,257-token
+    # embedding): the size at which MFU on a GPU means something (issue 34)
+    "gpt2-small": {"n_layer": 12, "n_head": 12, "d_model": 768, "block_size": 1024},
+}
+"""The GPT's sizes by name: ``distkit train --dataset text --model gpt --set size=NAME``."""
+
+
+def gpt_size(name: str) -> dict:
+    """The sizes of :data:`GPT_SIZES` ``name``; an unknown name fails in one line."""
+    if name not in GPT_SIZES:
+        from distkit.errors import DistkitError
+
+        raise DistkitError(f"--set size={name}: the GPT comes in sizes {', '.join(GPT_SIZES)}: "
+                           f"pick one of them")
+    return dict(GPT_SIZES[name])
+
+
 def gpt(vocab_size: int, block_size: int = 128, **sizes) -> GPT:
     """The kit's default GPT: 4 layers, 4 heads, d_model 128 (about 0.8 M parameters)."""
     return GPT(vocab_size, block_size, **sizes)

@@ -202,8 +202,9 @@ def run_summary(results: dict) -> str:
         f"final validation {metrics}  after {results['epochs_completed']} epoch(s), "
         f"{results['iterations']} iterations",
         *_best_and_stop(results),
-        f"{results['seconds_per_epoch'] or float('nan'):.2f} s per epoch (training only)  "
-        f"{results['samples_per_second']:.0f} samples/s (end to end)",
+        (f"{results['seconds_per_epoch']:.2f} s per epoch (training only)  "
+         if results["seconds_per_epoch"] else "no whole epoch ran (no time per epoch)  ")
+        + f"{results['samples_per_second']:.0f} samples/s (end to end)",
         f"results, checkpoints and plots in {results['run_dir']}",
     ]
     if throughput.format_report(results):

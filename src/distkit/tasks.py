@@ -384,14 +384,25 @@ def _kind_name(kind) -> str:
 def _builtin_datasets(dataset: str, config):
     from distkit.data import get_datasets
 
-    return get_datasets(dataclasses.replace(config, dataset=dataset))
+    return get_datasets(dataclasses.replace(config, dataset=dataset), **_gpt_sizes(config, "block_size"))
 
 
 def _builtin_model(dataset: str, model: str, config):
     from distkit.data import dataset_info
     from distkit.models import get_model
 
-    return get_model(model, **dataset_info(dataset))
+    return get_model(model, **{**dataset_info(dataset), **_gpt_sizes(config)})
+
+
+def _gpt_sizes(config, *only) -> dict:
+    """The GPT's sizes that ``--set size=NAME`` chose ({} for the other tasks)."""
+    name = (getattr(config, "task_settings", None) or {}).get("size")
+    if name is None:
+        return {}
+    from distkit.models import gpt_size
+
+    sizes = gpt_size(name)
+    return {k: v for k, v in sizes.items() if not only or k in only}
 
 
 def builtin_task(dataset: str, model: str) -> Task:
@@ -403,9 +414,10 @@ def builtin_task(dataset: str, model: str) -> Task:
     if dataset == "text":
         from distkit import text
 
+        # --set size=gpt2-small: GPT-2 small's shape (distkit.models.GPT_SIZES)
         return Task(datasets=datasets, model=net, loss=text.TokenCrossEntropy,
                     metrics=text.token_metrics, optimizer=text.adamw, name=f"{dataset}/{model}",
-                    summary=text.text_summary, lr_scheduler="kit")
+                    summary=text.text_summary, lr_scheduler="kit", settings={"size": "default"})
     return Task(datasets=datasets, model=net, name=f"{dataset}/{model}")
 
 

@@ -20,6 +20,12 @@
 #   7. too many processes: distkit train refuses GPUs+1 processes in one line, and without
 #               that check rank GPUs (local rank = GPU count) fails on "invalid device
 #               ordinal", as notebook 02 says
+#   8. trace    the GPT at GPT-2 small's size (--set size=gpt2-small), bf16, --trace, on
+#               every GPU: tokens/s, MFU, CUDA kernels in the merged trace; Holistic Trace
+#               Analysis (temporal breakdown, communication/computation overlap) on the
+#               per-rank traces when its wheels are in the folder (issue 34). A rehearsal
+#               traces the default GPT on 2 CPU processes and leaves HTA out (it measures
+#               GPU kernels, which a CPU trace has none of)
 # Results: OUTPUT/gpu-check-<gpu>.json and .txt (GPU model, driver, torch, every figure);
 # executed notebooks and run folders stay under --work. Exit 0 only when every step passed.
 #
@@ -63,7 +69,7 @@ if [ -n "$MAKE_WHEELS" ]; then
     # what the kit and the notebook step need besides torch/torchvision (pinned out: the
     # GPU machine keeps its own); only binary wheels, which install without a compiler
     run "$PYTHON" -m pip download --only-binary=:all: -d "$MAKE_WHEELS" \
-        matplotlib scikit-learn tqdm nbclient nbformat ipykernel
+        matplotlib scikit-learn tqdm nbclient nbformat ipykernel HolisticTraceAnalysis
     exit 0
 fi
 
@@ -104,8 +110,11 @@ PY
     # The notebook steps run nbclient in this Python: install it (and its kernel) when the
     # folder has it, as --make-wheels leaves it; otherwise those steps fail naming nbclient.
     local notebook_tools=()
-    for name in nbclient nbformat ipykernel; do
-        if ls "$WHEELS"/$name-*.whl >/dev/null 2>&1; then notebook_tools+=("$name"); fi
+    for name in nbclient nbformat ipykernel holistictraceanalysis; do
+        # (HolisticTraceAnalysis's wheel is spelt either way)
+        if ls "$WHEELS"/$name-*.whl >/dev/null 2>&1 || ls "$WHEELS" | grep -qi "^$name-.*\.whl$"; then
+            notebook_tools+=("$name")
+        fi
     done
     if ! "$PYTHON" -m pip install --no-index --find-links "$WHEELS" -c "$constraints" \
             --disable-pip-version-check -q "$WHEELS"/pytorch_ignite-*.whl "$WHEELS"/distkit-*.whl \
@@ -397,6 +406,57 @@ def too_many_per_rank():
     return {"failing_local_rank": int(index.group(1)), "error": line}
 
 
+TRACE_SIZE = "default" if REHEARSAL else "gpt2-small"
+
+
+@step(f"trace: the GPT ({TRACE_SIZE}), bf16, every GPU ({GPUS})")
+def trace_gpt():
+    out = WORK / "trace-gpt"
+    per_process = 2 if REHEARSAL else 8  # blocks of the model's context per process and step
+    sh([PY, "-m", "distkit", "train", "--backend", BACKEND, "--nproc-per-node", GPUS,
+        "--dataset", "text", "--model", "gpt", "--set", f"size={TRACE_SIZE}", "--amp", "--trace",
+        "--max-iters", 12, "--batch-size", per_process * GPUS, "--no-progress",
+        "--output-dir", out], timeout=900)
+    if DRY:
+        return {}
+    (run_json,) = out.glob("*/results.json")
+    r = json.loads(run_json.read_text())
+    trace = r["trace"]
+    assert Path(trace["merged"]).exists() and Path(trace["png"]).exists(), trace
+    events = json.loads(Path(trace["merged"]).read_text())["traceEvents"]
+    kernels = sum(1 for e in events if e.get("cat") == "kernel")
+    assert REHEARSAL or kernels > 0, "no CUDA kernel in the merged trace"
+    t = r["throughput"]
+    figures = {"size": TRACE_SIZE, "world_size": r["world_size"], "tokens_per_second": r["tokens_per_second"],
+               "mfu": r["mfu"], "peak_flops": t["peak_flops"], "peak_flops_source": t["peak_flops_source"],
+               "step_time_s": t["step_time_s"], "flops_per_token": t["flops_per_token"],
+               "cuda_kernels_in_merged_trace": kernels, "trace": trace,
+               "compare": "picotron's published MFU: 38-50 % on H100s"}
+    figures["hta"] = ({"skipped": "a CPU trace has no GPU kernels, which HTA measures"} if REHEARSAL
+                      else holistic_trace_analysis(trace["per_rank"]))
+    return figures
+
+
+def holistic_trace_analysis(per_rank):
+    """HTA's temporal breakdown and communication/computation overlap per rank, on a
+    folder holding only the per-rank traces (HTA reads every trace in its folder)."""
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return {"skipped": "HolisticTraceAnalysis is not installed: put its wheels in the folder (--make-wheels does)"}
+    import shutil
+
+    folder = WORK / "hta-input"
+    folder.mkdir(exist_ok=True)
+    for path in per_rank:
+        shutil.copy(path, folder)
+    analysis = TraceAnalysis(trace_dir=str(folder))
+    breakdown = analysis.get_temporal_breakdown(visualize=False)
+    overlap = analysis.get_comm_comp_overlap(visualize=False)
+    return {"temporal_breakdown": breakdown.to_dict("records"),
+            "comm_comp_overlap": overlap.to_dict("records")}
+
+
 started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 for name, fn, needs_gpu in steps:
     print(f"== {name}", flush=True)
@@ -453,6 +513,9 @@ for name, r in results.items():
                                                      if "ratio" in k and not isinstance(v, (dict, list)))
     elif "message" in r:
         detail = f"{r['message']} ({r['seconds']} s)"
+    elif "mfu" in r:
+        detail = (f"{r['tokens_per_second']:.0f} tokens/s, MFU {r['mfu']:.1%} of {r['peak_flops']:.3g} FLOP/s "
+                  f"({r['peak_flops_source']}), {r['cuda_kernels_in_merged_trace']} CUDA kernels traced")
     elif "failing_local_rank" in r:
         detail = f"local rank {r['failing_local_rank']}: {r['error']}"
     lines.append(f"ok   {name}" + (f": {detail}" if detail else ""))

@@ -53,7 +53,8 @@ EXPECTED_STEPS = ["environment", "train nccl, 1 GPU", "train nccl, every GPU (2)
                   "train nccl --amp (bf16), every GPU (2)", "notebook 02 (GPU cells)",
                   "notebook 07 (GPU cell)", "copy bandwidth, pinned vs pageable",
                   "distkit bench --only gpu", "more processes than GPUs: one line from distkit train",
-                  "more processes than GPUs: the failing rank, without the check"]
+                  "more processes than GPUs: the failing rank, without the check",
+                  "trace: the GPT (gpt2-small), bf16, every GPU (2)"]
 
 
 @pytest.mark.timeout(60)
@@ -66,14 +67,14 @@ def test_dry_run_lists_every_step_with_commands_the_cli_accepts(tmp_path):
     assert done.returncode == 0, done.stderr
     out = done.stdout.splitlines()
     assert [line[3:] for line in out if line.startswith("== ")] == EXPECTED_STEPS
-    assert "dry run: 10 steps listed, nothing run" in out[-1]
+    assert "dry run: 11 steps listed, nothing run" in out[-1]
     assert not any(tmp_path.iterdir())           # a dry run writes nothing
 
     install = next(line for line in out if "pip install" in line)
     assert "--no-index" in install and "--find-links" in install and "-c <torch/torchvision pins>" in install
 
     commands = [shlex.split(line[2:]) for line in out if line.startswith("+ ") and " -m distkit " in line]
-    assert len(commands) == 5                    # train x3, bench, the refused train
+    assert len(commands) == 6                    # train x3, bench, the refused train, the trace
     parser = build_parser()
     for argv in commands:
         args = parser.parse_args(argv[3:])      # drop "python -m distkit"; exits 2 on a bad flag
@@ -81,8 +82,11 @@ def test_dry_run_lists_every_step_with_commands_the_cli_accepts(tmp_path):
             assert args.backend == "nccl"
         else:
             assert args.only == "gpu" and "gpu" in MEASUREMENTS
+    traced = [a for a in (parser.parse_args(c[3:]) for c in commands) if a.command == "train" and a.trace]
+    assert [(a.model, a.task_settings, a.amp, a.nproc_per_node) for a in traced] == [
+        ("gpt", ["size=gpt2-small"], True, 2)]
     trains = sorted((a.nproc_per_node, a.amp) for a in (parser.parse_args(c[3:]) for c in commands)
-                    if a.command == "train" and "too-many" not in a.output_dir)
+                    if a.command == "train" and "too-many" not in a.output_dir and not a.trace)
     assert trains == [(1, False), (2, False), (2, True)]
     refused = [parser.parse_args(c[3:]) for c in commands if "too-many" in " ".join(c)]
     assert [(a.nproc_per_node, a.batch_size % a.nproc_per_node) for a in refused] == [(3, 0)]  # GPUs + 1
@@ -128,7 +132,11 @@ def test_cpu_rehearsal_runs_the_steps_and_writes_the_report(tmp_path):
     message = steps["more processes than GPUs: one line from distkit train"]["message"]
     assert message.startswith("distkit: error: --backend nccl needs CUDA GPUs")
     text = (out / "gpu-check-cpu-rehearsal.txt").read_text()
-    assert "PASSED: 5 of 5 steps (5 skipped)" in text and text.count("\nskip ") == 5
+    traced = steps["trace: the GPT (default), bf16, every GPU (2)"]
+    assert traced["world_size"] == 2 and 0 < traced["mfu"] < 1 and traced["tokens_per_second"] > 0
+    assert traced["hta"] == {"skipped": "a CPU trace has no GPU kernels, which HTA measures"}
+    assert len(traced["trace"]["per_rank"]) == 2 and Path(traced["trace"]["png"]).exists()
+    assert "PASSED: 6 of 6 steps (5 skipped)" in text and text.count("\nskip ") == 5
 
 
 def test_make_wheels_fills_the_folder_the_issue_describes(tmp_path):

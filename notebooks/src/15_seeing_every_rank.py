@@ -322,7 +322,10 @@ tracing.timeline(fsdp, phases=("forward", "backward", "optimizer step"),
 # `_SleepBackward`. A rank's busy time is the union of those ranges; the step is the
 # span from the first of them on any rank to the last. `Timed` also keeps its own log
 # of when it slept (`distkit.lessons.pipeline.BUSY`, the clock notebook 11 read): the
-# trace must say the same.
+# trace's ranges must hold those sleeps, so never show less busy time than the log, and
+# more only by the Python work around each sleep (entering the autograd function,
+# saving for backward), a few percent on a quiet machine, more where the processes wait
+# for a core.
 
 # %%
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -369,8 +372,12 @@ for name in ("GPipe", "1F1B"):
     for rank in (0, 1):
         with open(os.path.join(folder, f"busy-rank{rank}.json")) as f:
             log_us = json.load(f)[name]
-        # the trace and Timed's own clock agree on the busy time within 2 %
-        assert abs(tracing.total(busy[rank]) - log_us) <= 0.02 * log_us, (tracing.total(busy[rank]), log_us)
+        traced_us = tracing.total(busy[rank])
+        print(f"  rank {rank}: busy {traced_us / 1e3:.1f} ms in the trace, {log_us / 1e3:.1f} ms "
+              f"slept by Timed's own clock (+{traced_us / log_us - 1:.1%} around the sleeps)")
+        # the ranges hold the sleeps (0.5 %: the two clocks' rounding), and the work
+        # around them stays a small part (a quarter at most, even on a loaded machine)
+        assert 0.995 * log_us <= traced_us <= 1.25 * log_us, (traced_us, log_us)
 
 # %% [markdown]
 # The bubble read off the trace is larger than the formula's. Why, and by how much, can

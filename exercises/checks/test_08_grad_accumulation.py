@@ -223,7 +223,8 @@ def replays(seed, world_size, count):
          "The first step was right, the second was not: the previous step's gradients were added in: "
          "call optimizer.zero_grad() at the start of every step (backward() adds to .grad, it never "
          "overwrites it)."),
-        (whole_batch_steps(seed, world_size, count, subset=lambda n: _lasts(n, world_size, count)),
+        (whole_batch_steps(seed, world_size, count, factor=1 / count,
+                           subset=lambda n: _lasts(n, world_size, count)),
          "Only the LAST micro-batch of each process counted (divided by their number): the gradients "
          "of the others were erased before the step; call optimizer.zero_grad() once, before the loop, "
          "not for every micro-batch."),
@@ -245,6 +246,36 @@ def replays(seed, world_size, count):
 def _lasts(n, world_size, count):
     per_rank = count * MICRO_SIZE
     return [i for r in range(world_size) for i in range((r + 1) * per_rank - MICRO_SIZE, (r + 1) * per_rank)]
+
+
+GRADIENT_SHAPES = {(OUT, D_IN), (OUT,), (OUT * D_IN + OUT,), (OUT * D_IN,)}
+
+
+def own_calls(call, count, world_size):
+    """What the learner's own torch.distributed calls in one call of accumulation_step were,
+    and why DDP's one exchange is all it needs."""
+    own = call["own"]
+    ops = harness.short_list(sorted({c["op"] for c in own}))
+    shapes = {s for c in own for s in c["shapes"]}
+    made = f"made {len(own)} torch.distributed call(s) of its own in one call of accumulation_step ({ops})"
+    exchanged = (f"beside DDP's {call['exchanges']} exchange(s) of all the gradients at once (a bucket)"
+                 if world_size > 1 else "with no process group at all")
+    if shapes & GRADIENT_SHAPES:
+        return (f"{made} on gradient-shaped tensors {harness.short_list(sorted(shapes & GRADIENT_SHAPES))}, "
+                f"{exchanged}: DDP already averages the gradients when the LAST micro-batch's backward runs "
+                f"outside model.no_sync(); exchanging them again by hand sends them twice and much slower. "
+                f"Remove the manual all-reduce")
+    return (f"{made}, on tensors of shape(s) {harness.short_list(sorted(shapes)) or 'none'}, {exchanged}: "
+            f"the step needs no collective but DDP's exchange of the gradients; each extra one makes every "
+            f"rank wait for the others {count} micro-batch(es) at a time (a loss to log can be averaged "
+            f"once per epoch, outside the step)")
+
+
+def ratio_to(got, whole, start):
+    """``k`` when the learner's update is ``k`` times the whole batch's (else ``None``)."""
+    should, moved = whole - start, got - start
+    k = float((moved @ should) / (should @ should))
+    return k if torch.allclose(moved, k * should, rtol=1e-3, atol=1e-3 * should.abs().max().item()) else None
 
 
 def close(a, b, atol):
@@ -283,15 +314,7 @@ def judge(layout, ranks, seed):
                         f"({r['device']}); leave them there")
             for call in calls:
                 if call["own"]:
-                    ops = harness.short_list(sorted({c["op"] for c in call["own"]}))
-                    exchanged = (f"beside DDP's {call['exchanges']} exchange(s) of all the gradients at "
-                                 f"once (a bucket)" if world_size > 1 else "with no process group at all")
-                    raise harness.ExerciseFailure(
-                        f"{where}: rank {rank} made {len(call['own'])} torch.distributed call(s) of its own "
-                        f"in one call of accumulation_step ({ops}), {exchanged}: DDP already averages the "
-                        f"gradients when the LAST micro-batch's backward runs outside model.no_sync(); "
-                        f"exchanging them again by hand sends them twice and much slower. Remove the "
-                        f"manual collective(s)")
+                    raise harness.ExerciseFailure(f"{where}: " + own_calls(call, count, world_size))
             if world_size == 1:
                 continue
             for call in calls:
@@ -353,8 +376,16 @@ def compare(layout, rank, result, seed, world_size, micro):
                 why = " The weights did not change: call optimizer.step() after the backward passes."
             elif diff < 0.05 * update:
                 why = (f" The difference is {diff / update:.2g} of the update: about what rounding to "
-                       f"bfloat16 (about 4e-3) or float16 gives, far more than float32's order of the "
-                       f"sums; keep every value in float32 (no autocast, no .half() or .bfloat16()).")
+                       f"bfloat16 (about 4e-3) or float16 (about 5e-4) gives, far more than float32's order "
+                       f"of the sums; keep every value in float32 (no autocast, no .half() or .bfloat16(), "
+                       f"no scale kept in low precision).")
+            elif ratio_to(got[step], whole[step], start) is not None:
+                k = ratio_to(got[step], whole[step], start)
+                why = (f" The update is {k:.3g}x the whole batch's: the micro-batches' losses must add up to "
+                       f"the MEAN loss of this process's batch (divide each by their number, "
+                       f"len(micro_batches) = {count} here, not a number written in; nothing else: DDP "
+                       f"averages over the {world_size} process(es) itself, and any factor that depends "
+                       f"on the layout is wrong in some).")
             else:
                 why = (f" Check that each micro-batch's loss is divided by their number ({count}, not a "
                        f"number written in), that the gradients are zeroed once at the start, and that "

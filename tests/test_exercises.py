@@ -311,8 +311,8 @@ def epoch_indices(loader, epoch):
      [("    world_size = idist.get_world_size()\n",
        "    world_size = idist.get_world_size()\n    per_node = idist.get_nproc_per_node()\n"),
       ("batch_size=global_batch_size // world_size", "batch_size=global_batch_size // per_node")],
-     r"rank 0 got batches of 4 samples: you divided the GLOBAL batch of 8 by the processes of one "
-     r"node \(idist.get_nproc_per_node\(\) = 2\)"),
+     r"rank 0 got batches of 4 samples: the GLOBAL batch of 8 divided by 2, not by the world size 4 \(2 is "
+     r"the number of processes of ONE node, idist.get_nproc_per_node\(\)"),
     ("03", "a fixed strided Subset, shuffled by the loader", '''
 def make_train_loader(dataset, global_batch_size, seed=0):
     import torch

@@ -211,3 +211,71 @@ def accumulation_step(model, optimizer, loss_fn, micro_batches):
 ]
 
 WRONG_ANSWERS = WRONG_ANSWERS_08
+
+# --- 03 sharding -------------------------------------------------------------------------
+# The reference comparison runs 22 samples in global batches of 10 (neither divides by 3 or
+# 4 processes; on 2 processes each rank's 11 samples end in a partial batch).
+WRONG_ANSWERS_03 = [
+    # layout
+    ("03", "the rank read from the environment (none without a launcher)",
+     [("rank=idist.get_rank()", 'rank=int(__import__("os").environ["RANK"])')],
+     r"on 1 process \(no process group\): rank 0 raised KeyError: 'RANK'"),
+    ("03", "torch.distributed's world size for num_replicas (raises with no process group)",
+     [("    world_size = idist.get_world_size()\n",
+       "    import torch.distributed as dist\n    world_size = dist.get_world_size()\n")],
+     r"on 1 process \(no process group\): rank 0 raised ValueError: Default process group has not been "
+     r"initialized.*03_sharding.py"),
+    ("03", "the batch per process written for 2 processes",
+     [("batch_size=global_batch_size // world_size", "batch_size=global_batch_size // 2")],
+     r"on 2 nodes of 2 processes each .*rank 0 got batches of 4 samples: the GLOBAL batch of 8 divided by 2, "
+     r"not by the world size 4"),
+    # inputs: sizes that do not divide
+    ("03", "the loader drops the last partial batch (drop_last=True)",
+     [("sampler=sampler)", "sampler=sampler, drop_last=True)")],
+     r"on 2 processes, rank 0, 22 samples \(not a multiple of the world size\): the indices read in epoch 0 "
+     r"should have 11 items, got 10"),
+    ("03", "the indices cut to len(dataset) // world size (the padding dropped)",
+     [("    return [int(i) for _, _, index in loader for i in index]",
+       "    indices = [int(i) for _, _, index in loader for i in index]\n"
+       "    return indices[:len(loader.dataset) // idist.get_world_size()]")],
+     r"on 3 processes, rank 0, 22 samples \(not a multiple of the world size\): the indices read in epoch 0 "
+     r"should have 8 items, got 7"),
+    ("03", "the batch per process rounded up",
+     [("batch_size=global_batch_size // world_size", "batch_size=-(-global_batch_size // world_size)")],
+     r"on 3 processes, rank 0, 22 samples in global batches of 10: the batch sizes should have 3 items, got 2; "
+     r"expected 3, 3, 2, got 4, 4 \(global_batch_size // world size per batch, rounded down"),
+    ("03", "only full batches counted",
+     [("    return [int(i) for _, _, index in loader for i in index]",
+       "    return [int(i) for _, _, index in loader if len(index) == loader.batch_size for i in index]")],
+     r"on 2 processes, rank 0, 22 samples \(not a multiple of the world size\): the indices read in epoch 0 "
+     r"should have 11 items, got 10"),
+    ("03", "torch.stack of the batches' indices (needs equal batches)",
+     [("    return [int(i) for _, _, index in loader for i in index]",
+       "    import torch\n    return torch.stack([index for _, _, index in loader]).flatten().tolist()")],
+     r"on 2 processes: rank [01] raised RuntimeError: stack expects each tensor to be equal size"),
+    # robust
+    ("03", "the batch per process with / (a float)",
+     [("batch_size=global_batch_size // world_size", "batch_size=global_batch_size / world_size")],
+     r"rank [01] raised ValueError: batch_size should be a positive integer value, but got batch_size=2\.0"),
+    ("03", "epoch_indices returns one tensor",
+     [("    return [int(i) for _, _, index in loader for i in index]",
+       "    import torch\n    return torch.cat([index for _, _, index in loader])")],
+     r"epoch_indices\(loader, 0\) returned a int64 tensor of shape \(10,\): return a flat list of Python ints"),
+    ("03", "epoch_indices returns a list per batch",
+     [("    return [int(i) for _, _, index in loader for i in index]",
+       "    return [index.tolist() for _, _, index in loader]")],
+     r"epoch_indices\(loader, 0\) returned a list of 5 of a list of 2: return a flat list of Python ints"),
+    ("03", "make_train_loader never returns the loader",
+     [("    return DataLoader(dataset, batch_size=global_batch_size // world_size, sampler=sampler)",
+       "    loader = DataLoader(dataset, batch_size=global_batch_size // world_size, sampler=sampler)")],
+     r"make_train_loader returned None: return the DataLoader"),
+    ("03", "make_train_loader returns the sampler",
+     [("    return DataLoader(dataset, batch_size=global_batch_size // world_size, sampler=sampler)",
+       "    return sampler")],
+     r"make_train_loader returned <torch.utils.data.distributed.DistributedSampler object.*: return the "
+     r"DataLoader"),
+    ("03", "set_epoch called on the DataLoader",
+     [("    loader.sampler.set_epoch(epoch)", "    loader.set_epoch(epoch)")],
+     r"rank [01] raised AttributeError: 'DataLoader' object has no attribute 'set_epoch'"),
+]
+WRONG_ANSWERS += WRONG_ANSWERS_03

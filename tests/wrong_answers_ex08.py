@@ -210,7 +210,7 @@ def accumulation_step(model, optimizer, loss_fn, micro_batches):
      r"counted"),
 ]
 
-WRONG_ANSWERS = WRONG_ANSWERS_08
+WRONG_ANSWERS = list(WRONG_ANSWERS_08)
 
 # --- 03 sharding -------------------------------------------------------------------------
 # The reference comparison runs 22 samples in global batches of 10 (neither divides by 3 or
@@ -279,3 +279,136 @@ WRONG_ANSWERS_03 = [
      r"rank [01] raised AttributeError: 'DataLoader' object has no attribute 'set_epoch'"),
 ]
 WRONG_ANSWERS += WRONG_ANSWERS_03
+
+# --- 02 training function ------------------------------------------------------------------
+_LOADER_02 = ('    train_loader = idist.auto_dataloader(\n        config["dataset"], batch_size=config["batch_size"], '
+              'shuffle=True)\n')
+WRONG_ANSWERS_02 = [
+    # layout
+    ("02", "set_epoch without asking whether the sampler has it (one process has none)",
+     [('        if hasattr(train_loader.sampler, "set_epoch"):\n            train_loader.sampler.set_epoch(engine.state.epoch - 1)\n',
+       "        train_loader.sampler.set_epoch(engine.state.epoch - 1)\n")],
+     r"on 1 process \(no process group\): rank 0 raised AttributeError: 'RandomSampler' object has no attribute "
+     r"'set_epoch'"),
+    ("02", "the optimizer on model.module's parameters (a plain model has no .module)",
+     [('torch.optim.SGD(model.parameters(), lr=config["lr"])', 'torch.optim.SGD(model.module.parameters(), lr=config["lr"])')],
+     r"on 1 process \(no process group\): rank 0 raised AttributeError: 'Sequential' object has no attribute 'module'"),
+    ("02", "a loader by hand, the batch divided by the processes of one node",
+     [(_LOADER_02,
+       "    from torch.utils.data import DataLoader, DistributedSampler\n"
+       '    sampler = DistributedSampler(config["dataset"], num_replicas=idist.get_world_size(), rank=idist.get_rank(), shuffle=True)\n'
+       '    train_loader = DataLoader(config["dataset"], batch_size=config["batch_size"] // idist.get_nproc_per_node(), sampler=sampler)\n')],
+     r"on 2 nodes x 2 processes, rank 0's loader takes 8 samples per step, but a GLOBAL batch of 16 over 4 processes "
+     r"is 4 each"),
+    ("02", "a loader by hand, num_replicas from the processes of one node",
+     [(_LOADER_02,
+       "    from torch.utils.data import DataLoader, DistributedSampler\n"
+       '    sampler = DistributedSampler(config["dataset"], num_replicas=idist.get_nproc_per_node(), rank=idist.get_rank(), shuffle=True)\n'
+       '    train_loader = DataLoader(config["dataset"], batch_size=config["batch_size"] // idist.get_world_size(), sampler=sampler)\n')],
+     r"on 2 nodes x 2 processes: rank [23] raised ValueError: Invalid rank [23], rank should be in the interval"),
+    ("02", "the batch checked with torch.distributed's world size (raises with no process group)",
+     [("    train_loader = idist.auto_dataloader(\n",
+       '    assert config["batch_size"] % torch.distributed.get_world_size() == 0, "the batch must divide"\n'
+       "    train_loader = idist.auto_dataloader(\n")],
+     r"on 1 process \(no process group\): rank 0 raised ValueError: Default process group has not been initialized"),
+    ("02", "set_epoch only if WORLD_SIZE (from the environment) is above 1",
+     [('        if hasattr(train_loader.sampler, "set_epoch"):', '        if int(__import__("os").environ["WORLD_SIZE"]) > 1:')],
+     r"on 1 process \(no process group\): rank 0 raised KeyError: 'WORLD_SIZE'"),
+    # robust
+    ("02", "the model returned alone", [("    return model, train_loader", "    return model")],
+     r"training returned the model alone \(a DistributedDataParallel\): return the pair \(model, train_loader\)"),
+    ("02", "the pair returned the other way round", [("    return model, train_loader", "    return train_loader, model")],
+     r"training returned \(train_loader, model\): return them in the order the task asks"),
+    ("02", "nothing returned", [("    return model, train_loader", "    pass")],
+     r"training returned None: return the pair \(model, train_loader\)"),
+    ("02", "the trainer returned", [("    return model, train_loader", "    return trainer")],
+     r"training returned <ignite.engine.engine.Engine object at .*>: return the pair \(model, train_loader\)"),
+    ("02", "the trainer returned too", [("    return model, train_loader", "    return model, train_loader, trainer")],
+     r"training returned a tuple of 3: return the pair \(model, train_loader\)"),
+    ("02", "a config key misspelled", [('max_epochs=config["epochs"]', 'max_epochs=config["epoch"]')],
+     r"rank [01] raised KeyError: 'epoch'.*02_training_function.py"),
+]
+WRONG_ANSWERS += WRONG_ANSWERS_02
+
+# --- families (tests/wrong_answer_families.py) ----------------------------------------------
+_OLD = {
+    "08": {"no no_sync: one exchange per micro-batch": "structure",
+           "the micro-batch losses are not scaled": "understanding",
+           "the loss divided by the world size too": "understanding",
+           "a step after every micro-batch": "robust",
+           "the gradients are never zeroed": "understanding",
+           "no_sync on a plain model": "layout",
+           "every backward inside no_sync: never exchanged": "structure",
+           "every backward inside no_sync, then an all_reduce per parameter": "structure",
+           "torch.distributed.all_reduce per parameter after no_sync": "structure",
+           "DDP's exchange and a manual one on top": "structure",
+           "one flat all_reduce by hand": "structure",
+           "every forward first, one backward of the summed losses (right weights, all activations held)": "structure"},
+    "02": {"a plain DataLoader: every rank reads everything": "understanding",
+           "no auto_model: the replicas drift apart": "understanding",
+           "no set_epoch: every epoch in the same order": "understanding",
+           "the batch size divided by hand": "understanding",
+           "no auto_optim": "understanding",
+           "auto_optim's result dropped": "understanding",
+           "another optimizer given to the trainer": "understanding",
+           "a sampler that never shuffles": "understanding",
+           "the batch size multiplied by the world size": "understanding",
+           "auto_optim applied after the trainer was built": "understanding",
+           "auto_optim wraps a second optimizer": "understanding",
+           "the learning rate scaled by the world size (exercise 06's rule)": "understanding",
+           "the loss summed over the batch": "understanding",
+           "torch.distributed's barrier at the start (raises with no process group)": "layout"},
+    "03": {"the same shuffled DataLoader on every rank": "understanding",
+           "a DistributedSampler without set_epoch": "understanding",
+           "a different seed on each rank": "understanding",
+           "the seed ignored": "understanding",
+           "the GLOBAL batch on every rank": "understanding",
+           "num_replicas from the processes of one node": "layout",
+           "the local rank for the shard": "layout",
+           "the batch divided by the processes of one node": "layout",
+           "a fixed strided Subset, shuffled by the loader": "understanding",
+           "a contiguous block per rank, shuffled by the loader": "understanding",
+           "one permutation dealt out once, reshuffled within each shard": "understanding",
+           "a DistributedSampler's shard taken once, shuffled by the loader": "understanding",
+           "a DistributedSampler that never shuffles": "understanding",
+           "DistributedSampler's defaults (raises with no process group)": "layout",
+           "the last samples dropped (drop_last=True)": "inputs"},
+}
+_SECTIONS = {  # the new answers: their family, by the comment they are listed under
+    "08": [("layout", 5), ("structure", 5), ("inputs", 6), ("device", 6), ("robust", 5), ("understanding", 1)],
+    "03": [("layout", 3), ("inputs", 5), ("robust", 6)],
+    "02": [("layout", 6), ("robust", 6)],
+}
+
+
+def _families():
+    family = {(n, name): tag for n, names in _OLD.items() for name, tag in names.items()}
+    for number, answers in (("08", WRONG_ANSWERS_08), ("03", WRONG_ANSWERS_03), ("02", WRONG_ANSWERS_02)):
+        tags = [tag for tag, count in _SECTIONS[number] for _ in range(count)]
+        assert len(tags) == len(answers), f"{number}: {len(tags)} tags for {len(answers)} answers"
+        family.update({(number, answer[1]): tag for answer, tag in zip(answers, tags)})
+    return family
+
+
+FAMILY = _families()
+APPLIES = {"08": ("layout", "inputs", "structure", "device", "robust"),
+           "03": ("layout", "inputs", "robust"),
+           "02": ("layout", "robust")}
+NOT_APPLICABLE = {
+    ("03", "structure"): "the task is which samples each rank reads, in which order; nothing of it is about "
+                         "performance (no overlap, no memory held, no choice of operations): the indices ARE "
+                         "the behaviour, compared with the reference's exactly",
+    ("03", "device"): "no tensor goes to a device or a collective: the loader yields CPU batches and the "
+                      "answer returns Python ints; there is no device to name",
+    ("02", "structure"): "the structure (DDP's exchange, the sampler's sharding) is ignite's, through the "
+                         "three auto_* calls; the learner chooses no operation, overlap or memory layout",
+    ("02", "device"): "the only device is the trainer's, create_supervised_trainer(..., device=idist.device()): "
+                      "on this CPU-only machine 'cpu' and idist.device() are the same device, and 'cuda' raises "
+                      "(the harness then says to use idist.device()); no collective gets a tensor from the "
+                      "learner's code. Whether a GPU machine would catch device='cuda:RANK' is not checked",
+    ("02", "inputs"): "the learner computes no value from the inputs (sizes, shards and the batch per process "
+                      "come from idist.auto_dataloader; dtypes are the check's). NOT a full answer: loader "
+                      "choices that drop the remainder of a size that does not divide (drop_last=True, an "
+                      "epoch_length by floor division) are exercise 03's lesson and checked there (22 samples, "
+                      "batches of 10), but 02's check still uses sizes that divide (64/16, 72/24), so they pass it",
+}

@@ -96,9 +96,7 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
     finally:
         idist.auto_optim = real_auto_optim
         DistributedSampler.set_epoch = real_set_epoch
-    if not (isinstance(returned, tuple) and len(returned) == 2):
-        raise harness.ExerciseFailure(
-            f"training returned {type(returned).__name__}; return the pair (model, train_loader)")
+    check_returned(returned)
     model, loader = returned
     return {
         "exact_step": exact_step(ex, idist.get_local_rank(), exact or EXACT_BATCH),
@@ -112,6 +110,26 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
         "steps": steps,
         "set_epoch": set_epoch_calls,
     }
+
+
+def check_returned(returned):
+    """The learner's message unless ``returned`` is ``(model, train_loader)``."""
+    if isinstance(returned, (tuple, list)) and len(returned) == 2:
+        model, loader = returned
+        if isinstance(model, torch.nn.Module) and isinstance(loader, torch.utils.data.DataLoader):
+            return
+        if isinstance(loader, torch.nn.Module) and isinstance(model, torch.utils.data.DataLoader):
+            raise harness.ExerciseFailure(
+                f"training returned (train_loader, model): return them in the order the task asks, "
+                f"(model, train_loader)")
+        what = f"({type(model).__name__}, {type(loader).__name__})"
+    elif isinstance(returned, torch.nn.Module):
+        what = f"the model alone (a {type(returned).__name__})"
+    else:
+        what = harness.describe(returned)
+    raise harness.ExerciseFailure(
+        f"training returned {what}: return the pair (model, train_loader), the model idist.auto_model "
+        f"returned and the loader idist.auto_dataloader returned, after trainer.run")
 
 
 def _counted_step(step, optimizer, steps, which, *args, **kwargs):
@@ -162,7 +180,8 @@ def exact_step(ex, local_rank, batch=EXACT_BATCH):
         returned = ex.training(local_rank, config)
     finally:
         ex.make_model = given
-    model = returned[0] if isinstance(returned, tuple) else returned
+    check_returned(returned)
+    model = returned[0]
     return {"after": harness.flat_weights(model), "start": start[0] if start else None}
 
 

@@ -314,6 +314,38 @@ WRONG_ANSWERS_02 = [
     ("02", "set_epoch only if WORLD_SIZE (from the environment) is above 1",
      [('        if hasattr(train_loader.sampler, "set_epoch"):', '        if int(__import__("os").environ["WORLD_SIZE"]) > 1:')],
      r"on 1 process \(no process group\): rank 0 raised KeyError: 'WORLD_SIZE'"),
+    # inputs: a dataset that does not divide by the world size (64 samples on 3 processes)
+    ("02", "drop_last=True, as in ignite's own auto_dataloader example",
+     [('batch_size=config["batch_size"], shuffle=True)', 'batch_size=config["batch_size"], shuffle=True, drop_last=True)')],
+     r"on 3 processes, 64 samples \(not a multiple of 3\), global batches of 24: rank 0 read 48 samples in 3 "
+     r"epochs, but each rank should read 22 per epoch.*no drop_last=True"),
+    ("02", "the iterations per epoch from the dataset's size, rounded down",
+     [('max_epochs=config["epochs"]', 'max_epochs=config["epochs"], epoch_length=len(config["dataset"]) // config["batch_size"]')],
+     r"on 3 processes, 64 samples .*: rank 0 read 44 samples in 3 epochs, but each rank should read 22 per epoch"),
+    ("02", "the iterations per epoch from the sampler's share, rounded down",
+     [('max_epochs=config["epochs"]',
+       'max_epochs=config["epochs"],\n                epoch_length=len(train_loader.sampler) // train_loader.batch_size')],
+     r"on 3 processes, 64 samples .*: rank 0 read 44 samples in 3 epochs, but each rank should read 22 per epoch"),
+    ("02", "a DistributedSampler by hand with drop_last=True",
+     [(_LOADER_02,
+       "    from torch.utils.data import DataLoader, DistributedSampler\n"
+       '    sampler = DistributedSampler(config["dataset"], num_replicas=idist.get_world_size(), rank=idist.get_rank(),\n'
+       "                                 shuffle=True, drop_last=True)\n"
+       '    train_loader = DataLoader(config["dataset"], batch_size=config["batch_size"] // idist.get_world_size(), sampler=sampler)\n')],
+     r"on 3 processes, 64 samples .*: rank 0 read 63 samples in 3 epochs, but each rank should read 22 per epoch"),
+    ("02", "a loader by hand that drops its last partial batch",
+     [(_LOADER_02,
+       "    from torch.utils.data import DataLoader, DistributedSampler\n"
+       '    sampler = DistributedSampler(config["dataset"], num_replicas=idist.get_world_size(), rank=idist.get_rank(), shuffle=True)\n'
+       '    train_loader = DataLoader(config["dataset"], batch_size=config["batch_size"] // idist.get_world_size(),\n'
+       "                              sampler=sampler, drop_last=True)\n")],
+     r"on 3 processes, 64 samples .*: rank 0 read 48 samples in 3 epochs, but each rank should read 22 per epoch"),
+    ("02", "the dataset trimmed to a multiple of the world size (to avoid padding)",
+     [(_LOADER_02,
+       '    dataset = config["dataset"]\n'
+       "    dataset = torch.utils.data.Subset(dataset, range(len(dataset) - len(dataset) % idist.get_world_size()))\n"
+       '    train_loader = idist.auto_dataloader(dataset, batch_size=config["batch_size"], shuffle=True)\n')],
+     r"on 3 processes, 64 samples .*: rank 0 read 63 samples in 3 epochs, but each rank should read 22 per epoch"),
     # robust
     ("02", "the model returned alone", [("    return model, train_loader", "    return model")],
      r"training returned the model alone \(a DistributedDataParallel\): return the pair \(model, train_loader\)"),
@@ -377,7 +409,7 @@ _OLD = {
 _SECTIONS = {  # the new answers: their family, by the comment they are listed under
     "08": [("layout", 5), ("structure", 5), ("inputs", 6), ("device", 6), ("robust", 5), ("understanding", 1)],
     "03": [("layout", 3), ("inputs", 5), ("robust", 6)],
-    "02": [("layout", 6), ("robust", 6)],
+    "02": [("layout", 6), ("inputs", 6), ("robust", 6)],
 }
 
 
@@ -393,7 +425,7 @@ def _families():
 FAMILY = _families()
 APPLIES = {"08": ("layout", "inputs", "structure", "device", "robust"),
            "03": ("layout", "inputs", "robust"),
-           "02": ("layout", "robust")}
+           "02": ("layout", "inputs", "robust")}
 NOT_APPLICABLE = {
     ("03", "structure"): "the task is which samples each rank reads, in which order; nothing of it is about "
                          "performance (no overlap, no memory held, no choice of operations): the indices ARE "
@@ -406,9 +438,4 @@ NOT_APPLICABLE = {
                       "on this CPU-only machine 'cpu' and idist.device() are the same device, and 'cuda' raises "
                       "(the harness then says to use idist.device()); no collective gets a tensor from the "
                       "learner's code. Whether a GPU machine would catch device='cuda:RANK' is not checked",
-    ("02", "inputs"): "the learner computes no value from the inputs (sizes, shards and the batch per process "
-                      "come from idist.auto_dataloader; dtypes are the check's). NOT a full answer: loader "
-                      "choices that drop the remainder of a size that does not divide (drop_last=True, an "
-                      "epoch_length by floor division) are exercise 03's lesson and checked there (22 samples, "
-                      "batches of 10), but 02's check still uses sizes that divide (64/16, 72/24), so they pass it",
 }

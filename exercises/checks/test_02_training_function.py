@@ -359,28 +359,49 @@ def test_one_process_and_two_nodes_train_like_one_process():
             raise harness.ExerciseFailure(f"on {layout}: {failure}") from None
 
 
-THREE = {"n_samples": 72, "global_batch": 24, "exact": 24}  # 8 samples per rank on 3 ranks
+# 3 processes: 64 samples (not a multiple of 3: DistributedSampler pads them to 66, 22 per
+# process, so that no sample is left out), in global batches of 24 (8 per process: 8, 8 and
+# a last batch of 6); the exact step on a dataset of one global batch of 24.
+THREE = {"n_samples": 64, "global_batch": 24, "exact": 24}
 
 
 def test_three_processes_train_like_one_process():
-    """3 processes: a global batch of 24 (8 per process) on 72 samples; the step is
-    compared with one process's within float32 rounding (the mean over 3 ranks rounds)."""
+    """3 processes on a dataset that does not divide by them: every rank reads its padded
+    share every epoch, together every sample; the step is compared with one process's within
+    float32 rounding (the mean over 3 ranks rounds)."""
     harness.preload("02")
     layout = harness.LAYOUTS[2]
     ranks = harness.run_layouts(on_rank, *THREE.values(), layouts=[layout])[layout[0]]
-    world, batch = len(ranks), THREE["global_batch"]
-    per_rank = THREE["n_samples"] // world
+    world, batch, n = len(ranks), THREE["global_batch"], THREE["n_samples"]
+    per_rank = -(-n // world)  # DistributedSampler's share, padded
+    padding = per_rank * world - n
+    where = f"on {layout[0]}, {n} samples (not a multiple of {world}), global batches of {batch}"
     check_batch_per_rank(ranks, batch, f"on {layout[0]}, ")
+    for rank, r in enumerate(ranks):
+        if len(r["fetched"]) != EPOCHS * per_rank:
+            raise harness.ExerciseFailure(
+                f"{where}: rank {rank} read {len(r['fetched'])} samples in {EPOCHS} epochs, but each rank "
+                f"should read {per_rank} per epoch ({EPOCHS * per_rank} in all): idist.auto_dataloader's "
+                f"DistributedSampler pads {n} to {per_rank * world} with {padding} repeats so that no sample "
+                f"is left out, and the last batch of each rank is smaller ({per_rank % (batch // world)}). "
+                f"Drop nothing: no drop_last=True, no epoch_length, no dataset trimmed to a multiple of "
+                f"the world size")
     for epoch in range(EPOCHS):
-        seen = [set(r["fetched"][epoch * per_rank:(epoch + 1) * per_rank]) for r in ranks]
+        seen = [r["fetched"][epoch * per_rank:(epoch + 1) * per_rank] for r in ranks]
+        missed = sorted(set(range(n)) - {i for s in seen for i in s})
+        if missed:
+            raise harness.ExerciseFailure(
+                f"{where}: no rank trained on sample(s) {harness.short_list(missed)} in epoch {epoch + 1}: "
+                f"the shards together must cover the dataset; let idist.auto_dataloader shard it")
         for a in range(world):
             for b in range(a + 1, world):
-                both = sorted(seen[a] & seen[b])
-                if both:
+                both = sorted(set(seen[a]) & set(seen[b]))
+                if len(both) > padding:
                     raise harness.ExerciseFailure(
                         f"on {layout[0]}, rank {a} and rank {b} both trained on sample {both[0]} in epoch "
-                        f"{epoch + 1}: build the loader with idist.auto_dataloader so that each process "
-                        f"reads its own shard")
+                        f"{epoch + 1} ({len(both)} in common, more than the sampler's {padding} padding "
+                        f"repeats): build the loader with idist.auto_dataloader so that each process reads "
+                        f"its own shard")
     check_replicas_equal(ranks, layout[0])
     try:
         compare_with_one_process(ranks[0]["exact_step"], world, THREE["exact"], rtol=1e-6)

@@ -37,13 +37,14 @@ MICRO_SIZE = 2  # samples per micro-batch: never a micro-batch count
 STEPS = 2  # a second step shows gradients left over from the first
 D_IN, OUT = 6, 4
 LR = 0.1
-# The learner's weights against the whole-batch steps: an update entry may differ by this
-# fraction of the largest entry of the whole-batch update. fp32 adds the same terms in
-# another order (micro-batch by micro-batch, rank by rank) within about 1e-6 of it
-# (measured below 3e-7 here); one sample's share of the update is 1/B of it (B = up to 32
-# samples: 3e-2), and rounding to bfloat16 about 4e-3. ``judge`` asserts that the tolerance
-# stays below every sample's own contribution.
-TOLERANCE = 1e-4
+# The learner's weights against the whole-batch steps: an entry may differ by this fraction
+# of the largest entry of the whole-batch update. fp32 adds the same terms in another order
+# (micro-batch by micro-batch, rank by rank): the reference solution differed by at most
+# 5.4e-7 of it (5 seeds x 4 layouts x 3 counts x 2 steps, measured 2026-11-26). One sample's
+# own share of the update was never below 1.5e-3 of it (300 seeds, every world size and
+# count), rounding to bfloat16 moves it by about 4e-3, a float16 scale of 1/3 by 2.4e-4.
+# ``allowed`` asserts that the tolerance stays below every sample's share (one term).
+TOLERANCE = 2e-5
 
 
 def make_model(seed):
@@ -209,7 +210,7 @@ def allowed(seed, world_size, count, whole):
         model.zero_grad()
         (nn.functional.mse_loss(model(x[i:i + 1]), y[i:i + 1]) / len(x)).backward()
         shares.append(LR * max(p.grad.abs().max().item() for p in model.parameters()))
-    assert atol < min(shares) / 10, "check bug: the tolerance is as wide as one sample's share"
+    assert atol < min(shares), "check bug: the tolerance is as wide as one sample's share"
     return atol
 
 

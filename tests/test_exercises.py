@@ -311,8 +311,8 @@ def epoch_indices(loader, epoch):
      [("    world_size = idist.get_world_size()\n",
        "    world_size = idist.get_world_size()\n    per_node = idist.get_nproc_per_node()\n"),
       ("batch_size=global_batch_size // world_size", "batch_size=global_batch_size // per_node")],
-     r"rank 0 got batches of 4 samples: you divided the GLOBAL batch of 8 by the processes of one "
-     r"node \(idist.get_nproc_per_node\(\) = 2\)"),
+     r"rank 0 got batches of 4 samples: the GLOBAL batch of 8 divided by 2, not by the world size 4 \(2 is "
+     r"the number of processes of ONE node, idist.get_nproc_per_node\(\)"),
     ("03", "a fixed strided Subset, shuffled by the loader", '''
 def make_train_loader(dataset, global_batch_size, seed=0):
     import torch
@@ -572,15 +572,16 @@ def resume(trainer, model, optimizer, checkpoint_file):
     # 08 gradient accumulation
     ("08", "no no_sync: one exchange per micro-batch",
      [('        if last or not hasattr(model, "no_sync"):', "        if True:")],
-     r"DDP exchanged the gradients 4 times per step for 4 micro-batches"),
+     r"on 2 processes, rank 0, 4 micro-batches per process: DDP exchanged the gradients 4 times per call for 4 "
+     r"micro-batches: run the forward and backward of all but the last micro-batch inside `with model.no_sync\(\):`"),
     ("08", "the micro-batch losses are not scaled",
      [("loss = loss_fn(model(x), y) / n", "loss = loss_fn(model(x), y)")],
-     r"4\.0x too large.*you did not divide each micro-batch's loss by the number of "
+     r"The update is 4x too large: you did not divide each micro-batch's loss by the number of "
      r"micro-batches \(4\)"),
     ("08", "the loss divided by the world size too",
      [("loss = loss_fn(model(x), y) / n",
        "loss = loss_fn(model(x), y) / (n * idist.get_world_size())")],
-     r"with 2 processes, .*too small by the number of processes: you divided the loss by the "
+     r"on 2 processes, .*too small by the number of processes \(2\): you divided the loss by the "
      r"world size too, but DDP already AVERAGES"),
     ("08", "a step after every micro-batch",
      [("            loss.backward()\n",
@@ -591,11 +592,13 @@ def resume(trainer, model, optimizer, checkpoint_file):
      r"call optimizer.zero_grad\(\) at the start"),
     ("08", "no_sync on a plain model",
      [('if last or not hasattr(model, "no_sync"):', "if last:")],
-     r"in one process, with a plain model: it has no no_sync\(\).*hasattr\(model, \"no_sync\"\)"),
+     r"on 1 process \(no process group\): rank 0, with a plain model \(4 micro-batches\): it has no "
+     r"no_sync\(\).*hasattr\(model, \"no_sync\"\)"),
     ("08", "every backward inside no_sync: never exchanged",
      [('        if last or not hasattr(model, "no_sync"):',
        '        if not hasattr(model, "no_sync"):')],
-     r"rank 0 and rank 1 hold different weights .*the gradients were never exchanged"),
+     r"on 2 processes, 4 micro-batches per process: after the steps, rank 1 and rank 0 hold different "
+     r"weights .*the gradients were never exchanged"),
     ("08", "every backward inside no_sync, then an all_reduce per parameter", '''
 def accumulation_step(model, optimizer, loss_fn, micro_batches):
     optimizer.zero_grad()
@@ -607,8 +610,8 @@ def accumulation_step(model, optimizer, loss_fn, micro_batches):
     for p in model.parameters():
         p.grad = idist.all_reduce(p.grad) / idist.get_world_size()
     optimizer.step()
-''', r"rank 0 ran 2 all_reduce call\(s\) of its own per step, beside DDP's 0 exchange\(s\).*"
-     r"Remove the manual all-reduce"),
+''', r"made 2 torch.distributed call\(s\) of its own in one call of accumulation_step \(all_reduce\) on "
+     r"gradient-shaped tensors \(4,\), \(4, 6\), beside DDP's 0 exchange\(s\).*Remove the manual all-reduce"),
     ("08", "torch.distributed.all_reduce per parameter after no_sync", '''
 def accumulation_step(model, optimizer, loss_fn, micro_batches):
     import torch.distributed as dist
@@ -623,13 +626,13 @@ def accumulation_step(model, optimizer, loss_fn, micro_batches):
             dist.all_reduce(p.grad)
             p.grad /= dist.get_world_size()
     optimizer.step()
-''', r"rank 0 ran 2 all_reduce call\(s\) of its own per step"),
+''', r"made 2 torch.distributed call\(s\) of its own .*\(all_reduce\) on gradient-shaped tensors"),
     ("08", "DDP's exchange and a manual one on top",
      [("    optimizer.step()\n",
        "    for p in model.parameters():\n"
        "        p.grad = idist.all_reduce(p.grad) / idist.get_world_size()\n"
        "    optimizer.step()\n")],
-     r"rank 0 ran 2 all_reduce call\(s\) of its own per step, beside DDP's 1 exchange\(s\)"),
+     r"made 2 torch.distributed call\(s\) of its own .*beside DDP's 1 exchange\(s\)"),
     ("08", "one flat all_reduce by hand", '''
 def accumulation_step(model, optimizer, loss_fn, micro_batches):
     optimizer.zero_grad()
@@ -643,7 +646,8 @@ def accumulation_step(model, optimizer, loss_fn, micro_batches):
     for g, new in zip(grads, torch.split(flat, [g.numel() for g in grads])):
         g.copy_(new.reshape(g.shape))
     optimizer.step()
-''', r"rank 0 ran 1 all_reduce call\(s\) of its own per step, beside DDP's 0 exchange\(s\)"),
+''', r"made 1 torch.distributed call\(s\) of its own .*gradient-shaped tensors \(28,\), beside DDP's 0 "
+     r"exchange\(s\)"),
     ("08", "every forward first, one backward of the summed losses (right weights, all activations held)", """
 def accumulation_step(model, optimizer, loss_fn, micro_batches):
     optimizer.zero_grad()

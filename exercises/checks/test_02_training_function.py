@@ -96,9 +96,7 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
     finally:
         idist.auto_optim = real_auto_optim
         DistributedSampler.set_epoch = real_set_epoch
-    if not (isinstance(returned, tuple) and len(returned) == 2):
-        raise harness.ExerciseFailure(
-            f"training returned {type(returned).__name__}; return the pair (model, train_loader)")
+    check_returned(returned)
     model, loader = returned
     return {
         "exact_step": exact_step(ex, idist.get_local_rank(), exact or EXACT_BATCH),
@@ -112,6 +110,26 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
         "steps": steps,
         "set_epoch": set_epoch_calls,
     }
+
+
+def check_returned(returned):
+    """The learner's message unless ``returned`` is ``(model, train_loader)``."""
+    if isinstance(returned, (tuple, list)) and len(returned) == 2:
+        model, loader = returned
+        if isinstance(model, torch.nn.Module) and isinstance(loader, torch.utils.data.DataLoader):
+            return
+        if isinstance(loader, torch.nn.Module) and isinstance(model, torch.utils.data.DataLoader):
+            raise harness.ExerciseFailure(
+                f"training returned (train_loader, model): return them in the order the task asks, "
+                f"(model, train_loader)")
+        what = f"({type(model).__name__}, {type(loader).__name__})"
+    elif isinstance(returned, torch.nn.Module):
+        what = f"the model alone (a {type(returned).__name__})"
+    else:
+        what = harness.describe(returned)
+    raise harness.ExerciseFailure(
+        f"training returned {what}: return the pair (model, train_loader), the model idist.auto_model "
+        f"returned and the loader idist.auto_dataloader returned, after trainer.run")
 
 
 def _counted_step(step, optimizer, steps, which, *args, **kwargs):
@@ -162,7 +180,8 @@ def exact_step(ex, local_rank, batch=EXACT_BATCH):
         returned = ex.training(local_rank, config)
     finally:
         ex.make_model = given
-    model = returned[0] if isinstance(returned, tuple) else returned
+    check_returned(returned)
+    model = returned[0]
     return {"after": harness.flat_weights(model), "start": start[0] if start else None}
 
 
@@ -340,28 +359,49 @@ def test_one_process_and_two_nodes_train_like_one_process():
             raise harness.ExerciseFailure(f"on {layout}: {failure}") from None
 
 
-THREE = {"n_samples": 72, "global_batch": 24, "exact": 24}  # 8 samples per rank on 3 ranks
+# 3 processes: 64 samples (not a multiple of 3: DistributedSampler pads them to 66, 22 per
+# process, so that no sample is left out), in global batches of 24 (8 per process: 8, 8 and
+# a last batch of 6); the exact step on a dataset of one global batch of 24.
+THREE = {"n_samples": 64, "global_batch": 24, "exact": 24}
 
 
 def test_three_processes_train_like_one_process():
-    """3 processes: a global batch of 24 (8 per process) on 72 samples; the step is
-    compared with one process's within float32 rounding (the mean over 3 ranks rounds)."""
+    """3 processes on a dataset that does not divide by them: every rank reads its padded
+    share every epoch, together every sample; the step is compared with one process's within
+    float32 rounding (the mean over 3 ranks rounds)."""
     harness.preload("02")
     layout = harness.LAYOUTS[2]
     ranks = harness.run_layouts(on_rank, *THREE.values(), layouts=[layout])[layout[0]]
-    world, batch = len(ranks), THREE["global_batch"]
-    per_rank = THREE["n_samples"] // world
+    world, batch, n = len(ranks), THREE["global_batch"], THREE["n_samples"]
+    per_rank = -(-n // world)  # DistributedSampler's share, padded
+    padding = per_rank * world - n
+    where = f"on {layout[0]}, {n} samples (not a multiple of {world}), global batches of {batch}"
     check_batch_per_rank(ranks, batch, f"on {layout[0]}, ")
+    for rank, r in enumerate(ranks):
+        if len(r["fetched"]) != EPOCHS * per_rank:
+            raise harness.ExerciseFailure(
+                f"{where}: rank {rank} read {len(r['fetched'])} samples in {EPOCHS} epochs, but each rank "
+                f"should read {per_rank} per epoch ({EPOCHS * per_rank} in all): idist.auto_dataloader's "
+                f"DistributedSampler pads {n} to {per_rank * world} with {padding} repeats so that no sample "
+                f"is left out, and the last batch of each rank is smaller ({per_rank % (batch // world)}). "
+                f"Drop nothing: no drop_last=True, no epoch_length, no dataset trimmed to a multiple of "
+                f"the world size")
     for epoch in range(EPOCHS):
-        seen = [set(r["fetched"][epoch * per_rank:(epoch + 1) * per_rank]) for r in ranks]
+        seen = [r["fetched"][epoch * per_rank:(epoch + 1) * per_rank] for r in ranks]
+        missed = sorted(set(range(n)) - {i for s in seen for i in s})
+        if missed:
+            raise harness.ExerciseFailure(
+                f"{where}: no rank trained on sample(s) {harness.short_list(missed)} in epoch {epoch + 1}: "
+                f"the shards together must cover the dataset; let idist.auto_dataloader shard it")
         for a in range(world):
             for b in range(a + 1, world):
-                both = sorted(seen[a] & seen[b])
-                if both:
+                both = sorted(set(seen[a]) & set(seen[b]))
+                if len(both) > padding:
                     raise harness.ExerciseFailure(
                         f"on {layout[0]}, rank {a} and rank {b} both trained on sample {both[0]} in epoch "
-                        f"{epoch + 1}: build the loader with idist.auto_dataloader so that each process "
-                        f"reads its own shard")
+                        f"{epoch + 1} ({len(both)} in common, more than the sampler's {padding} padding "
+                        f"repeats): build the loader with idist.auto_dataloader so that each process reads "
+                        f"its own shard")
     check_replicas_equal(ranks, layout[0])
     try:
         compare_with_one_process(ranks[0]["exact_step"], world, THREE["exact"], rtol=1e-6)

@@ -7,6 +7,27 @@ import harness
 
 pytestmark = pytest.mark.ex03
 
+
+def loader_of(module, dataset, global_batch, seed):
+    """``module.make_train_loader(...)``, or the learner's message if it is not a DataLoader."""
+    loader = module.make_train_loader(dataset, global_batch, seed=seed)
+    if not isinstance(loader, torch.utils.data.DataLoader):
+        raise harness.ExerciseFailure(
+            f"make_train_loader returned {harness.describe(loader)}: return the DataLoader (whose "
+            f"sampler is the DistributedSampler), so that a training loop can iterate over it")
+    return loader
+
+
+def indices_of(module, loader, epoch):
+    """``module.epoch_indices(loader, epoch)`` as a list of ints, or the learner's message."""
+    got = module.epoch_indices(loader, epoch)
+    if isinstance(got, (list, tuple)) and all(isinstance(i, int) and not isinstance(i, bool) for i in got):
+        return list(got)
+    inner = f" of {harness.describe(got[0])}" if isinstance(got, (list, tuple)) and got else ""
+    raise harness.ExerciseFailure(
+        f"epoch_indices(loader, {epoch}) returned {harness.describe(got)}{inner}: return a flat list of "
+        f"Python ints, the sample indices in the order read (int(i) for each index of each batch)")
+
 N_SAMPLES = 20
 GLOBAL_BATCH = 4
 EPOCHS = 3
@@ -15,12 +36,12 @@ EPOCHS = 3
 def on_rank():
     ex = harness.load("03")
     dataset = IndexedDataset(synthetic_dataset(N_SAMPLES, shape=(1, 2, 2)))
-    loader = ex.make_train_loader(dataset, GLOBAL_BATCH, seed=0)
+    loader = loader_of(ex, dataset, GLOBAL_BATCH, 0)
     sizes = [len(batch[2]) for batch in loader]
-    other_seed = ex.make_train_loader(dataset, GLOBAL_BATCH, seed=1)
+    other_seed = loader_of(ex, dataset, GLOBAL_BATCH, 1)
     return {"batch_sizes": sizes,
-            "epochs": [list(ex.epoch_indices(loader, epoch)) for epoch in range(EPOCHS)],
-            "other_seed": list(ex.epoch_indices(other_seed, 0))}
+            "epochs": [indices_of(ex, loader, epoch) for epoch in range(EPOCHS)],
+            "other_seed": indices_of(ex, other_seed, 0)}
 
 
 def test_each_rank_gets_its_own_shard_reshuffled_every_epoch():
@@ -38,9 +59,9 @@ def on_node_rank():
     report = {"rank": idist.get_rank(), "local_rank": idist.get_local_rank(),
               "nproc_per_node": idist.get_nproc_per_node(), "world_size": idist.get_world_size()}
     try:
-        loader = ex.make_train_loader(dataset, NODE_BATCH, seed=0)
+        loader = loader_of(ex, dataset, NODE_BATCH, 0)
         report["batch_sizes"] = [len(batch[2]) for batch in loader]
-        report["epochs"] = [list(ex.epoch_indices(loader, epoch)) for epoch in range(2)]
+        report["epochs"] = [indices_of(ex, loader, epoch) for epoch in range(2)]
     except ValueError as error:  # DistributedSampler refuses a rank >= num_replicas
         report["error"] = f"{type(error).__name__}: {error}"
     return report
@@ -60,10 +81,10 @@ def test_shards_follow_the_global_rank_on_two_nodes():
     for r in ranks:
         if r["batch_sizes"] and r["batch_sizes"][0] == NODE_BATCH // per_node:
             raise harness.ExerciseFailure(
-                f"{where}rank {r['rank']} got batches of {r['batch_sizes'][0]} samples: you "
-                f"divided the GLOBAL batch of {NODE_BATCH} by the processes of one node "
-                f"(idist.get_nproc_per_node() = {per_node}); divide by the world size, "
-                f"idist.get_world_size() = 4, to get {NODE_BATCH // 4}")
+                f"{where}rank {r['rank']} got batches of {r['batch_sizes'][0]} samples: the GLOBAL "
+                f"batch of {NODE_BATCH} divided by {per_node}, not by the world size 4 ({per_node} is the "
+                f"number of processes of ONE node, idist.get_nproc_per_node(), or of a 2-process run); "
+                f"divide by idist.get_world_size() = 4, to get {NODE_BATCH // 4}")
     for epoch in range(2):
         for a in ranks:
             for b in ranks:
@@ -138,9 +159,11 @@ def check_shards(ranks, n_samples=N_SAMPLES, global_batch=GLOBAL_BATCH, epochs=E
 
 
 # --- against the reference, in every layout -----------------------------------------------
-# 22 samples do not divide by 3 or 4 processes (DistributedSampler pads with repeats); a
-# global batch of 12 divides by every world size of the layouts.
-ODD_SAMPLES, ODD_BATCH = 22, 12
+# 22 samples do not divide by 3 or 4 processes (DistributedSampler pads with repeats), and
+# a global batch of 10 divides by neither 3 nor 4 (the task's global_batch_size // world
+# size rounds down: 3 and 2 per process); on 2 processes 11 samples per rank end in a
+# partial batch (5, 5, 1).
+ODD_SAMPLES, ODD_BATCH = 22, 10
 
 
 def on_rank_both(seed):
@@ -149,9 +172,9 @@ def on_rank_both(seed):
     dataset = IndexedDataset(synthetic_dataset(ODD_SAMPLES, shape=(1, 2, 2)))
     result = {}
     for who, module in (("expected", harness.load_reference("03")), ("got", harness.load("03"))):
-        loader = module.make_train_loader(dataset, ODD_BATCH, seed=seed)
+        loader = loader_of(module, dataset, ODD_BATCH, seed)
         result[who] = {"batch sizes": [len(batch[2]) for batch in loader],
-                       "epochs": [list(module.epoch_indices(loader, epoch)) for epoch in range(2)]}
+                       "epochs": [indices_of(module, loader, epoch) for epoch in range(2)]}
     return result
 
 
@@ -173,5 +196,7 @@ def test_shards_equal_the_reference_in_every_layout():
             differs = harness.difference(want["batch sizes"], got["batch sizes"], what="the batch sizes")
             if differs:
                 raise harness.ExerciseFailure(
-                    f"on {layout}, rank {rank}, {ODD_SAMPLES} samples in global batches of {ODD_BATCH}: {differs} "
-                    f"(global_batch_size // world size per batch, the last batch smaller)")
+                    f"on {layout}, rank {rank}, {ODD_SAMPLES} samples in global batches of {ODD_BATCH}: {differs}; "
+                    f"expected {harness.short_list(want['batch sizes'])}, got "
+                    f"{harness.short_list(got['batch sizes'])} (global_batch_size // world size per batch, "
+                    f"rounded down, the last batch smaller) {harness.replay(seed)}")

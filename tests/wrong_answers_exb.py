@@ -49,3 +49,88 @@ NOT_APPLICABLE = {
 }
 
 WRONG_ANSWERS = []
+
+# --- 14 FLOPs and MFU -------------------------------------------------------------------
+_tag("14", "understanding", "forward only (2N)", "attention forgotten", "one process's tokens, not the run's",
+     "milliseconds taken for seconds", "the embedding tables counted", "a percentage", "the causal half of attention",
+     "the MFU with integer division")
+# a term below the old 2.5% tolerance: right on the benign (loose) comparison only
+_tag("14", "inputs", "the biases and LayerNorm weights left out of N", "attention's backward counted once, not twice")
+_tag("14", "robust", "a tensor returned", "the MFU as a formatted string")
+APPLIES["14"] = ("layout", "inputs", "robust")
+NOT_APPLICABLE[("14", "structure")] = (
+    "two formulas, no parallel code: how the answer computes them has nothing to teach; the numbers it returns "
+    "are compared exactly with the reference's")
+NOT_APPLICABLE[("14", "device")] = (
+    "no tensor, no device and no collective: step_flops reads sizes off the model, mfu divides three numbers")
+
+_IDIST = "import ignite.distributed as idist\n    "
+WRONG_ANSWERS += [
+    # 14, layouts: right with one process, wrong on 2 nodes x 2 processes (or raising with no group)
+    ("14", "the peak taken for one device's: multiplied by the world size",
+     [("    return achieved / peak_flops", "    " + _IDIST + "return achieved / (peak_flops * idist.get_world_size())")],
+     r"on 2 nodes x 2 processes \(world size 4, 2 per node\), rank 0: mfu\(6e\+12 FLOPs a step, .*returned 0\.15, not "
+     r"0\.6: 1/4 of the reference's, that is, multiplied or divided by this run's world size"),
+    ("14", "one process's share of the FLOPs: divided by the world size",
+     [("    achieved = flops_per_step / (step_time_ms / 1000.0)",
+       "    " + _IDIST + "achieved = flops_per_step / idist.get_world_size() / (step_time_ms / 1000.0)")],
+     r"on 2 nodes x 2 processes \(world size 4, 2 per node\), rank 0: .*returned 0\.15, not 0\.6: 1/4 of the "
+     r"reference's.*mfu needs no world size"),
+    ("14", "the FLOPs summed over the ranks with all_reduce",
+     [("    achieved = flops_per_step / (step_time_ms / 1000.0)",
+       "    " + _IDIST + "flops_per_step = idist.all_reduce(float(flops_per_step))\n"
+       "    achieved = flops_per_step / (step_time_ms / 1000.0)")],
+     r"on 2 nodes x 2 processes \(world size 4, 2 per node\), rank 0: .*returned 2\.4, not 0\.6: 4x the reference's.*"
+     r"\(or summed over the ranks\)"),
+    ("14", "torch.distributed's world size in mfu (raises with no process group)",
+     [("    return achieved / peak_flops",
+       "    import torch.distributed as dist\n    return achieved / (peak_flops * dist.get_world_size())")],
+     r"mfu\(6e\+12 FLOPs a step, a step every 500 ms, peak 2e\+13 FLOP/s\) raised ValueError: Default process group "
+     r"has not been initialized.*With one process there is no process group: mfu and step_flops need none"),
+    ("14", "the world size read from the environment in mfu (none without a launcher)",
+     [("    return achieved / peak_flops",
+       "    import os\n    return achieved / (peak_flops * int(os.environ[\"WORLD_SIZE\"]))")],
+     r"mfu\(6e\+12 FLOPs a step, .*\) raised KeyError: 'WORLD_SIZE' \(line \d+: "),
+    ("14", "step_flops counts the run it is called in, not the world_size asked about",
+     [("tokens = batch_per_rank * world_size * T", _IDIST + "tokens = batch_per_rank * idist.get_world_size() * T")],
+     r"that is ONE process's step: all 2 processes train batch_per_rank sequences each.*world_size the argument: "
+     r"idist.get_world_size\(\) is the size of the run that calls step_flops, 1 here"),
+    # 14, inputs: right on the example's shape or values only
+    ("14", "T read from the wrong axis of pos_emb (its width, d_model: equal on a 64 x 64 GPT)",
+     [("L, d, T = model.n_layer, model.d_model, model.block_size",
+       "L, d, T = model.n_layer, model.d_model, model.pos_emb.weight.shape[1]")],
+     r"d_model 64, block_size 32.*you used d_model where the block size T belongs"),
+    ("14", "attention counted for one head's width",
+     [("attention = 3 * L * (2 * T * d + 2 * T * d)",
+       "head_dim = d // model.n_head\n    attention = 3 * L * (2 * T * head_dim + 2 * T * head_dim)")],
+     r"you counted attention's products for one head's width, head_dim = d_model / n_head = 16"),
+    ("14", "the MFU rounded to 2 decimals (exact on the example's 0.6)",
+     [("    return achieved / peak_flops", "    return round(achieved / peak_flops, 2)")],
+     r"returned 0\.\d+, not [\d.e-]+: that is the fraction rounded to 2 decimal\(s\); return it whole"),
+    ("14", "the MFU computed with a torch tensor (float32)",
+     [("    achieved = flops_per_step / (step_time_ms / 1000.0)  # FLOP per second\n    return achieved / peak_flops",
+       "    import torch\n    achieved = torch.tensor(flops_per_step) / (step_time_ms / 1000.0)\n"
+       "    return (achieved / peak_flops).item()")],
+     r"mfu\(6e\+12 FLOPs a step, a step every 500 ms, peak 2e\+13 FLOP/s\) returned 0\.6000000\d+, not 0\.6: it agrees "
+     r"with the reference to about 7 digits only: computed in single precision"),
+    # 14, what the check must survive
+    ("14", "step_flops computes the count and forgets to return it",
+     [("    return (weights + attention) * tokens", "    flops = (weights + attention) * tokens")],
+     r"step_flops returned None for the GPT \(n_layer 2, d_model 64, block_size 64, 4 sequences on each of 2 "
+     r"process\(es\)\): return a number"),
+    ("14", "step_flops returns the forward and the backward apart",
+     [("    return (weights + attention) * tokens",
+       "    forward = (weights + attention) * tokens // 3\n    return forward, 2 * forward")],
+     r"step_flops returned a tuple of 2 for the GPT .*: return a number"),
+    ("14", "the step time turned into seconds by floor division (0 s for 500 ms)",
+     [("achieved = flops_per_step / (step_time_ms / 1000.0)", "achieved = flops_per_step / (step_time_ms // 1000)")],
+     r"mfu\(6e\+12 FLOPs a step, a step every 500 ms, peak 2e\+13 FLOP/s\) raised ZeroDivisionError: float division "
+     r"by zero \(line \d+: achieved = flops_per_step / \(step_time_ms // 1000\)"),
+    ("14", "the model taken for a DDP wrapper (model.module)",
+     [("L, d, T = model.n_layer, model.d_model, model.block_size",
+       "model = model.module  # the model inside DDP\n    L, d, T = model.n_layer, model.d_model, model.block_size")],
+     r"step_flops for the GPT \(n_layer 2, .*\) raised AttributeError: 'GPT' object has no attribute 'module'"),
+]
+_tag("14", "layout", *[name for n, name, *_ in WRONG_ANSWERS[:6]])
+_tag("14", "inputs", *[name for n, name, *_ in WRONG_ANSWERS[6:10]])
+_tag("14", "robust", *[name for n, name, *_ in WRONG_ANSWERS[10:14]])

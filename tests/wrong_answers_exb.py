@@ -134,3 +134,92 @@ WRONG_ANSWERS += [
 _tag("14", "layout", *[name for n, name, *_ in WRONG_ANSWERS[:6]])
 _tag("14", "inputs", *[name for n, name, *_ in WRONG_ANSWERS[6:10]])
 _tag("14", "robust", *[name for n, name, *_ in WRONG_ANSWERS[10:14]])
+
+# --- 10 sharded memory ------------------------------------------------------------------
+_tag("10", "understanding", "FSDP predicted like DDP", "DDP divided by the world size too", "one Adam moment",
+     "values, not bytes")
+_tag("10", "layout", "a fixed 2 for the world size", "a device mesh of the processes of one node (right on one node)",
+     "FSDP shards by 2 however many ranks there are (right on 2)", "one process predicted as sharded in two",
+     "the world size of this run, not the one asked about")
+# what is held in memory, and when: the structure FSDP's lesson is about
+_tag("10", "structure", "only the root sharded", "the root left out", "layers kept whole after their forward",
+     "layers and root kept whole after their forward", "only the first layer resharded after its forward",
+     "one partial with reshard_after_forward=False for every unit")
+_tag("10", "robust", "the model not returned")
+APPLIES["10"] = ("layout", "structure", "robust")
+NOT_APPLICABLE[("10", "inputs")] = (
+    "the inputs are whole numbers (a parameter count, a world size, a strategy's name) and the answer is "
+    "exact integer arithmetic, compared with the reference's for world sizes 1 to 8: no value's precision or "
+    "magnitude can hide a mistake. Sizes that do not divide by the world size are outside the task, which "
+    "says to assume equal shards (the check's models have layers whose rows divide by 2, 3 and 4)")
+NOT_APPLICABLE[("10", "device")] = (
+    "shard(model) hands no tensor to a collective and needs no device: fully_shard puts the shards on its "
+    "default mesh's device (the run's), and predict_bytes_per_rank is arithmetic. A device named in shard "
+    "(a mesh made by hand) raises here like the layout answer 'a device mesh of the processes of one node', "
+    "whose message the check gives")
+
+_N10 = len(WRONG_ANSWERS)
+WRONG_ANSWERS += [
+    ("10", "a 2-D mesh, nodes x processes per node (HSDP: right on one node)", '''
+def shard(model):
+    import ignite.distributed as idist
+    from torch.distributed.device_mesh import init_device_mesh
+    # shard within a node, replicate across the nodes
+    mesh = init_device_mesh("cpu", (idist.get_nnodes(), idist.get_nproc_per_node()),
+                            mesh_dim_names=("replicate", "shard"))
+    for layer in model.modules():
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+''', r"on 2 nodes x 2 processes: under your shard\(model\), rank 0 holds \d+ bytes of params \(measured\), but FSDP "
+     r"over all 4 ranks leaves each \d+ \(1/4; 2x that\).*HSDP"),
+    # 10, what the check must survive
+    ("10", "the three numbers returned as a tuple", '''
+def predict_bytes_per_rank(num_params, world_size, strategy):
+    shards = world_size if strategy == "fsdp" else 1
+    per_rank = FP32_BYTES * num_params // shards
+    return per_rank, per_rank, 2 * per_rank  # params, grads, optimizer
+''', r"predict_bytes_per_rank\(\.\.\., 'ddp'\) returned \(\d+, \d+, \d+\): return a dict with exactly the keys "
+     r"'params', 'grads' and 'optimizer'"),
+    ("10", "the optimizer's bytes under the key 'adam'",
+     [('"optimizer": 2 * FP32_BYTES', '"adam": 2 * FP32_BYTES')],
+     r"predict_bytes_per_rank\(\.\.\., 'ddp'\) returned \{'params': \d+, 'grads': \d+, 'adam': \d+\}: return a dict "
+     r"with exactly the keys"),
+    ("10", "the strategies compared in capitals (nothing returned for 'ddp')", '''
+def predict_bytes_per_rank(num_params, world_size, strategy):
+    if strategy == "DDP":
+        shards = 1
+    elif strategy == "FSDP":
+        shards = world_size
+    else:
+        return None
+    return {"params": FP32_BYTES * num_params // shards, "grads": FP32_BYTES * num_params // shards,
+            "optimizer": 2 * FP32_BYTES * num_params // shards}
+''', r"predict_bytes_per_rank\(\.\.\., 'ddp'\) returned None: return a dict"),
+    ("10", "num_params taken for the model", '''
+def predict_bytes_per_rank(num_params, world_size, strategy):
+    count = sum(p.numel() for p in num_params.parameters())
+    shards = world_size if strategy == "fsdp" else 1
+    return {"params": FP32_BYTES * count // shards, "grads": FP32_BYTES * count // shards,
+            "optimizer": 2 * FP32_BYTES * count // shards}
+''', r"rank 0 raised AttributeError: 'int' object has no attribute 'parameters'.*in predict_bytes_per_rank"),
+    ("10", "shard returns the sharded layers, not the model", '''
+def shard(model):
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    for layer in layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return layers
+''', r"shard\(model\) returned list, not the model: return the model you sharded"),
+    ("10", "the model taken for a DDP wrapper (model.module)", '''
+def shard(model):
+    for layer in model.module.modules():  # the model inside the wrapper
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model
+''', r"rank 0 raised AttributeError: 'Sequential' object has no attribute 'module'.*in shard"),
+]
+_tag("10", "layout", WRONG_ANSWERS[_N10][1])
+_tag("10", "robust", *[name for n, name, *_ in WRONG_ANSWERS[_N10 + 1:]])

@@ -223,3 +223,180 @@ def shard(model):
 ]
 _tag("10", "layout", WRONG_ANSWERS[_N10][1])
 _tag("10", "robust", *[name for n, name, *_ in WRONG_ANSWERS[_N10 + 1:]])
+
+# --- 12 tensor-parallel MLP -----------------------------------------------------------------
+_tag("12", "understanding", "no all-reduce", "the wrong shard of w2 (a strided slice of its columns)",
+     "b2 added on every rank before the all-reduce", "the partial outputs averaged",
+     "ReLU after the all-reduce (on the sum, not on each hidden unit)", "b2 added by rank 0 only, after the all-reduce")
+_tag("12", "structure", "all-reduce after the column layer", "the whole MLP on every rank, nothing split",
+     "the partial outputs all-gathered, then summed (a list output: the old recorder crashed on it)")
+_tag("12", "layout", "the local rank for the global rank (right on one node, wrong on 2 x 2)",
+     "the processes per node for the world size (right on one node, wrong on 2 x 2)",
+     "an all-reduce with no process group (right on 2+, raises on 1 process)",
+     "a world size of 2 written in (right on 2 processes only)")
+_tag("12", "inputs", "the partial outputs summed in bfloat16")
+_tag("12", "robust", "the output returned in a list", "nothing returned", "the output transposed")
+APPLIES["12"] = ("layout", "inputs", "structure", "device", "robust")
+
+_REDUCE = "        dist.all_reduce(partial)  #"
+_N12 = len(WRONG_ANSWERS)
+WRONG_ANSWERS += [
+    # 12, layouts
+    ("12", "the rank read from LOCAL_RANK (right on one node)",
+     [("rank, n = idist.get_rank(), idist.get_world_size()",
+       'import os\n    rank, n = int(os.environ.get("LOCAL_RANK", 0)), idist.get_world_size()')],
+     r"on 2 nodes x 2 processes, rank 2 all-reduced a partial output that is not the one of its hidden units 12\.\.17 "
+     r"\(it is the partial output of hidden units 0\.\.5: 24 // 4 units from 0\).*with r the GLOBAL rank"),
+    ("12", "b2 added by local rank 0 before the all-reduce (once per node)",
+     [("    partial = F.linear(hidden, w2[:, mine])",
+       "    partial = F.linear(hidden, w2[:, mine])\n    if idist.get_local_rank() == 0:\n        partial = partial + b2"),
+      ("    return partial + b2  #", "    return partial  #")],
+     r"on 2 nodes x 2 processes, rank 0's output is the MLP's plus 1 × b2: 2 of the 4 ranks \(one per node\? "
+     r"idist.get_local_rank\(\) is 0 once per node\) added b2 before the all-reduce"),
+    ("12", "one process returns early, before b2 is added", '''
+def tensor_parallel_mlp(x, w1, b1, w2, b2):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    size = w1.shape[0] // n
+    mine = slice(rank * size, (rank + 1) * size)
+    partial = F.linear(F.relu(F.linear(x, w1[mine], b1[mine])), w2[:, mine])
+    if n == 1:
+        return partial  # one process: nothing to reduce
+    dist.all_reduce(partial)
+    return partial + b2
+''', r"on 1 process \(no process group\), rank 0's output lacks b2"),
+    ("12", "torch.distributed's rank and world size (raise with no process group)",
+     [("rank, n = idist.get_rank(), idist.get_world_size()", "rank, n = dist.get_rank(), dist.get_world_size()")],
+     r"on 1 process \(no process group\): rank 0 raised ValueError: Default process group has not been initialized"
+     r".*in tensor_parallel_mlp"),
+    # 12, inputs: right on values a lower precision holds, on positive pre-activations, on zero biases
+    ("12", "the column layer computed in bfloat16 to save memory",
+     [("    hidden = F.relu(F.linear(x, w1[mine], b1[mine]))",
+       "    hidden = F.relu(F.linear(x.bfloat16(), w1[mine].bfloat16(), b1[mine].bfloat16())).float()")],
+     r"on 2 processes, rank 0 all-reduced a partial output that is not the one of its hidden units 0\.\.11, but close "
+     r"to it: .*the rounding of a lower precision \(bfloat16 or float16\)"),
+    ("12", "the ReLU forgotten (right when every pre-activation is positive)",
+     [("    hidden = F.relu(F.linear(x, w1[mine], b1[mine]))", "    hidden = F.linear(x, w1[mine], b1[mine])")],
+     r"on 2 processes, rank 0 all-reduced a partial output that is not the one of its hidden units 0\.\.11: it is "
+     r"their product without the ReLU"),
+    ("12", "b1 forgotten (right when the biases are zero)",
+     [("    hidden = F.relu(F.linear(x, w1[mine], b1[mine]))", "    hidden = F.relu(F.linear(x, w1[mine]))")],
+     r"on 2 processes, rank 0 all-reduced a partial output that is not the one of its hidden units 0\.\.11: it is "
+     r"their product without b1"),
+    ("12", "a ReLU after the second layer too (right when every output is positive)",
+     [("    return partial + b2  #", "    return F.relu(partial + b2)  #")],
+     r"on 2 processes, rank 0's output is the MLP's with a ReLU applied to it: the MLP's second layer has no "
+     r"activation"),
+    ("12", "the products under autocast to bfloat16 (a speed-up, on CPU too)", '''
+def tensor_parallel_mlp(x, w1, b1, w2, b2):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    size = w1.shape[0] // n
+    mine = slice(rank * size, (rank + 1) * size)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        partial = F.linear(F.relu(F.linear(x, w1[mine], b1[mine])), w2[:, mine])
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(partial)
+    return (partial + b2).float()
+''', r"on 2 processes, rank 0 all-reduced a torch.bfloat16 tensor: the inputs are float32, and a sum in lower "
+     r"precision loses digits"),
+    # 12, structure: the right output, computed with other communication than one all-reduce
+    ("12", "reduce to rank 0, then broadcast",
+     [(_REDUCE, "        dist.reduce(partial, dst=0)\n        dist.broadcast(partial, src=0)  #")],
+     r"on 2 processes, rank 0 made 2 call\(s\) of torch.distributed, \[\('reduce', \(8, 7\)\), \('broadcast', "
+     r"\(8, 7\)\)\]: the split needs exactly one all-reduce"),
+    ("12", "the whole hidden layer assembled with an all-reduce, then the whole second layer", '''
+def tensor_parallel_mlp(x, w1, b1, w2, b2):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    size = w1.shape[0] // n
+    mine = slice(rank * size, (rank + 1) * size)
+    hidden = torch.zeros(x.shape[0], w1.shape[0])
+    hidden[:, mine] = F.relu(F.linear(x, w1[mine], b1[mine]))
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(hidden)  # every rank gets every hidden unit
+    return F.linear(hidden, w2, b2)
+''', r"on 2 processes, rank 0 all-reduced a tensor of shape \(8, 24\): the hidden activations after the column layer, "
+     r"all of them.*assembling the whole hidden layer on every rank undoes the split"),
+    ("12", "the partial outputs summed on rank 0 by send and recv, sent back", '''
+def tensor_parallel_mlp(x, w1, b1, w2, b2):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    size = w1.shape[0] // n
+    mine = slice(rank * size, (rank + 1) * size)
+    partial = F.linear(F.relu(F.linear(x, w1[mine], b1[mine])), w2[:, mine])
+    if n > 1:
+        if rank == 0:
+            for other in range(1, n):
+                part = torch.empty_like(partial)
+                dist.recv(part, src=other)
+                partial += part
+            for other in range(1, n):
+                dist.send(partial, dst=other)
+        else:
+            dist.send(partial, dst=0)
+            dist.recv(partial, src=0)
+    return partial + b2
+''', r"on 2 processes, rank 0 made 2 call\(s\) of torch.distributed, \[\('recv', \(8, 7\)\), \('send', \(8, 7\)\)\]: "
+     r"the split needs exactly one all-reduce"),
+    ("12", "the hidden slices all-gathered, then the whole second layer", '''
+def tensor_parallel_mlp(x, w1, b1, w2, b2):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    size = w1.shape[0] // n
+    mine = slice(rank * size, (rank + 1) * size)
+    hidden = F.relu(F.linear(x, w1[mine], b1[mine]))
+    if n > 1:
+        parts = [torch.empty_like(hidden) for _ in range(n)]
+        dist.all_gather(parts, hidden)
+        hidden = torch.cat(parts, dim=1)
+    return F.linear(hidden, w2, b2)
+''', r"on 2 processes, rank 0 handed all_gather \(one of 1 call\(s\)\) a tensor of shape \(8, 12\): the hidden "
+     r"activations after the column layer.*nothing needs to travel between the two layers"),
+    # 12, code written for a GPU machine: a device named (no GPU here: it raises, and the message says so)
+    ("12", "the partial output moved to 'cuda' for the all-reduce (nccl wants GPU tensors)",
+     [(_REDUCE, '        partial = partial.to("cuda")\n        dist.all_reduce(partial)\n        partial = partial.cpu()  #')],
+     r"on 2 processes: rank 0 raised (RuntimeError|AssertionError): .*a tensor or module was put on a GPU by name.*"
+     r"Use idist.device\(\)"),
+    ("12", "the inputs moved to cuda:RANK (the global rank)",
+     [("    size = w1.shape[0] // n",
+       '    device = torch.device(f"cuda:{rank}")\n'
+       "    x, w1, b1, w2, b2 = (t.to(device) for t in (x, w1, b1, w2, b2))\n    size = w1.shape[0] // n")],
+     r"on 2 processes: rank 0 raised (RuntimeError|AssertionError): .*put on a GPU by name"),
+    ("12", "torch.cuda.set_device(local rank) first",
+     [("    size = w1.shape[0] // n", "    torch.cuda.set_device(idist.get_local_rank())\n    size = w1.shape[0] // n")],
+     r"on 2 processes: rank 0 raised (RuntimeError|AssertionError): .*put on a GPU by name"),
+    ("12", "the hidden activations computed with .cuda() weights",
+     [("    hidden = F.relu(F.linear(x, w1[mine], b1[mine]))",
+       "    hidden = F.relu(F.linear(x.cuda(), w1[mine].cuda(), b1[mine].cuda())).cpu()")],
+     r"on 2 processes: rank 0 raised (RuntimeError|AssertionError): .*put on a GPU by name"),
+    ("12", "the result buffer made on torch.device('cuda', local rank)", '''
+def tensor_parallel_mlp(x, w1, b1, w2, b2):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    size = w1.shape[0] // n
+    mine = slice(rank * size, (rank + 1) * size)
+    out = torch.zeros(x.shape[0], w2.shape[0], device=torch.device("cuda", idist.get_local_rank()))
+    out += F.linear(F.relu(F.linear(x, w1[mine], b1[mine])), w2[:, mine]).to(out.device)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(out)
+    return out.cpu() + b2
+''', r"on 2 processes: rank 0 raised (RuntimeError|AssertionError): .*put on a GPU by name"),
+    ("12", "idist.all_reduce of a tensor put on 'cuda'",
+     [("    if dist.is_available() and dist.is_initialized():\n" + _REDUCE,
+       '    if True:\n        partial = idist.all_reduce(partial.to("cuda")).cpu()  #')],
+     r"on 2 processes: rank 0 raised (RuntimeError|AssertionError): .*put on a GPU by name"),
+    # 12, what the check must survive and describe
+    ("12", "computed in float64 for accuracy",
+     [("    hidden = F.relu(F.linear(x, w1[mine], b1[mine]))",
+       "    x, w1, b1, w2, b2 = (t.double() for t in (x, w1, b1, w2, b2))\n"
+       "    hidden = F.relu(F.linear(x, w1[mine], b1[mine]))")],
+     r"on 2 processes, rank 0 all-reduced a torch.float64 tensor: the inputs are float32, and the output must be "
+     r"float32 too"),
+    ("12", "only rank 0 all-reduces (it alone prints the output)",
+     [("    if dist.is_available() and dist.is_initialized():\n" + _REDUCE,
+       "    if dist.is_available() and dist.is_initialized() and rank == 0:\n" + _REDUCE)],
+     r"on 2 processes: rank 0 was still waiting( for \d+ s)? in a collective when rank 1 had already finished"),
+    ("12", "w2's rows taken for its columns (a shape error)",
+     [("partial = F.linear(hidden, w2[:, mine])", "partial = F.linear(hidden, w2[mine])")],
+     r"on 2 processes: rank 0 raised RuntimeError: .*mat1 and mat2 shapes cannot be multiplied.*in tensor_parallel_mlp"),
+]
+_tag("12", "layout", *[a[1] for a in WRONG_ANSWERS[_N12:_N12 + 4]])
+_tag("12", "inputs", *[a[1] for a in WRONG_ANSWERS[_N12 + 4:_N12 + 9]])
+_tag("12", "structure", *[a[1] for a in WRONG_ANSWERS[_N12 + 9:_N12 + 13]])
+_tag("12", "device", *[a[1] for a in WRONG_ANSWERS[_N12 + 13:_N12 + 19]])
+_tag("12", "robust", *[a[1] for a in WRONG_ANSWERS[_N12 + 19:]])

@@ -400,3 +400,208 @@ _tag("12", "inputs", *[a[1] for a in WRONG_ANSWERS[_N12 + 4:_N12 + 9]])
 _tag("12", "structure", *[a[1] for a in WRONG_ANSWERS[_N12 + 9:_N12 + 13]])
 _tag("12", "device", *[a[1] for a in WRONG_ANSWERS[_N12 + 13:_N12 + 19]])
 _tag("12", "robust", *[a[1] for a in WRONG_ANSWERS[_N12 + 19:]])
+
+# --- 13 ring attention ----------------------------------------------------------------------
+_tag("13", "understanding", "no 1/sqrt(d) scaling", "the online-softmax rescale forgotten",
+     "no causal mask on the diagonal block", "the mask keeps out the diagonal itself", "the ring turned the wrong way",
+     "later ranks' blocks not skipped")
+_tag("13", "structure", "the whole sequence gathered", "waits for the next block before computing on the current one",
+     "keeps every block it received (collects the sequence)")
+_tag("13", "robust", "blocks sent two ranks on (a ring that skips a neighbour)", "the rows returned in a list")
+_tag("13", "inputs", "the running maximum started at 0", "the scores computed in bfloat16")
+_tag("13", "layout", "torch.distributed's rank (right with a process group, raises on 1 process)",
+     "the local rank for the rank (right on one node, wrong on 2 x 2)")
+APPLIES["13"] = ("layout", "inputs", "structure", "device", "robust")
+
+_SCORES = "scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])"
+_SEND = "dist.P2POp(dist.isend, k, (rank + 1) % n), dist.P2POp(dist.isend, v, (rank + 1) % n)"
+_RECV = "dist.P2POp(dist.irecv, k_next, (rank - 1) % n), dist.P2POp(dist.irecv, v_next, (rank - 1) % n)"
+_GPU = r"on 2 processes: rank 0 raised (RuntimeError|AssertionError): .*put on a GPU by name"
+# one block merged into the running m, l, acc (the reference's arithmetic), for answers written whole
+_MERGE = '''
+def _merge(q, k, v, m, l, acc, diagonal):
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if diagonal:
+        scores = scores.masked_fill(causal_mask(q.shape[-2]), float("-inf"))
+    m_new = torch.maximum(m, scores.amax(dim=-1))
+    p = torch.exp(scores - m_new[..., None])
+    rescale = torch.exp(m - m_new)
+    return m_new, l * rescale + p.sum(dim=-1), acc * rescale[..., None] + p @ v
+'''
+_N13 = len(WRONG_ANSWERS)
+WRONG_ANSWERS += [
+    # 13, layouts
+    ("13", "the block held taken for the previous rank's at every step after the first (right on 2)",
+     [("        source = (rank - step) % n  #", "        source = rank if step == 0 else (rank - 1) % n  #")],
+     r"on 3 processes, rank 1: its rows: \d+ of \d+ entries differ.*the block held at step s is rank \(r - s\) % N's"),
+    ("13", "one process: plain attention, without the causal mask", '''
+_ring = ring_attention
+
+
+def ring_attention(q, k, v):
+    if idist.get_world_size() == 1:  # no ring with one process: plain attention
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1) @ v
+    return _ring(q, k, v)
+''', r"on 1 process \(no process group\), ranks \[0\] returned other rows than the reference: the diagonal block "
+     r"\(this rank's own keys\) was not masked"),
+    ("13", "a ring of two: the other rank is 1 - rank (right on 2)",
+     [(_SEND, "dist.P2POp(dist.isend, k, 1 - rank), dist.P2POp(dist.isend, v, 1 - rank)"),
+      (_RECV, "dist.P2POp(dist.irecv, k_next, 1 - rank), dist.P2POp(dist.irecv, v_next, 1 - rank)")],
+     r"on 3 processes: rank 2 raised \w+: "),
+    ("13", "as many steps as processes per node (right on one node)",
+     [("    for step in range(n):", "    for step in range(idist.get_nproc_per_node()):")],
+     r"on 2 nodes x 2 processes, rank 0 sent 4 and received 4 tensor\(s\) of shapes \[\(2, 2, 5, 8\)\]: a ring of 4 "
+     r"passes each rank's keys and values on 3 time\(s\)"),
+    # 13, inputs: right on attention scores of order 1 only
+    ("13", "exp(score) with no maximum subtracted (fine for scores of order 1)",
+     [("            m_new = torch.maximum(m, scores.amax(dim=-1))", "            m_new = torch.zeros_like(m)")],
+     r"on 2 processes, rank 0: its rows holds NaN at \d+ of 160 entries.*DISTKIT_CHECK_SEED=\d+ replays"),
+    ("13", "the scores clamped to +-50 to keep exp finite",
+     [(_SCORES, _SCORES.replace("scores = ", "scores = (") + ").clamp(-50, 50)")],
+     r"on 2 processes, rank \d: its rows: \d+ of 160 entries differ.*DISTKIT_CHECK_SEED=\d+ replays"),
+    ("13", "the running maximum taken over the unscaled scores",
+     [(_SCORES, "raw = q @ k.transpose(-2, -1)\n            scores = raw / math.sqrt(q.shape[-1])"),
+      ("m_new = torch.maximum(m, scores.amax(dim=-1))", "m_new = torch.maximum(m, raw.amax(dim=-1))")],
+     r"on 2 processes, rank 0: its rows holds NaN at \d+ of 160 entries"),
+    ("13", "one maximum for the whole block (amax without dim)",
+     [("m_new = torch.maximum(m, scores.amax(dim=-1))", "m_new = torch.maximum(m, scores.max())")],
+     r"on 2 processes, rank 0: its rows holds NaN at \d+ of 160 entries"),
+    # 13, structure: the right rows, computed the wrong way
+    ("13", "blocking send and recv (even ranks send first)", _MERGE + '''
+
+def ring_attention(q, k, v):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    m, l, acc = torch.full(q.shape[:-1], float("-inf")), torch.zeros(q.shape[:-1]), torch.zeros_like(q)
+    for step in range(n):
+        source = (rank - step) % n
+        if source <= rank:
+            m, l, acc = _merge(q, k, v, m, l, acc, source == rank)
+        if step < n - 1:
+            k_next, v_next = torch.empty_like(k), torch.empty_like(v)
+            if rank % 2 == 0:
+                dist.send(k, (rank + 1) % n); dist.send(v, (rank + 1) % n)
+                dist.recv(k_next, (rank - 1) % n); dist.recv(v_next, (rank - 1) % n)
+            else:
+                dist.recv(k_next, (rank - 1) % n); dist.recv(v_next, (rank - 1) % n)
+                dist.send(k, (rank + 1) % n); dist.send(v, (rank + 1) % n)
+            k, v = k_next, v_next
+    return acc / l[..., None]
+''', r"on 2 processes, rank 0 computed on a block while the next one was in flight 0 time\(s\) of 1: it waited for a "
+     r"block \(or received it with a blocking recv\)"),
+    ("13", "each block sent straight to every later rank (no ring)", _MERGE + '''
+
+def ring_attention(q, k, v):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    sends = [dist.isend(t, later) for later in range(rank + 1, n) for t in (k, v)]
+    m, l, acc = _merge(q, k, v, torch.full(q.shape[:-1], float("-inf")), torch.zeros(q.shape[:-1]),
+                       torch.zeros_like(q), True)
+    for earlier in range(rank):
+        k_e, v_e = torch.empty_like(k), torch.empty_like(v)
+        dist.recv(k_e, earlier); dist.recv(v_e, earlier)
+        m, l, acc = _merge(q, k_e, v_e, m, l, acc, False)
+    for request in sends:
+        request.wait()
+    return acc / l[..., None]
+''', r"on 2 processes, rank 0 sent 2 block\(s\) but received none: in a ring EVERY rank, at each step but the last"),
+    ("13", "every block collected round the ring, then one softmax", '''
+def ring_attention(q, k, v):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    keys, values = [k], [v]  # keys[s]: the block of rank (rank - s) % n
+    for step in range(n - 1):
+        k_next, v_next = torch.empty_like(k), torch.empty_like(v)
+        for request in dist.batch_isend_irecv([
+                dist.P2POp(dist.isend, keys[-1], (rank + 1) % n), dist.P2POp(dist.isend, values[-1], (rank + 1) % n),
+                dist.P2POp(dist.irecv, k_next, (rank - 1) % n), dist.P2POp(dist.irecv, v_next, (rank - 1) % n)]):
+            request.wait()
+        keys.append(k_next)
+        values.append(v_next)
+    mine = [s for s in range(n) if (rank - s) % n <= rank]
+    mine.sort(key=lambda s: (rank - s) % n)  # in the order of the sequence
+    K, V = torch.cat([keys[s] for s in mine], dim=-2), torch.cat([values[s] for s in mine], dim=-2)
+    size = q.shape[-2]
+    scores = q @ K.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    later = torch.arange(K.shape[-2])[None, :] > torch.arange(rank * size, (rank + 1) * size)[:, None]
+    return torch.softmax(scores.masked_fill(later, float("-inf")), dim=-1) @ V
+''', r"on 2 processes, rank 0 computed on a block while the next one was in flight 0 time\(s\) of 1"),
+    ("13", "the exchange posted at the last step too (a block sent that nobody uses)",
+     [("        if step < n - 1:  # pass the block on", "        if n > 1:  # pass the block on"),
+      ("        if step < n - 1:\n            for request in requests:", "        if n > 1:\n            for request in requests:")],
+     r"on 2 processes, rank 0 sent 4 and received 4 tensor\(s\) of shapes \[\(2, 2, 5, 8\)\]: a ring of 2 passes each "
+     r"rank's keys and values on 1 time\(s\)"),
+    ("13", "every rank's block broadcast in turn", _MERGE + '''
+
+def ring_attention(q, k, v):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    m, l, acc = torch.full(q.shape[:-1], float("-inf")), torch.zeros(q.shape[:-1]), torch.zeros_like(q)
+    for source in range(n):
+        kb, vb = (k, v) if source == rank else (torch.empty_like(k), torch.empty_like(v))
+        if n > 1:
+            dist.broadcast(kb, src=source)
+            dist.broadcast(vb, src=source)
+        if source <= rank:
+            m, l, acc = _merge(q, kb, vb, m, l, acc, source == rank)
+    return acc / l[..., None]
+''', r"on 2 processes, rank 0 used the collective\(s\) \['broadcast'\], 4 call\(s\) of torch.distributed: a collective "
+     r"makes every rank wait"),
+    # 13, code written for a GPU machine
+    ("13", "the running maximum made on 'cuda'",
+     [('    m = torch.full(rows, float("-inf"))', '    m = torch.full(rows, float("-inf"), device="cuda")')], _GPU),
+    ("13", "the receive buffers made on 'cuda' (nccl wants GPU tensors)",
+     [("k_next, v_next = torch.empty_like(k), torch.empty_like(v)",
+       'k_next, v_next = torch.empty_like(k, device="cuda"), torch.empty_like(v, device="cuda")')], _GPU),
+    ("13", "torch.cuda.set_device(global rank) first",
+     [("    rows = q.shape[:-1]", "    torch.cuda.set_device(rank)\n    rows = q.shape[:-1]")], _GPU),
+    ("13", "the blocks moved with .cuda()",
+     [("    rows = q.shape[:-1]", "    q, k, v = q.cuda(), k.cuda(), v.cuda()\n    rows = q.shape[:-1]")], _GPU),
+    ("13", "the accumulator on torch.device('cuda', local rank)",
+     [("    acc = torch.zeros_like(q)  #", '    acc = torch.zeros_like(q, device=torch.device("cuda", idist.get_local_rank()))  #')],
+     _GPU),
+    ("13", "the causal mask moved with .cuda()",
+     [("causal_mask(q.shape[-2]), float", "causal_mask(q.shape[-2]).cuda(), float")], _GPU),
+    # 13, what the check must survive and describe
+    ("13", "the rows computed and not returned", [("    return acc / l[..., None]", "    out = acc / l[..., None]")],
+     r"on 2 processes, rank 0 returned None: return this rank's rows of the attention"),
+    ("13", "the running statistics returned with the rows (for a backward)",
+     [("    return acc / l[..., None]", "    return acc / l[..., None], (m, l)")],
+     r"on 2 processes, rank 0 returned a tuple of 2: return this rank's rows"),
+    ("13", "the last rank passes nothing on (nobody after it needs its block)", '''
+def ring_attention(q, k, v):
+    rank, n = idist.get_rank(), idist.get_world_size()
+    m, l, acc = torch.full(q.shape[:-1], float("-inf")), torch.zeros(q.shape[:-1]), torch.zeros_like(q)
+    for step in range(n):
+        requests = []
+        if step < n - 1:
+            k_next, v_next = torch.empty_like(k), torch.empty_like(v)
+            ops = [dist.P2POp(dist.irecv, k_next, (rank - 1) % n), dist.P2POp(dist.irecv, v_next, (rank - 1) % n)]
+            if rank < n - 1:
+                ops = [dist.P2POp(dist.isend, k, rank + 1), dist.P2POp(dist.isend, v, rank + 1)] + ops
+            requests = dist.batch_isend_irecv(ops)
+        source = (rank - step) % n
+        if source <= rank:
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            if source == rank:
+                scores = scores.masked_fill(causal_mask(q.shape[-2]), float("-inf"))
+            m_new = torch.maximum(m, scores.amax(dim=-1))
+            p = torch.exp(scores - m_new[..., None])
+            rescale = torch.exp(m - m_new)
+            l, acc, m = l * rescale + p.sum(dim=-1), acc * rescale[..., None] + p @ v, m_new
+        for request in requests:
+            request.wait()
+        if requests:
+            k, v = k_next, v_next
+    return acc / l[..., None]
+''', r"on 2 processes: rank 0 was still waiting( for \d+ s)? for a point-to-point transfer when rank 1 had already "
+     r"finished: a recv \(or a send\) whose peer never made the matching call"),
+    ("13", "the causal mask sized by head_dim (a shape error)",
+     [("causal_mask(q.shape[-2]), float", "causal_mask(q.shape[-1]), float")],
+     r"on 2 processes: rank \d raised RuntimeError: The size of tensor a \((5|8)\) must match the size of tensor b "
+     r"\((5|8)\)"),
+    ("13", "the rows returned in bfloat16 (half the memory)",
+     [("    return acc / l[..., None]", "    return (acc / l[..., None]).bfloat16()")],
+     r"on 2 processes, rank 0 returned a bfloat16 tensor of shape \(2, 2, 5, 8\): its rows should be a float32 tensor"),
+]
+_tag("13", "layout", *[a[1] for a in WRONG_ANSWERS[_N13:_N13 + 4]])
+_tag("13", "inputs", *[a[1] for a in WRONG_ANSWERS[_N13 + 4:_N13 + 8]])
+_tag("13", "structure", *[a[1] for a in WRONG_ANSWERS[_N13 + 8:_N13 + 13]])
+_tag("13", "device", *[a[1] for a in WRONG_ANSWERS[_N13 + 13:_N13 + 19]])
+_tag("13", "robust", *[a[1] for a in WRONG_ANSWERS[_N13 + 19:]])

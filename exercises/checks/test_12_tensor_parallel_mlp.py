@@ -138,8 +138,10 @@ def judge(layout, ranks, seed):
                     raise harness.ExerciseFailure(
                         f"{where}, rank {rank} all-reduced a partial output that is not the one of its hidden "
                         f"units {lo}..{hi - 1}: it is their product {what} {harness.replay(seed)}")
-            if isinstance(sent, torch.Tensor) and sent.shape == r["partial"].shape and torch.allclose(
-                    sent - sent[:1], r["partial"] - r["partial"][:1], rtol=2e-2, atol=2e-2):
+            centred, want = sent - sent[:1], r["partial"] - r["partial"][:1]  # b2 added or not
+            # bfloat16 products: within 1.5% of the partial's scale (300 seeds, 2 to 4 ranks);
+            # another slice's partial output: 49% or more
+            if centred.shape == want.shape and (centred - want).abs().max() <= 0.05 * want.abs().max():
                 raise harness.ExerciseFailure(
                     f"{where}, rank {rank} all-reduced a partial output that is not the one of its hidden units "
                     f"{lo}..{hi - 1}, but close to it: {harness.difference(r['partial'], sent, RTOL, ATOL, 'it')}: "

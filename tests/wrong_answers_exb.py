@@ -545,7 +545,8 @@ def ring_attention(q, k, v):
      r"makes every rank wait"),
     # 13, code written for a GPU machine
     ("13", "the running maximum made on 'cuda'",
-     [('    m = torch.full(rows, float("-inf"))', '    m = torch.full(rows, float("-inf"), device="cuda")')], _GPU),
+     [('    m = torch.full(rows, float("-inf"), device=q.device)', '    m = torch.full(rows, float("-inf"), device="cuda")')],
+     _GPU),
     ("13", "the receive buffers made on 'cuda' (nccl wants GPU tensors)",
      [("k_next, v_next = torch.empty_like(k), torch.empty_like(v)",
        'k_next, v_next = torch.empty_like(k, device="cuda"), torch.empty_like(v, device="cuda")')], _GPU),
@@ -557,7 +558,7 @@ def ring_attention(q, k, v):
      [("    acc = torch.zeros_like(q)  #", '    acc = torch.zeros_like(q, device=torch.device("cuda", idist.get_local_rank()))  #')],
      _GPU),
     ("13", "the causal mask moved with .cuda()",
-     [("causal_mask(q.shape[-2]), float", "causal_mask(q.shape[-2]).cuda(), float")], _GPU),
+     [("causal_mask(q.shape[-2]).to(q.device), float", "causal_mask(q.shape[-2]).cuda(), float")], _GPU),
     # 13, what the check must survive and describe
     ("13", "the rows computed and not returned", [("    return acc / l[..., None]", "    out = acc / l[..., None]")],
      r"on 2 processes, rank 0 returned None: return this rank's rows of the attention"),
@@ -593,7 +594,7 @@ def ring_attention(q, k, v):
 ''', r"on 2 processes: rank 0 was still waiting( for \d+ s)? for a point-to-point transfer when rank 1 had already "
      r"finished: a recv \(or a send\) whose peer never made the matching call"),
     ("13", "the causal mask sized by head_dim (a shape error)",
-     [("causal_mask(q.shape[-2]), float", "causal_mask(q.shape[-1]), float")],
+     [("causal_mask(q.shape[-2]).to(q.device), float", "causal_mask(q.shape[-1]).to(q.device), float")],
      r"on 2 processes: rank \d raised RuntimeError: The size of tensor a \((5|8)\) must match the size of tensor b "
      r"\((5|8)\)"),
     ("13", "the rows returned in bfloat16 (half the memory)",

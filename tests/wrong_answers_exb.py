@@ -106,7 +106,7 @@ WRONG_ANSWERS += [
      r"you counted attention's products for one head's width, head_dim = d_model / n_head = 16"),
     ("14", "the MFU rounded to 2 decimals (exact on the example's 0.6)",
      [("    return achieved / peak_flops", "    return round(achieved / peak_flops, 2)")],
-     r"returned 0\.\d+, not [\d.e-]+: that is the fraction rounded to 2 decimal\(s\); return it whole"),
+     r"returned [\d.e+-]+, not [\d.e+-]+: that is the fraction rounded to \d decimal\(s\); return it whole"),
     ("14", "the MFU computed with a torch tensor (float32)",
      [("    achieved = flops_per_step / (step_time_ms / 1000.0)  # FLOP per second\n    return achieved / peak_flops",
        "    import torch\n    achieved = torch.tensor(flops_per_step) / (step_time_ms / 1000.0)\n"

@@ -19,8 +19,10 @@ units are independent of each other up to the second layer, so N ranks can share
 Task: write ``tensor_parallel_mlp(x, w1, b1, w2, b2)``, called on every rank at once with
 the same input ``x`` (batch, d_in) and the FULL weights. Use only this rank's slices for
 the products, combine the partial outputs with exactly ONE all-reduce (a sum), add ``b2``
-once, and return the full output (batch, d_out) on every rank. The check runs 2 gloo
-ranks and compares with the unsplit MLP computed in one process.
+once, and return the full output (batch, d_out) on every rank. The check runs it with 2
+and 3 gloo processes, 2 "nodes" of 2 processes and 1 process with no process group (the
+same code must run there), on seeded random inputs, and compares with the reference
+solution's output; it also records what each rank hands to ``torch.distributed``.
 
 Tools: ``idist.get_rank()``, ``idist.get_world_size()``, slicing (``w[a:b]``,
 ``w[:, a:b]``), ``F.linear(x, w, b)`` (= ``x @ w.T + b``), ``F.relu``,

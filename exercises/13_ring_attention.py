@@ -25,9 +25,11 @@ mask) @ v`` over the WHOLE sequence:
   ``acc / l``.
 
 Do not gather the keys and values of the whole sequence (no all_gather): holding them
-all on every rank is what context parallelism avoids. The check runs 3 gloo ranks and
-compares every rank's rows with ``F.scaled_dot_product_attention(q, k, v,
-is_causal=True)`` on the whole sequence, in one process.
+all on every rank is what context parallelism avoids. The check runs it with 2 and 3 gloo
+processes, 2 "nodes" of 2 processes and 1 process with no process group, on seeded random
+blocks with attention scores of large magnitude (about +-100, and rows near -200), and
+compares every rank's rows with the reference solution's (= causal attention over the
+whole sequence); it records the transfers and products to check the ring's structure.
 
 Tools: ``idist.get_rank()``, ``idist.get_world_size()``; ``dist.P2POp(dist.isend,
 tensor, peer)``, ``dist.P2POp(dist.irecv, buffer, peer)`` and

@@ -76,7 +76,7 @@ WRONG_ANSWERS_12_13 = [
      [("            if source == rank:  #", "            if False:  #")],
      r"the diagonal block \(this rank's own keys\) was not masked"),
     ("13", "the mask keeps out the diagonal itself",
-     [("scores = scores.masked_fill(causal_mask(q.shape[-2]), float(\"-inf\"))",
+     [("scores = scores.masked_fill(causal_mask(q.shape[-2]).to(q.device), float(\"-inf\"))",
        "scores = scores.masked_fill(causal_mask(q.shape[-2]) | torch.eye(q.shape[-2], dtype=torch.bool), "
        "float(\"-inf\"))")],
      r"the mask keeps out the diagonal itself: a query must see its own key"),
@@ -118,7 +118,8 @@ def ring_attention(q, k, v):
      r"on 2 processes: rank 0 raised RuntimeError: .*Pair is not connected.*gloo has no connection from a rank to "
      r"itself"),
     # 13, adversarial values and layouts
-    ("13", "the running maximum started at 0", [('    m = torch.full(rows, float("-inf"))', "    m = torch.zeros(rows)")],
+    ("13", "the running maximum started at 0",
+     [('    m = torch.full(rows, float("-inf"), device=q.device)', "    m = torch.zeros(rows, device=q.device)")],
      r"on 2 processes, ranks \[0, 1\] returned other rows than the reference: the running maximum started at 0, "
      r"not -inf"),
     ("13", "the scores computed in bfloat16",

@@ -437,6 +437,12 @@ def _explain_error(rank: int, rep: dict, finished=()) -> str:
                     f"that no other rank matched, and gave up: every rank must call the same "
                     f"collectives in the same order, and every recv needs the peer's send (and "
                     f"the other way round).\n{rep['traceback']}")
+        if any(word in rep["traceback"] for word in ("recv", "send", "P2POp", "request.wait", "req.wait")):
+            # the learner's line waited for a point-to-point transfer, not a collective
+            return (f"rank {rank} was still waiting{waited} for a point-to-point transfer when {who}: a recv "
+                    f"(or a send) whose peer never made the matching call. Every recv needs the peer's send, and "
+                    f"the other way round: check that every rank sends what its peer receives, at every step.\n"
+                    f"{rep['traceback']}")
         return (f"rank {rank} was still waiting{waited} in a collective when {who}: every rank "
                 f"must call the same collectives, in the same order. A barrier or all_reduce "
                 f"that only some ranks reach (inside `if rank == 0:` or `if local_rank == 0:`) is "

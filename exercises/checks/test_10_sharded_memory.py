@@ -48,7 +48,9 @@ def on_rank():
     num_params = sum(p.numel() for p in make_model(world).parameters())
     report = {"predicted": {s: ex.predict_bytes_per_rank(num_params, world, s) for s in ("ddp", "fsdp")},
               "predicted_fsdp_4": ex.predict_bytes_per_rank(NUM_PARAMS, 4, "fsdp"),
-              "world": world, "num_params": num_params}
+              "world": world, "num_params": num_params,
+              "reference": {s: harness.load_reference("10").predict_bytes_per_rank(num_params, world, s)
+                            for s in ("ddp", "fsdp")}}
     reference_out, report["ddp"] = one_adam_step(idist.auto_model(make_model(world)))
     sharded = ex.shard(make_model(world))
     if not isinstance(sharded, nn.Module):
@@ -139,6 +141,16 @@ def judge(ranks, where=""):
             "the sharded model computes other outputs than the plain one with the same weights: "
             "shard(model) must only shard it, not change or re-create its layers")
     for rank, report in enumerate(ranks):
+        for kind in KINDS:  # the learner's sharding against the reference's prediction first
+            measured, reference = report["fsdp"][kind], report["reference"]["fsdp"][kind]
+            if measured != reference:
+                raise harness.ExerciseFailure(where +
+                    f"under your shard(model), rank {rank} holds {measured} bytes of {kind} (measured), but FSDP "
+                    f"over all {WORLD} ranks leaves each {reference} (1/{WORLD}; {measured / reference:.3g}x that): "
+                    f"your sharding shards over fewer ranks than the world. fully_shard's default mesh is every "
+                    f"rank of the run; a mesh of one node's processes, or a 2-D mesh (nodes x processes per node: "
+                    f"HSDP, which shards within a node and replicates across nodes) keeps more on each rank")
+    for rank, report in enumerate(ranks):
         for strategy in ("ddp", "fsdp"):
             for kind in KINDS:
                 predicted, measured = report["predicted"][strategy][kind], report[strategy][kind]
@@ -178,7 +190,14 @@ def test_prediction_matches_the_reference_for_every_world_size():
     for world in range(1, 9):
         for strategy in ("ddp", "fsdp"):
             want = reference.predict_bytes_per_rank(num_params, world, strategy)
-            got = ex.predict_bytes_per_rank(num_params, world, strategy)
+            try:
+                got = ex.predict_bytes_per_rank(num_params, world, strategy)
+            except NotImplementedError:
+                raise
+            except Exception as error:  # noqa: BLE001 - the learner's error, reported
+                raise harness.ExerciseFailure(
+                    f"predict_bytes_per_rank({num_params}, {world}, {strategy!r}) raised {type(error).__name__}: "
+                    f"{error}") from None
             differs = harness.difference(want, got, what=f"predict_bytes_per_rank({num_params}, {world}, {strategy!r})")
             if differs:
                 raise harness.ExerciseFailure(

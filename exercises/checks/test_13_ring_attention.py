@@ -133,8 +133,8 @@ MISTAKES = [
 
 
 def same(a, b):
-    """Equal rows, NaN where the other has NaN."""
-    return (isinstance(a, torch.Tensor) and a.shape == b.shape
+    """Equal rows, NaN where the other has NaN (and the same dtype)."""
+    return (isinstance(a, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
             and torch.allclose(a, b, rtol=RTOL, atol=ATOL, equal_nan=True))
 
 
@@ -144,9 +144,14 @@ def structure(layout, rank, n, log):
     gathered = sorted({c["op"] for c in calls if c["op"] not in ("send", "recv", "isend", "irecv")})
     where = f"on {layout}, rank {rank}"
     if gathered:
-        return (f"{where} used {gathered}: that puts the keys and values of the whole sequence on every rank, "
-                f"what context parallelism avoids. Pass one block at a time round the ring, point to point "
-                f"(dist.batch_isend_irecv with P2POp(dist.isend, ...) and P2POp(dist.irecv, ...))")
+        if any(op.startswith("all_gather") for op in gathered):
+            return (f"{where} used {gathered}: that puts the keys and values of the whole sequence on every rank, "
+                    f"what context parallelism avoids. Pass one block at a time round the ring, point to point "
+                    f"(dist.batch_isend_irecv with P2POp(dist.isend, ...) and P2POp(dist.irecv, ...))")
+        return (f"{where} used the collective(s) {gathered}, {len(calls)} call(s) of torch.distributed: a collective "
+                f"makes every rank wait for all the others at each block, and sends each block to every rank, later "
+                f"ones too. A ring passes one block at a time, point to point, to the next rank only "
+                f"(dist.batch_isend_irecv with P2POp(dist.isend, ...) and P2POp(dist.irecv, ...)), while computing")
     wrong_device = harness.on_device(calls, "cpu")
     if wrong_device:
         return f"{where}: {wrong_device}"
@@ -155,10 +160,16 @@ def structure(layout, rank, n, log):
                                      f"ring: with one process, skip the transfers")
     sends = [c for c in calls if c["op"] in ("send", "isend")]
     recvs = [c for c in calls if c["op"] in ("recv", "irecv")]
-    if not sends or not recvs:
+    if not sends and not recvs:
         return (f"{where} sent or received nothing: its queries need the keys and values of the ranks before it. "
                 f"At each step but the last, send the block held to (rank + 1) % N and receive the next from "
                 f"(rank - 1) % N")
+    if not sends or not recvs:
+        did, didnt = ("received", "sent") if recvs else ("sent", "received")
+        return (f"{where} {did} {len(recvs or sends)} block(s) but {didnt} none: in a ring EVERY rank, at each step "
+                f"but the last, sends the block it holds to (rank + 1) % N and receives the next from (rank - 1) % N, "
+                f"relaying blocks its own queries may not need (the first rank needs none but its own, the last "
+                f"rank's is needed by none)")
     odd = [(c["op"], c["peer"]) for c in sends if c["peer"] != (rank + 1) % n] + \
           [(c["op"], c["peer"]) for c in recvs if c["peer"] != (rank - 1) % n]
     if odd and not all(c["peer"] == (rank - 1) % n for c in sends):
@@ -204,6 +215,11 @@ def judge(layout, ranks, seed):
             raise harness.ExerciseFailure(
                 f"{where}, rank {rank} returned {harness.describe(r['out'])}: return this rank's rows of the "
                 f"attention, a tensor shaped like q, {(BATCH, HEADS, BLOCK, HEAD_DIM)}")
+    for rank, r in enumerate(ranks):
+        if r["out"].dtype != r["expected"].dtype:
+            raise harness.ExerciseFailure(
+                f"{where}, rank {rank} returned {harness.describe(r['out'])}: its rows should be "
+                f"{harness.describe(r['expected'])}, the dtype of q, k and v")
     wrong = [rank for rank, r in enumerate(ranks) if not same(r["out"], r["expected"])]
     if not wrong:
         return

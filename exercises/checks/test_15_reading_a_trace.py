@@ -1,7 +1,10 @@
 """Checks for exercise 15: reading a merged trace. First a trace built by hand, whose
 answer is known exactly; then the trace of a real run of 3 gloo processes in which the
 check made rank 2 slow on purpose."""
+import itertools
 import math
+import numbers
+import random
 
 import pytest
 
@@ -47,55 +50,108 @@ def known_trace():
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def _call(what, function, *args):
+    """The learner's function called; an exception it raises becomes the learner's message."""
+    try:
+        return function(*args)
+    except NotImplementedError:
+        raise  # the stub: "not solved yet"
+    except Exception as error:  # noqa: BLE001 - any error of the answer is reported, not crashed on
+        import traceback
+
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if "15_" in f.filename]
+        at = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+        raise harness.ExerciseFailure(
+            f"{what} raised {type(error).__name__}: {error}{at}. A merged trace also holds events with "
+            f"no duration (\"ph\": \"M\" names, flow arrows, no \"ts\" or \"dur\" on some): keep the "
+            f"complete events (\"ph\": \"X\") first") from None
+
+
 def _number(value, what):
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise harness.ExerciseFailure(f"{what} returned {value!r} ({type(value).__name__}); "
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise harness.ExerciseFailure(f"{what} returned {harness.describe(value)} ({type(value).__name__}); "
                                       "return a number")
     return float(value)
 
 
-def explain_covered(ex, trace, truth):
+def explain_covered(ex, trace, truth, on=""):
     for rank, want in truth.items():
-        got = _number(ex.time_in_collectives(trace, rank), f"time_in_collectives(trace, {rank})")
+        what = f"{on}time_in_collectives(trace, {rank})"
+        got = _number(_call(what, ex.time_in_collectives, trace, rank), what)
         if math.isclose(got, want, rel_tol=1e-9):
             continue
-        common = (f"time_in_collectives(trace, {rank}) returned {got:g} us, but rank {rank} had "
+        common = (f"{what} returned {got:g} us, but rank {rank} had "
                   f"a collective running for {want:g} us")
-        summed = sum(e["dur"] for e in trace["traceEvents"] if e.get("pid") == rank
-                     and e.get("ph") == "X" and e["name"].startswith(("gloo:", "nccl:")))
+        mine = [e for e in trace["traceEvents"] if e.get("pid") == rank and e.get("ph") == "X"]
+        summed = sum(e["dur"] for e in mine if e["name"].startswith(("gloo:", "nccl:")))
         if math.isclose(got, summed, rel_tol=1e-9):
             raise harness.ExerciseFailure(
                 f"{common}: you added up the durations, but two collectives in flight at once "
                 f"(two gloo threads) overlap; count the time they COVER: sort the ranges by "
                 f"start and add only what each adds beyond the ones before it")
+        for prefix in ("gloo:", "nccl:"):
+            only = _covered([e for e in mine if e["name"].startswith(prefix)])
+            if only != want and math.isclose(got, only, rel_tol=1e-9):
+                raise harness.ExerciseFailure(
+                    f"{common}: you kept only the names that start with {prefix!r}; a run on GPUs (nccl) "
+                    f"names its collectives 'nccl:...', on CPUs (gloo) 'gloo:...': keep every name that "
+                    f"starts with one of COLLECTIVE_PREFIXES")
+        in_file_order = _covered([e for e in mine if e["name"].startswith(("gloo:", "nccl:"))], sort=False)
+        if in_file_order != want and math.isclose(got, in_file_order, rel_tol=1e-9):
+            raise harness.ExerciseFailure(
+                f"{common}: the events of a trace are not in the order of their start times (this one's are "
+                f"shuffled, as a merged trace's threads may be): sort the ranges by start (\"ts\") before "
+                f"walking them")
+        walked = _covered([e for e in mine if e["name"].startswith(("gloo:", "nccl:"))], inside=True)
+        if walked != want and math.isclose(got, walked, rel_tol=1e-9):
+            raise harness.ExerciseFailure(
+                f"{common}: here a range lies inside an earlier one (it starts after it and ends before it): "
+                f"it adds nothing, but your walk added its end minus the earlier end, a negative length. Add "
+                f"only when a range reaches beyond the latest end seen so far, and keep that latest end")
         if got > want:
             raise harness.ExerciseFailure(
                 f"{common}: did you count events that are not collectives (c10d::allreduce_ is "
-                f"the main thread handing the work to gloo)? Keep the names that start with "
-                f"COLLECTIVE_PREFIXES")
+                f"the main thread handing the work to gloo), or a range that lies inside an earlier one "
+                f"(it adds nothing: keep the latest end seen so far, and add only what reaches beyond it)? "
+                f"Keep the names that start with COLLECTIVE_PREFIXES")
         raise harness.ExerciseFailure(f"{common}: keep every complete event (\"ph\": \"X\") of "
-                                      f"that rank (\"pid\") whose name starts with COLLECTIVE_PREFIXES")
+                                      f"that rank (\"pid\") whose name starts with COLLECTIVE_PREFIXES, and "
+                                      f"count the time their ranges cover")
 
 
-def explain_slow(ex, trace, truth_slow, covered):
-    got = ex.slow_rank(trace)
-    if got == truth_slow and not isinstance(got, bool):
+def explain_slow(ex, trace, truth_slow, covered, on=""):
+    got = _call(f"{on}slow_rank(trace)", ex.slow_rank, trace)
+    if isinstance(got, numbers.Integral) and not isinstance(got, bool) and got == truth_slow:
         return
     busiest = max(covered, key=covered.get)
-    hint = (" that is the rank that spent the MOST time in collectives: it arrived first and "
-            "waited longest; the slow rank arrives last and waits least" if got == busiest else "")
+    if isinstance(got, numbers.Integral) and not isinstance(got, bool) and got not in covered:
+        hint = (f" there is no rank {got} in this trace (its ranks, the \"pid\"s of its complete events: "
+                f"{sorted(covered)}): take the ranks from the trace, do not write them in")
+    elif isinstance(got, (tuple, list)) and truth_slow in got:
+        hint = f" return the rank alone, an int (you returned {harness.describe(got)}, the rank among other things)"
+    elif isinstance(got, str) and str(truth_slow) in got:
+        hint = " return the rank as an int (the \"pid\" of its events), not text"
+    elif got == busiest:
+        hint = (" that is the rank that spent the MOST time in collectives: it arrived first and "
+                "waited longest; the slow rank arrives last and waits least")
+    elif got == max(covered) and truth_slow != max(covered):
+        hint = (f" that is the last rank of the trace: the slow rank can be any of them (here rank "
+                f"{truth_slow}); return the one with the least time in collectives")
+    else:
+        hint = " return the rank with the least time in collectives"
     raise harness.ExerciseFailure(
-        f"slow_rank returned {got!r}, but the others waited for rank {truth_slow} (time in "
-        f"collectives per rank, us: {covered}):{hint or ' return the rank with the least time in collectives'}")
+        f"{on}slow_rank returned {got!r}, but the others waited for rank {truth_slow} (time in "
+        f"collectives per rank, us: {covered}):{hint}")
 
 
-def explain_fraction(ex, trace, truth, slow, covered, steps_us, span_us):
-    got = _number(ex.waited_fraction(trace), "waited_fraction(trace)")
+def explain_fraction(ex, trace, truth, slow, covered, steps_us, span_us, on=""):
+    what = f"{on}waited_fraction(trace)"
+    got = _number(_call(what, ex.waited_fraction, trace), what)
     if math.isclose(got, truth, rel_tol=1e-6):
         return
     others = [r for r in covered if r != slow]
     raw = sum(covered[r] / steps_us[r] for r in others) / len(others)
-    common = f"waited_fraction returned {got:.4g}, but the other ranks waited {truth:.4g} of their steps"
+    common = f"{what} returned {got:.4g}, but the other ranks waited {truth:.4g} of their steps"
     if math.isclose(got, 100 * truth, rel_tol=1e-6):
         raise harness.ExerciseFailure(f"{common}: that is a percentage; return the fraction")
     if math.isclose(got, raw, rel_tol=1e-6):
@@ -108,11 +164,20 @@ def explain_fraction(ex, trace, truth, slow, covered, steps_us, span_us):
         raise harness.ExerciseFailure(
             f"{common}: you took the mean over every rank, the slow one (which waited 0) too; "
             f"average over the OTHER ranks only")
+    share = {r: (covered[r] - covered[slow]) / steps_us[r] for r in others}
+    for left_out in itertools.chain.from_iterable(itertools.combinations(others, k) for k in range(1, len(others))):
+        kept = [r for r in others if r not in left_out]
+        if math.isclose(got, sum(share[r] for r in kept) / len(kept), rel_tol=1e-6):
+            raise harness.ExerciseFailure(
+                f"{common}: that is the mean over ranks {kept} only; this trace's other ranks are {others} "
+                f"(rank(s) {list(left_out)} left out): take the ranks from the trace (the \"pid\"s of its "
+                f"complete events), do not write them in")
     n_steps = {r: sum(1 for e in trace["traceEvents"] if e.get("pid") == r and e.get("ph") == "X"
                       and e["name"].startswith("ProfilerStep#")) for r in others}
     per_step = sum((covered[r] - covered[slow]) / (steps_us[r] / n_steps[r])
                    for r in others) / len(others)
     whole = sum((covered[r] - covered[slow]) / span_us[r] for r in others) / len(others)
+    pooled = sum(covered[r] - covered[slow] for r in others) / sum(steps_us[r] for r in others)
     if math.isclose(got, per_step, rel_tol=1e-6):
         raise harness.ExerciseFailure(
             f"{common}: you divided by ONE step, but the waiting was added up over all the "
@@ -121,9 +186,42 @@ def explain_fraction(ex, trace, truth, slow, covered, steps_us, span_us):
         raise harness.ExerciseFailure(
             f"{common}: you divided by the trace's whole length, gaps between steps included; "
             f"divide by the time of the rank's ProfilerStep#N events")
+    if not math.isclose(pooled, truth, rel_tol=1e-6) and math.isclose(got, pooled, rel_tol=1e-6):
+        raise harness.ExerciseFailure(
+            f"{common}: you divided the other ranks' waiting, summed, by their steps' time, summed: a "
+            f"ratio of sums, which equals the mean of each rank's share only when their steps last "
+            f"equally long (here they do not: {[steps_us[r] for r in others]} us). Take each other "
+            f"rank's share, then the mean")
+    first = {r: next(e["dur"] for e in trace["traceEvents"] if e.get("pid") == r and e.get("ph") == "X"
+                     and e["name"].startswith("ProfilerStep#")) for r in others}
+    as_first = sum((covered[r] - covered[slow]) / (first[r] * n_steps[r]) for r in others) / len(others)
+    if not math.isclose(as_first, truth, rel_tol=1e-6) and math.isclose(got, as_first, rel_tol=1e-6):
+        raise harness.ExerciseFailure(
+            f"{common}: you took every step to last as long as the first; this trace's steps do not "
+            f"(here {sorted({e['dur'] for e in trace['traceEvents'] if e.get('ph') == 'X' and e['name'].startswith('ProfilerStep#')})} us): "
+            f"add up the durations of all of the rank's ProfilerStep#N events")
+    for count in range(1, len(covered) + 2):
+        if count != len(others) and math.isclose(got, truth * len(others) / count, rel_tol=1e-6):
+            raise harness.ExerciseFailure(
+                f"{common}: you divided the sum of the {len(others)} other ranks' shares by {count}; this "
+                f"trace has {len(covered)} ranks, so {len(others)} others: count the ranks of the trace "
+                f"(the \"pid\"s of its complete events), do not write their number in")
     raise harness.ExerciseFailure(
         f"{common}: per other rank, (its time in collectives - the slow rank's) / the time of "
         f"its ProfilerStep#N events, then the mean over those ranks")
+
+
+def _covered(events, sort=True, inside=False) -> float:
+    """The time the ranges of ``events`` cover (in file order when ``sort`` is False: what a
+    walk that forgot to sort them finds; ``inside``: what a walk that adds every range's end
+    beyond the last one, even a range inside an earlier one, finds)."""
+    ranges = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events]
+    total, end = 0.0, float("-inf")
+    for a, b in (sorted(ranges) if sort else ranges):
+        if b > end or inside:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def _facts(trace):
@@ -132,18 +230,65 @@ def _facts(trace):
     ranks = sorted({e["pid"] for e in trace["traceEvents"] if e.get("ph") == "X"})
     for rank in ranks:
         mine = [e for e in trace["traceEvents"] if e.get("pid") == rank and e.get("ph") == "X"]
-        ranges = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in mine
-                        if e["name"].startswith(("gloo:", "nccl:")))
-        total, end = 0.0, float("-inf")
-        for a, b in ranges:
-            if b > end:
-                total += b - max(a, end)
-                end = b
-        covered[rank] = total
+        covered[rank] = _covered([e for e in mine if e["name"].startswith(("gloo:", "nccl:"))])
         steps = [e for e in mine if e["name"].startswith("ProfilerStep#")]
         steps_us[rank] = sum(e["dur"] for e in steps)
         span_us[rank] = max(e["ts"] + e["dur"] for e in steps) - min(e["ts"] for e in steps)
     return covered, steps_us, span_us
+
+
+def built_trace(ranks=3, slow=2, prefix="gloo:", steps_ms=(100, 100), shuffle=False, inside=False):
+    """A trace like ``known_trace``'s, varied: how many ranks, which one is slow, the
+    collectives' names, steps of other lengths, events in no order, the second collective's
+    range inside the first (a short one that ends before it)."""
+    events, t0 = [], 0
+    starts = {}
+    early = [r for r in range(ranks) if r != slow]
+    for i, rank in enumerate(early):
+        starts[rank] = 15 + 50 * i / max(1, len(early))  # in % of the step: the others arrive early
+    starts[slow] = 78  # the slow rank arrives last
+    for rank in range(ranks):
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+    for step, length in enumerate(steps_ms):
+        dur = length * 1000
+        for rank in range(ranks):
+            # a rank's step ends a little after the collectives (its optimizer step): not all alike
+            events.append({"ph": "X", "name": f"ProfilerStep#{step + 1}", "pid": rank, "tid": 1, "ts": t0,
+                           "dur": dur + 3000 * rank})
+            first = t0 + int(starts[rank] * dur / 100)
+            end = t0 + dur - dur // 20
+            ranges = [(first, end), (first + dur // 20, end - (dur // 10 if inside else -dur // 40))]
+            for k, (a, b) in enumerate(ranges):
+                events.append({"ph": "X", "name": "c10d::allreduce_", "pid": rank, "tid": 1, "ts": a - 10, "dur": 8})
+                events.append({"ph": "X", "name": f"{prefix}all_reduce", "pid": rank, "tid": 7 + k, "ts": a,
+                               "dur": b - a})
+            events.append({"ph": "s", "name": "fwdbwd", "pid": rank, "tid": 1, "ts": t0 + 2000, "id": step})
+        t0 += dur + 3000 * ranks + GAP_US
+    if shuffle:
+        random.Random(15).shuffle(events)
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+# (what the learner reads about the trace, how it is built): each answers a shortcut that the
+# first trace (3 ranks, the last one slow, gloo, equal steps, in order) lets pass
+VARIED_TRACES = [
+    ("a trace of 4 ranks whose slow rank is rank 1", dict(ranks=4, slow=1)),
+    ("a trace of 2 ranks whose slow rank is rank 0", dict(ranks=2, slow=0)),
+    ("the trace of a GPU run (collectives named 'nccl:...')", dict(prefix="nccl:", slow=0)),
+    ("a trace whose events are not in the order of their start times", dict(shuffle=True, slow=1)),
+    ("a trace whose steps last 100 ms and 60 ms", dict(steps_ms=(100, 60), ranks=4, slow=3)),
+    ("a trace where one collective's range lies inside another's", dict(inside=True, slow=0)),
+]
+
+
+def judge_trace(ex, trace, slow, on):
+    covered, steps_us, span_us = _facts(trace)
+    assert min(covered, key=covered.get) == slow, f"check bug: {on} {covered}"
+    explain_covered(ex, trace, covered, on)
+    explain_slow(ex, trace, slow, covered, on)
+    others = [r for r in covered if r != slow]
+    truth = sum((covered[r] - covered[slow]) / steps_us[r] for r in others) / len(others)
+    explain_fraction(ex, trace, truth, slow, covered, steps_us, span_us, on)
 
 
 def test_a_trace_whose_numbers_are_known():
@@ -154,6 +299,8 @@ def test_a_trace_whose_numbers_are_known():
     covered, steps_us, span_us = _facts(trace)
     assert covered == TRUE_COVERED_US and math.isclose(TRUE_FRACTION, 0.5)  # the check's own sums
     explain_fraction(ex, trace, TRUE_FRACTION, TRUE_SLOW, covered, steps_us, span_us)
+    for description, how in VARIED_TRACES:  # then the traces that expose shortcuts
+        judge_trace(ex, built_trace(**how), how["slow"], f"in {description}: ")
 
 
 # --- a real run with a planted straggler -------------------------------------------------

@@ -19,8 +19,8 @@ def ring_attention(q, k, v):
     """This rank's rows of causal attention over the whole sequence, by a ring of N steps."""
     rank, n = idist.get_rank(), idist.get_world_size()
     rows = q.shape[:-1]
-    m = torch.full(rows, float("-inf"))  # running row maximum of the scores
-    l = torch.zeros(rows)  # running sum of exp(score - m)
+    m = torch.full(rows, float("-inf"), device=q.device)  # running row maximum of the scores
+    l = torch.zeros(rows, device=q.device)  # running sum of exp(score - m)
     acc = torch.zeros_like(q)  # running sum of exp(score - m) @ v
     for step in range(n):
         if step < n - 1:  # pass the block on while computing with it
@@ -32,7 +32,7 @@ def ring_attention(q, k, v):
         if source <= rank:  # a later rank's keys all come after our queries: skip them
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
             if source == rank:  # the diagonal block: query i sees keys 0..i only
-                scores = scores.masked_fill(causal_mask(q.shape[-2]), float("-inf"))
+                scores = scores.masked_fill(causal_mask(q.shape[-2]).to(q.device), float("-inf"))
             m_new = torch.maximum(m, scores.amax(dim=-1))
             p = torch.exp(scores - m_new[..., None])
             rescale = torch.exp(m - m_new)  # what was summed so far was relative to the old max

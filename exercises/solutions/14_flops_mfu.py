@@ -34,7 +34,9 @@ Task:
    MILLIseconds, against ``peak_flops`` FLOP per SECOND. ``peak_flops`` is the whole
    run's peak, every device together (one device's peak x the number of devices, as
    ``distkit train`` measures it: every process's matmul FLOP/s, summed), because
-   ``flops_per_step`` is the whole run's work.
+   ``flops_per_step`` is the whole run's work. So ``mfu`` needs no world size and no
+   process group: it returns the same number on every rank, and works with one process
+   (whose peak is then its one device's).
 
 The check counts the FLOPs torch itself executes in a step (``FlopCounterMode``, in one
 process, on the whole run's batch) and times a real step against a measured matmul peak.

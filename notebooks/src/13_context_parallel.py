@@ -85,7 +85,9 @@ def attend(state, q, k, v, q_pos, k_pos):
 
 def new_state(q):
     rows = q.shape[:-1]
-    return [torch.full(rows, float("-inf")), torch.zeros(rows), torch.zeros_like(q)]
+    # on q's device: the same code then runs where q lives (a GPU's tensors included)
+    return [torch.full(rows, float("-inf"), device=q.device), torch.zeros(rows, device=q.device),
+            torch.zeros_like(q)]
 
 
 positions = torch.arange(SEQ)

@@ -138,13 +138,18 @@ def explain(rank, n, m, error, log) -> str:
         hints.append("with one process there is no process group: rank 0 is the first and the last stage "
                      "and sends or receives nothing; idist.get_rank() and idist.get_world_size() work "
                      "there (0 and 1), torch.distributed's raise")
-    if "nonetype" in lowered:
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if harness._in_exercise_file(f.filename)]
+    line = (frames[-1].line or "") if frames else ""
+    if "nonetype" in lowered and ("inputs" in line or "targets" in line):
         hints.append(f"on this rank inputs is {'the list of micro-batches' if rank == 0 else 'None'} and "
                      f"targets is {'the list of labels' if rank == n - 1 else 'None'}"
                      + ("; a middle stage gets neither: it receives from rank - 1, sends on to rank + 1, "
                         "and returns None" if 0 < rank < n - 1 else ""))
-    frames = [f for f in traceback.extract_tb(error.__traceback__) if harness._in_exercise_file(f.filename)]
-    if frames and "cuda" in (frames[-1].line or "") and "NVIDIA" not in message:
+    elif "nonetype" in lowered and ".grad" in line:
+        hints.append("a .grad on that line is None: backward fills .grad only for tensors that require "
+                     "grad (a received buffer needs x.requires_grad_() before the forward), and only once "
+                     "the backward has run through them")
+    if "cuda" in line and "NVIDIA" not in message:
         hints.append("the line that raised names a GPU (cuda): this machine has none "
                      "(torch.cuda.device_count() is 0); use idist.device(), the CPU under gloo, this "
                      "rank's GPU under nccl")
@@ -340,8 +345,10 @@ def returned(where, rank, n, run, seed):
     if isinstance(got, dict) and got["tensor"]:
         return (f"{where}: {what} returned {got['described']}, not a Python float: return a Python float "
                 f"(loss.item()), which also lets go of the autograd graph")
-    differs = harness.difference(want, got if not isinstance(got, dict) else got["described"], rtol=1e-5,
-                                 atol=0, what=f"{what}'s returned loss")
+    if isinstance(got, dict):
+        return (f"{where}: {what} returned {got['described']}: return the sum of the micro-batches' scaled "
+                f"losses, one Python float (the whole batch's mean loss)")
+    differs = harness.difference(want, got, rtol=1e-5, atol=0, what=f"{what}'s returned loss")
     if differs:
         return (f"{where}: {differs} (the mean cross-entropy of the whole model over the whole batch) "
                 f"{harness.replay(seed)}: return the sum of the micro-batches' scaled losses, as a float")

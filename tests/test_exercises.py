@@ -859,7 +859,8 @@ def shard(model):
      r"do not divide it by n_microbatches again"),
     ("11", "a tensor returned",
      [("return torch.stack(losses).mean().item()", "return torch.stack(losses).mean()")],
-     r"the last stage returned 'tensor\(.*return the mean of the micro-batch losses as a Python float"),
+     r"the last stage returned a float32 tensor of shape \(\): return the mean of the micro-batch losses as a "
+     r"Python float"),
     ("11", "a hard-coded 4 micro-batches",
      [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "ScheduleGPipe(stage, n_microbatches=4,")],
      r"in the timed step with n_microbatches=2, rank 0 sent 4 activation tensor\(s\) of shape "

@@ -350,3 +350,69 @@ NOT_APPLICABLE = {
                       "schedule itself makes and moves every tensor it sends; the learner hands no tensor to "
                       "torch.distributed",
 }
+
+WRONG_ANSWERS += [
+    # --- 11, structure: the right numbers, another schedule ---------------------------------
+    ("11", "one schedule step per micro-batch (right gradients, the stages never overlap)", '''
+def pipeline_step(stage_module, stage_index, num_stages, inputs, targets, n_microbatches):
+    stage = PipelineStage(stage_module, stage_index, num_stages, torch.device("cpu"))
+    # one micro-batch per step: each loss divided by their number, so the gradients add up
+    schedule = ScheduleGPipe(stage, n_microbatches=1,
+                             loss_fn=lambda out, y: F.mse_loss(out, y) / n_microbatches)
+    losses = []
+    for k in range(n_microbatches):
+        if stage_index == 0:
+            schedule.step(inputs.chunk(n_microbatches)[k])
+        elif stage_index < num_stages - 1:
+            schedule.step()
+        else:
+            schedule.step(target=targets.chunk(n_microbatches)[k], losses=losses)
+    return torch.stack(losses).sum().item() if stage_index == num_stages - 1 else None
+''', r"on 3 processes \(3 stages, one per rank\), n_microbatches=3: stage 0 \(the first stage, rank 0\) posted "
+     r"the receive of micro-batch 1's gradient after sending 1 of 3 micro-batches on"),
+    ("11", "n_microbatches=1: the whole batch as one micro-batch (right gradients)",
+     [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "ScheduleGPipe(stage, n_microbatches=1,")],
+     r"with n_microbatches=4 and a batch of 16, rank 0 sent 1 activation tensor\(s\) of shape \(16, 8\), not 4"),
+    ("11", "Schedule1F1B instead of ScheduleGPipe (the same numbers, another schedule)",
+     [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "Schedule1F1B(stage, n_microbatches=n_microbatches,"),
+      ("from torch.distributed.pipelining import PipelineStage, ScheduleGPipe",
+       "from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe")],
+     r"on 3 processes \(3 stages, one per rank\), n_microbatches=3: stage 1 \(a middle stage, rank 1\) posted "
+     r"the receive of micro-batch 1's gradient after sending 2 of 3 micro-batches on: the numbers may be right, "
+     r"but that is not the GPipe schedule"),
+    # --- 11, robust: what the check must survive and describe -------------------------------
+    ("11", "the list of losses returned",
+     [("return torch.stack(losses).mean().item()", "return losses")],
+     r"the last stage returned a list of 4: return the mean of the micro-batch losses as a Python float"),
+    ("11", "nothing returned on the last stage",
+     [("    return torch.stack(losses).mean().item()\n", "")],
+     r"the last stage returned None: return the mean of the micro-batch losses as a Python float"),
+    ("11", "0.0 returned on the first stage",
+     [("schedule.step(inputs)  # cut into micro-batches and sent on\n        return None",
+       "schedule.step(inputs)  # cut into micro-batches and sent on\n        return 0.0")],
+     r"rank 0 returned 0.0: return None there \(the loss is computed on the last stage\)"),
+    ("11", "the mean of the losses taken on every stage (raises on the first)", '''
+def pipeline_step(stage_module, stage_index, num_stages, inputs, targets, n_microbatches):
+    stage = PipelineStage(stage_module, stage_index, num_stages, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=n_microbatches, loss_fn=F.mse_loss)
+    losses = []
+    if stage_index == 0:
+        schedule.step(inputs)
+    elif stage_index < num_stages - 1:
+        schedule.step()
+    else:
+        schedule.step(target=targets, losses=losses)
+    return torch.stack(losses).mean().item()
+''', r"rank 0 raised RuntimeError: stack expects a non-empty TensorList"),
+    ("11", "bubble_fraction returns a tensor",
+     [("return (stages - 1) / (microbatches + stages - 1)",
+       "return torch.tensor((stages - 1) / (microbatches + stages - 1))")],
+     r"bubble_fraction\(2, 2\) returned a float32 tensor of shape \(\), not a number: return a Python float"),
+]
+FAMILY.update({("11", name): family for family, names in {
+    "structure": ("one schedule step per micro-batch (right gradients, the stages never overlap)",
+                  "n_microbatches=1: the whole batch as one micro-batch (right gradients)",
+                  "Schedule1F1B instead of ScheduleGPipe (the same numbers, another schedule)"),
+    "robust": ("the list of losses returned", "nothing returned on the last stage", "0.0 returned on the first stage",
+               "the mean of the losses taken on every stage (raises on the first)", "bubble_fraction returns a tensor"),
+}.items() for name in names})

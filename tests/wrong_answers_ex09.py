@@ -73,8 +73,7 @@ _MIDDLE_ONE_AT_A_TIME = '''
             sends.append(dist.isend(a.grad, dst=rank - 1))
 '''
 
-WRONG_ANSWERS = [
-    # --- 09, layout: right in some layouts only --------------------------------------------
+_LAYOUT_09 = [  # right in some layouts only
     ("09", "no middle stage: every stage after the first is the last",
      [("first, last = rank == 0, rank == world_size - 1", "first, last = rank == 0, rank != 0")],
      r"on 3 processes: stage 1 \(a middle stage, rank 1\) with 4 micro-batches: rank 1 raised TypeError: "
@@ -114,7 +113,8 @@ WRONG_ANSWERS = [
      [("out = F.cross_entropy(out, targets[k]) / n_microbatches", "out = F.cross_entropy(out, targets[k]) / 4")],
      r"on 2 processes \(2 stages, one per rank\), 3 micro-batches: stage 0 \(the first stage, rank 0\)'s "
      r"gradients\[0\]: \d+ of 40 entries differ"),
-    # --- 09, structure: the right gradients computed the wrong way -------------------------
+]
+_STRUCTURE_09 = [  # the right gradients computed the wrong way
     ("09", "a middle stage receives every micro-batch before computing (right gradients)",
      _three_branches(_MIDDLE_RECEIVES_ALL),
      r"on 3 processes \(3 stages, one per rank\), 4 micro-batches: stage 1 \(a middle stage, rank 1\) "
@@ -189,7 +189,8 @@ def pipeline_step(stage, inputs, targets, activation_shape, n_microbatches):
 ''', r"on 2 processes: stage [01] \(the (first|last) stage, rank [01]\) with 4 micro-batches waited \d+ s in a "
      r"blocking dist.send to rank [01], which never received it: a blocking send returns only once the peer "
      r"has posted the matching recv"),
-    # --- 09, robust: what the check must survive and describe ------------------------------
+]
+_ROBUST_09 = [  # what the check must survive and describe
     ("09", "the micro-batch losses returned as a list",
      [("    total = 0.0\n", "    total = []\n"), ("total += out.item()", "total.append(out.item())")],
      r"on 2 processes \(2 stages, one per rank\), 4 micro-batches: stage 1 \(the last stage, rank 1\) returned "
@@ -215,7 +216,8 @@ def pipeline_step(stage, inputs, targets, activation_shape, n_microbatches):
      r"on 2 processes: stage 1 \(the last stage, rank 1\) with 4 micro-batches posted a receive into a buffer of "
      r"shape \(8,\) from rank 0, but each micro-batch's activations, and their gradients, have activation_shape "
      r"\(3, 8\)"),
-    # --- 09, device: code written for one machine ------------------------------------------
+]
+_DEVICE_09 = [  # code written for one machine (rejected here because this machine has no GPU)
     ("09", "the receive buffer on 'cuda'",
      [("x = torch.empty(activation_shape, device=idist.device())",
        'x = torch.empty(activation_shape, device="cuda")')],
@@ -250,7 +252,8 @@ def pipeline_step(stage, inputs, targets, activation_shape, n_microbatches):
      [("            x = inputs[k]\n", "            x = inputs[k].cuda()\n")],
      r"on 2 processes: stage 0 \(the first stage, rank 0\) with 4 micro-batches: rank 0 raised RuntimeError: "
      r"Found no NVIDIA driver.*Use idist.device\(\)"),
-    # --- 09, inputs: right on benign values only ---------------------------------------------
+]
+_INPUTS_09 = [  # right on benign values only: values a narrower dtype holds, logits of order 1
     ("09", "activations sent as bfloat16 (half the bytes)",
      [("x = torch.empty(activation_shape, device=idist.device())",
        "x = torch.empty(activation_shape, device=idist.device(), dtype=torch.bfloat16)"),
@@ -286,6 +289,67 @@ def pipeline_step(stage, inputs, targets, activation_shape, n_microbatches):
      r"stage \d \(.*\)'s gradients.* holds NaN .*F.cross_entropy \(stable for logits of any size\)"),
 ]
 
+_STRUCTURE_11 = [  # the right numbers, another schedule
+    ("11", "one schedule step per micro-batch (right gradients, the stages never overlap)", '''
+def pipeline_step(stage_module, stage_index, num_stages, inputs, targets, n_microbatches):
+    stage = PipelineStage(stage_module, stage_index, num_stages, torch.device("cpu"))
+    # one micro-batch per step: each loss divided by their number, so the gradients add up
+    schedule = ScheduleGPipe(stage, n_microbatches=1,
+                             loss_fn=lambda out, y: F.mse_loss(out, y) / n_microbatches)
+    losses = []
+    for k in range(n_microbatches):
+        if stage_index == 0:
+            schedule.step(inputs.chunk(n_microbatches)[k])
+        elif stage_index < num_stages - 1:
+            schedule.step()
+        else:
+            schedule.step(target=targets.chunk(n_microbatches)[k], losses=losses)
+    return torch.stack(losses).sum().item() if stage_index == num_stages - 1 else None
+''', r"on 3 processes \(3 stages, one per rank\), n_microbatches=3: stage 0 \(the first stage, rank 0\) posted "
+     r"the receive of micro-batch 1's gradient after sending 1 of 3 micro-batches on"),
+    ("11", "n_microbatches=1: the whole batch as one micro-batch (right gradients)",
+     [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "ScheduleGPipe(stage, n_microbatches=1,")],
+     r"with n_microbatches=4 and a batch of 16, rank 0 sent 1 activation tensor\(s\) of shape \(16, 8\), not 4"),
+    ("11", "Schedule1F1B instead of ScheduleGPipe (the same numbers, another schedule)",
+     [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "Schedule1F1B(stage, n_microbatches=n_microbatches,"),
+      ("from torch.distributed.pipelining import PipelineStage, ScheduleGPipe",
+       "from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe")],
+     r"on 3 processes \(3 stages, one per rank\), n_microbatches=3: stage 1 \(a middle stage, rank 1\) posted "
+     r"the receive of micro-batch 1's gradient after sending 2 of 3 micro-batches on: the numbers may be right, "
+     r"but that is not the GPipe schedule"),
+]
+_ROBUST_11 = [  # what the check must survive and describe
+    ("11", "the list of losses returned",
+     [("return torch.stack(losses).mean().item()", "return losses")],
+     r"the last stage returned a list of 4: return the mean of the micro-batch losses as a Python float"),
+    ("11", "nothing returned on the last stage",
+     [("    return torch.stack(losses).mean().item()\n", "")],
+     r"the last stage returned None: return the mean of the micro-batch losses as a Python float"),
+    ("11", "0.0 returned on the first stage",
+     [("schedule.step(inputs)  # cut into micro-batches and sent on\n        return None",
+       "schedule.step(inputs)  # cut into micro-batches and sent on\n        return 0.0")],
+     r"rank 0 returned 0.0: return None there \(the loss is computed on the last stage\)"),
+    ("11", "the mean of the losses taken on every stage (raises on the first)", '''
+def pipeline_step(stage_module, stage_index, num_stages, inputs, targets, n_microbatches):
+    stage = PipelineStage(stage_module, stage_index, num_stages, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=n_microbatches, loss_fn=F.mse_loss)
+    losses = []
+    if stage_index == 0:
+        schedule.step(inputs)
+    elif stage_index < num_stages - 1:
+        schedule.step()
+    else:
+        schedule.step(target=targets, losses=losses)
+    return torch.stack(losses).mean().item()
+''', r"rank 0 raised RuntimeError: stack expects a non-empty TensorList"),
+    ("11", "bubble_fraction returns a tensor",
+     [("return (stages - 1) / (microbatches + stages - 1)",
+       "return torch.tensor((stages - 1) / (microbatches + stages - 1))")],
+     r"bubble_fraction\(2, 2\) returned a float32 tensor of shape \(\), not a number: return a Python float"),
+]
+
+WRONG_ANSWERS = _LAYOUT_09 + _STRUCTURE_09 + _ROBUST_09 + _DEVICE_09 + _INPUTS_09 + _STRUCTURE_11 + _ROBUST_11
+
 FAMILY = {
     # 09: tests/test_exercises.py
     ("09", "the micro-batch losses are not scaled"): "understanding",
@@ -316,26 +380,11 @@ FAMILY = {
     ("11", "as many micro-batches as stages (right when they are equal)"): "layout",
     ("11", "the middle stages skip their step (only the ends run the schedule)"): "layout",
 }
-_ORDER = ("layout", "structure", "robust", "device", "inputs", "understanding")
-# this module's answers: the family is the section they are listed in (checked below)
-_SECTIONS = {
-    "09": {
-        "layout": 8, "structure": 4, "robust": 6, "device": 7, "inputs": 6,
-    },
-}
-
-
-def _tag_own():
-    answers = [a for a in WRONG_ANSWERS if a[0] == "09"]
-    i = 0
-    for family in ("layout", "structure", "robust", "device", "inputs"):
-        for number, name, *_ in answers[i:i + _SECTIONS["09"][family]]:
-            FAMILY[(number, name)] = family
-        i += _SECTIONS["09"][family]
-    assert i == len(answers), (i, len(answers))
-
-
-_tag_own()
+FAMILY.update({("09", name): family for family, answers in (
+    ("layout", _LAYOUT_09), ("structure", _STRUCTURE_09), ("robust", _ROBUST_09), ("device", _DEVICE_09),
+    ("inputs", _INPUTS_09)) for _, name, *_ in answers})
+FAMILY.update({("11", name): family for family, answers in (("structure", _STRUCTURE_11), ("robust", _ROBUST_11))
+               for _, name, *_ in answers})
 
 APPLIES = {
     "09": ("layout", "structure", "robust", "device", "inputs"),
@@ -350,69 +399,3 @@ NOT_APPLICABLE = {
                       "schedule itself makes and moves every tensor it sends; the learner hands no tensor to "
                       "torch.distributed",
 }
-
-WRONG_ANSWERS += [
-    # --- 11, structure: the right numbers, another schedule ---------------------------------
-    ("11", "one schedule step per micro-batch (right gradients, the stages never overlap)", '''
-def pipeline_step(stage_module, stage_index, num_stages, inputs, targets, n_microbatches):
-    stage = PipelineStage(stage_module, stage_index, num_stages, torch.device("cpu"))
-    # one micro-batch per step: each loss divided by their number, so the gradients add up
-    schedule = ScheduleGPipe(stage, n_microbatches=1,
-                             loss_fn=lambda out, y: F.mse_loss(out, y) / n_microbatches)
-    losses = []
-    for k in range(n_microbatches):
-        if stage_index == 0:
-            schedule.step(inputs.chunk(n_microbatches)[k])
-        elif stage_index < num_stages - 1:
-            schedule.step()
-        else:
-            schedule.step(target=targets.chunk(n_microbatches)[k], losses=losses)
-    return torch.stack(losses).sum().item() if stage_index == num_stages - 1 else None
-''', r"on 3 processes \(3 stages, one per rank\), n_microbatches=3: stage 0 \(the first stage, rank 0\) posted "
-     r"the receive of micro-batch 1's gradient after sending 1 of 3 micro-batches on"),
-    ("11", "n_microbatches=1: the whole batch as one micro-batch (right gradients)",
-     [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "ScheduleGPipe(stage, n_microbatches=1,")],
-     r"with n_microbatches=4 and a batch of 16, rank 0 sent 1 activation tensor\(s\) of shape \(16, 8\), not 4"),
-    ("11", "Schedule1F1B instead of ScheduleGPipe (the same numbers, another schedule)",
-     [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "Schedule1F1B(stage, n_microbatches=n_microbatches,"),
-      ("from torch.distributed.pipelining import PipelineStage, ScheduleGPipe",
-       "from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe")],
-     r"on 3 processes \(3 stages, one per rank\), n_microbatches=3: stage 1 \(a middle stage, rank 1\) posted "
-     r"the receive of micro-batch 1's gradient after sending 2 of 3 micro-batches on: the numbers may be right, "
-     r"but that is not the GPipe schedule"),
-    # --- 11, robust: what the check must survive and describe -------------------------------
-    ("11", "the list of losses returned",
-     [("return torch.stack(losses).mean().item()", "return losses")],
-     r"the last stage returned a list of 4: return the mean of the micro-batch losses as a Python float"),
-    ("11", "nothing returned on the last stage",
-     [("    return torch.stack(losses).mean().item()\n", "")],
-     r"the last stage returned None: return the mean of the micro-batch losses as a Python float"),
-    ("11", "0.0 returned on the first stage",
-     [("schedule.step(inputs)  # cut into micro-batches and sent on\n        return None",
-       "schedule.step(inputs)  # cut into micro-batches and sent on\n        return 0.0")],
-     r"rank 0 returned 0.0: return None there \(the loss is computed on the last stage\)"),
-    ("11", "the mean of the losses taken on every stage (raises on the first)", '''
-def pipeline_step(stage_module, stage_index, num_stages, inputs, targets, n_microbatches):
-    stage = PipelineStage(stage_module, stage_index, num_stages, torch.device("cpu"))
-    schedule = ScheduleGPipe(stage, n_microbatches=n_microbatches, loss_fn=F.mse_loss)
-    losses = []
-    if stage_index == 0:
-        schedule.step(inputs)
-    elif stage_index < num_stages - 1:
-        schedule.step()
-    else:
-        schedule.step(target=targets, losses=losses)
-    return torch.stack(losses).mean().item()
-''', r"rank 0 raised RuntimeError: stack expects a non-empty TensorList"),
-    ("11", "bubble_fraction returns a tensor",
-     [("return (stages - 1) / (microbatches + stages - 1)",
-       "return torch.tensor((stages - 1) / (microbatches + stages - 1))")],
-     r"bubble_fraction\(2, 2\) returned a float32 tensor of shape \(\), not a number: return a Python float"),
-]
-FAMILY.update({("11", name): family for family, names in {
-    "structure": ("one schedule step per micro-batch (right gradients, the stages never overlap)",
-                  "n_microbatches=1: the whole batch as one micro-batch (right gradients)",
-                  "Schedule1F1B instead of ScheduleGPipe (the same numbers, another schedule)"),
-    "robust": ("the list of losses returned", "nothing returned on the last stage", "0.0 returned on the first stage",
-               "the mean of the losses taken on every stage (raises on the first)", "bubble_fraction returns a tensor"),
-}.items() for name in names})

@@ -243,7 +243,8 @@ def done_at(log, i):
 def structure(where, rank, n, m, log, device):
     """The learner's sentence if this stage's transfers are not a pipeline, else ''."""
     what = f"stage {rank} ({role(rank, n)}, rank {rank})"
-    others = sorted({e["op"] for e in log if e["op"] not in P2P + ("wait", "matmul")})
+    # a barrier is harmless; any other collective is not what a pipeline does
+    others = sorted({e["op"] for e in log if e["op"] not in P2P + ("wait", "matmul", "barrier")})
     if others:
         return (f"{where}: {what} called {others}: a pipeline passes each micro-batch's activations and "
                 f"gradients point to point between neighbouring stages (dist.recv, dist.isend), no collective")

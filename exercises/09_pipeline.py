@@ -1,38 +1,62 @@
-"""Exercise 09 (advanced): a two-stage pipeline with micro-batches.
+"""Exercise 09 (advanced): a pipeline of N stages with micro-batches, one stage per rank.
 
 Beyond the notebooks. Data parallelism keeps a WHOLE copy of the model in every process;
 when the model does not fit in one device, that is not enough. Pipeline parallelism cuts
-the model into stages, one per process: process 0 runs the first layers and sends their
-output (the activations) to process 1, which runs the rest and the loss; in the backward
-pass process 1 sends back the gradient of the loss with respect to those activations,
-and process 0 continues the backward pass with it. The batch is cut into micro-batches
-so that both stages can work at the same time (the GPipe schedule: all forwards, then
-all backwards).
+the model into stages, one per process: rank 0 runs the first layers and sends their
+output (the activations) to rank 1, which runs the next layers and sends its output to
+rank 2, and so on; the last rank runs the last layers and the loss. In the backward pass
+the gradients flow the other way: the last rank sends back the gradient of the loss with
+respect to the activations it received, each rank in the middle continues the backward
+pass through its layers with the gradient it received and sends the gradient of ITS
+input back, down to rank 0.
 
-Task: write ``pipeline_step(stage, inputs, targets, activation_shape)``, called on 2
-processes at once:
+Why micro-batches: with the whole batch at once only one stage works at a time, the
+others wait. Cut into micro-batches, stage 1 computes micro-batch 1 while stage 0 already
+computes micro-batch 2: the stages work at the same time. This is the GPipe schedule:
+every stage runs the forward of every micro-batch, then the backward of every one.
 
-- rank 0 holds ``stage`` = the first layers, ``inputs`` = list of micro-batches of
-  inputs, ``targets`` = None;
-- rank 1 holds ``stage`` = the last layers, ``inputs`` = None, ``targets`` = list of
-  micro-batches of class labels;
-- ``activation_shape``: the shape of one micro-batch's activations (for ``recv``).
+Task: write ``pipeline_step(stage, inputs, targets, activation_shape, n_microbatches)``,
+called on every rank at once (world size N, N >= 1). Rank r holds stage r:
 
-Rank 0 sends each micro-batch's activations as its own tensor, and sends those of the
-next micro-batch before it waits for the gradient of the previous one (here: all the
-forwards, then all the backwards, as GPipe does), and rank 1 computes on each micro-batch
-as soon as it has arrived, before the next one arrives, so that the two stages work at the
-same time. Sends and receives pair up in the same order on both sides.
+- ``stage``: this rank's layers (an ``nn.Module``);
+- ``inputs``: on rank 0 only, the list of the ``n_microbatches`` micro-batches of
+  inputs; None on the other ranks;
+- ``targets``: on the last rank (N - 1) only, the list of the micro-batches' class labels;
+  None on the other ranks;
+- ``activation_shape``: the shape of one micro-batch's activations between two stages
+  (the same between every pair), to make the buffers ``recv`` fills;
+- ``n_microbatches``: how many micro-batches (a middle rank gets no list to count).
+
+With one process (no process group at all) rank 0 is both the first and the last stage:
+it runs the whole model and sends and receives nothing. ``idist.get_rank()`` and
+``idist.get_world_size()`` work there too (0 and 1); ``torch.distributed``'s do not.
+
+The order, on rank r: the forward of micro-batch k = 0, 1, ...: rank 0 takes
+``inputs[k]``, every other rank receives micro-batch k's activations from rank r - 1;
+the stage computes on it at once (before the next micro-batch arrives) and sends its
+output to rank r + 1, or, on the last rank, computes the loss. Then the backward of
+micro-batch k = 0, 1, ... in the same order: every rank but the last receives the
+gradient of its output k from rank r + 1 and backpropagates it; every rank but the first
+sends the gradient of the input it received for k to rank r - 1. Send each micro-batch's
+activations (and each gradient) as a tensor of its own, of ``activation_shape``; sends and
+receives pair up in the same order on both sides of each link.
+
+A blocking ``dist.send`` returns only once the peer has posted the matching ``recv``: a
+stage would stand still while the next one is busy, and two ranks both blocked in a
+``send`` to each other wait forever. Send with ``dist.isend`` (it returns at once with a
+handle) and ``wait()`` on the handles before returning.
 
 Afterwards each stage's parameters must hold in ``.grad`` exactly the gradients that one
 process would compute for the whole model on the whole batch, with the loss
 ``cross_entropy`` averaged over all samples (every micro-batch has the same size). Return
-that loss (a Python float) on rank 1 and None on rank 0. Do not step an optimizer.
+that loss (a Python float) on the last rank and None on the others. Do not step an
+optimizer. Make the buffers you receive into on ``idist.device()`` (the CPU under gloo,
+this rank's GPU under nccl).
 
-Tools: ``torch.distributed.send(tensor, dst)`` / ``recv(tensor, src)`` (point to point;
-``idist`` has no wrapper for them), ``dist.isend(tensor, dst)`` (returns at once, with a
-handle to ``wait()`` on), ``tensor.detach()``, ``requires_grad_()``,
-``tensor.backward(gradient)``.
+Tools: ``dist.recv(tensor, src)`` (blocks until the tensor has arrived),
+``dist.isend(tensor, dst)`` (returns a handle to ``wait()`` on), ``dist.send(tensor,
+dst)`` (point to point; ``idist`` has no wrapper for them), ``tensor.detach()``,
+``requires_grad_()``, ``tensor.backward(gradient)``.
 
 Check it:  pytest exercises -m ex09     (or: distkit check 09)
 Stuck?     distkit check 09 --hint     (or read exercises/hints.md)
@@ -43,9 +67,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 
-def pipeline_step(stage, inputs, targets, activation_shape):
-    """Forward and backward of one batch through a 2-stage pipeline, in micro-batches."""
-    # TODO: rank 0: forward every micro-batch, send the activations; then receive their
-    # gradients and backpropagate them. Rank 1: receive, forward, loss, backward, send
-    # the activations' gradients back.
+def pipeline_step(stage, inputs, targets, activation_shape, n_microbatches):
+    """Forward and backward of one batch through this rank's stage, in micro-batches (GPipe)."""
+    # TODO: forward every micro-batch (take it or receive it, compute, send it on or take
+    # the loss), then backward every micro-batch in the same order (receive the output's
+    # gradient or start from the loss, backpropagate, send the input's gradient back).
     raise NotImplementedError("exercise 09: write pipeline_step")

@@ -659,86 +659,138 @@ def accumulation_step(model, optimizer, loss_fn, micro_batches):
      r"after its forward"),
     # 09 pipeline
     ("09", "the micro-batch losses are not scaled",
-     [("loss = F.cross_entropy(stage(a), y) / n", "loss = F.cross_entropy(stage(a), y)")],
-     r"They are 4\.00x too large: you did not divide each micro-batch's loss"),
+     [("out = F.cross_entropy(out, targets[k]) / n_microbatches", "out = F.cross_entropy(out, targets[k])")],
+     r"on 2 processes \(2 stages, one per rank\), 4 micro-batches: stage 0 \(the first stage, rank 0\)'s "
+     r"gradients.* They are 4x too large: you did not divide each micro-batch's loss"),
     ("09", "the gradient sent back divided by the micro-batches again",
-     [("out.backward(grad)", "out.backward(grad / len(inputs))")],
-     r"stage 0 \(rank 0\) has other gradients .* They are 1/4 of them: the gradients were "
+     [("outputs[k].backward(grad)", "outputs[k].backward(grad / n_microbatches)")],
+     r"stage 0 \(the first stage, rank 0\)'s gradients.* They are 1/4 of them: the gradients were "
      r"divided by the number of micro-batches twice"),
-    ("09", "stage 0 never backpropagates", [("            out.backward(grad)\n", "")],
-     r"stage 0's parameters have no gradient: rank 0 must call out.backward\(grad\)"),
-    ("09", "no micro-batches: the whole batch at once", '''
-def pipeline_step(stage, inputs, targets, activation_shape):
-    if idist.get_rank() == 0:
-        out = stage(torch.cat(inputs))
-        dist.send(out.detach(), dst=1)
+    ("09", "stage 0 never backpropagates", [("            outputs[k].backward(grad)\n", "")],
+     r"after pipeline_step stage 0 \(the first stage, rank 0\)'s parameters have no gradient: every stage "
+     r"but the last calls output.backward\(grad\)"),
+    ("09", "no micro-batches: the whole batch at once", """
+def pipeline_step(stage, inputs, targets, activation_shape, n_microbatches):
+    rank, world_size = idist.get_rank(), idist.get_world_size()
+    whole = (activation_shape[0] * n_microbatches, *activation_shape[1:])
+    if rank == 0:
+        x = torch.cat(inputs)
+    else:
+        x = torch.empty(whole)
+        dist.recv(x, src=rank - 1)
+        x.requires_grad_()
+    out = stage(x)
+    if rank == world_size - 1:
+        loss = F.cross_entropy(out, torch.cat(targets))
+        loss.backward()
+    else:
+        dist.send(out.detach(), dst=rank + 1)
         grad = torch.empty_like(out)
-        dist.recv(grad, src=1)
+        dist.recv(grad, src=rank + 1)
         out.backward(grad)
-        return None
-    a = torch.empty((activation_shape[0] * len(targets), *activation_shape[1:]))
-    dist.recv(a, src=0)
-    a.requires_grad_()
-    loss = F.cross_entropy(stage(a), torch.cat(targets))
-    loss.backward()
-    dist.send(a.grad, dst=0)
-    return loss.item()
-''', r"rank 0 sent 1 activation tensor of shape \(12, 8\) for 4 micro-batches"),
-    ("09", "one micro-batch at a time: the stages never overlap", '''
-def pipeline_step(stage, inputs, targets, activation_shape):
-    if idist.get_rank() == 0:
-        for x in inputs:
-            out = stage(x)
-            dist.send(out.detach(), dst=1)
-            grad = torch.empty_like(out)
-            dist.recv(grad, src=1)
-            out.backward(grad)
-        return None
-    n, total = len(targets), 0.0
-    for y in targets:
-        a = torch.empty(activation_shape)
-        dist.recv(a, src=0)
-        a.requires_grad_()
-        loss = F.cross_entropy(stage(a), y) / n
-        loss.backward()
-        dist.send(a.grad, dst=0)
-        total += loss.item()
-    return total
-''', r"rank 0 waited for the gradient of micro-batch 1 before it sent micro-batch 2"),
-    ("09", "a tensor returned", [("total += loss.item()", "total = total + loss.detach()")],
-     r"rank 1 returned a tensor .*return a Python float \(loss.item\(\)\)"),
-    ("09", "the gradients paired with the wrong micro-batches",
-     [("        for out in outputs:\n", "        for out in reversed(outputs):\n")],
-     r"stage 0 \(rank 0\) has other gradients .*each gradient rank 1 sends back belongs to one "
-     r"micro-batch: backpropagate them in the order they were sent"),
-    ("09", "rank 1 receives every micro-batch before computing any (right gradients, no overlap)", """
-def pipeline_step(stage, inputs, targets, activation_shape):
-    if idist.get_rank() == 0:
-        outputs = []
-        for x in inputs:
-            out = stage(x)
-            dist.send(out.detach(), dst=1)
-            outputs.append(out)
-        for out in outputs:
-            grad = torch.empty_like(out)
-            dist.recv(grad, src=1)
-            out.backward(grad)
-        return None
-    n = len(targets)
-    activations = []
-    for _ in range(n):
-        a = torch.empty(activation_shape)
-        dist.recv(a, src=0)
-        activations.append(a.requires_grad_())
+    if rank > 0:
+        dist.send(x.grad, dst=rank - 1)
+    return loss.item() if rank == world_size - 1 else None
+""", r"on 2 processes: stage 0 \(the first stage, rank 0\) with 4 micro-batches sent a tensor of shape \(12, 8\) "
+     r"to rank 1, but each micro-batch's activations, and their gradients, have activation_shape \(3, 8\)"),
+    ("09", "one micro-batch at a time: the stages never overlap", """
+def pipeline_step(stage, inputs, targets, activation_shape, n_microbatches):
+    rank, world_size = idist.get_rank(), idist.get_world_size()
     total = 0.0
-    for a, y in zip(activations, targets):
-        loss = F.cross_entropy(stage(a), y) / n
-        loss.backward()
-        dist.send(a.grad, dst=0)
-        total += loss.item()
-    return total
-""", r"rank 1 received all 4 micro-batches before computing on the first: the gradients are right, but the "
-     r"stages never work at the same time"),
+    for k in range(n_microbatches):
+        if rank == 0:
+            x = inputs[k]
+        else:
+            x = torch.empty(activation_shape)
+            dist.recv(x, src=rank - 1)
+            x.requires_grad_()
+        out = stage(x)
+        if rank == world_size - 1:
+            loss = F.cross_entropy(out, targets[k]) / n_microbatches
+            loss.backward()
+            total += loss.item()
+        else:
+            dist.send(out.detach(), dst=rank + 1)
+            grad = torch.empty_like(out)
+            dist.recv(grad, src=rank + 1)
+            out.backward(grad)
+        if rank > 0:
+            dist.send(x.grad, dst=rank - 1)
+    return total if rank == world_size - 1 else None
+""", r"stage 0 \(the first stage, rank 0\) waited for the gradient of micro-batch 1 before it sent micro-batch 2"),
+    ("09", "a tensor returned", [("total += out.item()", "total = total + out.detach()")],
+     r"stage 1 \(the last stage, rank 1\) returned a float32 tensor of shape \(\), not a Python float: return a "
+     r"Python float \(loss.item\(\)\)"),
+    ("09", "the gradients paired with the wrong micro-batches", """
+def pipeline_step(stage, inputs, targets, activation_shape, n_microbatches):
+    rank, world_size = idist.get_rank(), idist.get_world_size()
+    last = rank == world_size - 1
+    received, outputs, sends, total = [], [], [], 0.0
+    for k in range(n_microbatches):
+        if rank == 0:
+            x = inputs[k]
+        else:
+            x = torch.empty(activation_shape)
+            dist.recv(x, src=rank - 1)
+            x.requires_grad_()
+        out = stage(x)
+        if last:  # the last stage: forward and backward at once, the gradient straight back
+            loss = F.cross_entropy(out, targets[k]) / n_microbatches
+            loss.backward()
+            total += loss.item()
+            if rank > 0:
+                sends.append(dist.isend(x.grad, dst=rank - 1))
+        else:
+            sends.append(dist.isend(out.detach(), dst=rank + 1))
+            received.append(x)
+            outputs.append(out)
+    if not last:  # the backward pass goes the other way: the last micro-batch first
+        for x, out in zip(reversed(received), reversed(outputs)):
+            grad = torch.empty_like(out)
+            dist.recv(grad, src=rank + 1)
+            out.backward(grad)
+            if rank > 0:
+                sends.append(dist.isend(x.grad, dst=rank - 1))
+    for request in sends:
+        request.wait()
+    return total if last else None
+""", r"stage 0 \(the first stage, rank 0\)'s gradients.*when micro-batch k's output is backpropagated with "
+     r"another micro-batch's gradient"),
+    ("09", "rank 1 receives every micro-batch before computing any (right gradients, no overlap)", """
+def pipeline_step(stage, inputs, targets, activation_shape, n_microbatches):
+    rank, world_size = idist.get_rank(), idist.get_world_size()
+    first, last = rank == 0, rank == world_size - 1
+    if first:
+        received = list(inputs)
+    else:
+        received = []
+        for _ in range(n_microbatches):
+            x = torch.empty(activation_shape)
+            dist.recv(x, src=rank - 1)
+            received.append(x.requires_grad_())
+    outputs, sends, total = [], [], 0.0
+    for k, x in enumerate(received):
+        out = stage(x)
+        if last:
+            out = F.cross_entropy(out, targets[k]) / n_microbatches
+            total += out.item()
+        else:
+            sends.append(dist.isend(out.detach(), dst=rank + 1))
+        outputs.append(out)
+    for k, out in enumerate(outputs):
+        if last:
+            out.backward()
+        else:
+            grad = torch.empty_like(out)
+            dist.recv(grad, src=rank + 1)
+            out.backward(grad)
+        if not first:
+            sends.append(dist.isend(received[k].grad, dst=rank - 1))
+    for request in sends:
+        request.wait()
+    return total if last else None
+""", r"stage 1 \(the last stage, rank 1\) received all 4 micro-batches before computing on the first: the "
+     r"gradients are right, but the stages never work at the same time"),
     # 10 sharded memory
     ("10", "FSDP predicted like DDP", [('shards = world_size if strategy == "fsdp" else 1', "shards = 1")],
      r"under FSDP with 2 ranks you predicted \d+ bytes of params .*that is what DDP keeps; under "
@@ -811,7 +863,8 @@ def shard(model):
      r"do not divide it by n_microbatches again"),
     ("11", "a tensor returned",
      [("return torch.stack(losses).mean().item()", "return torch.stack(losses).mean()")],
-     r"the last stage returned 'tensor\(.*return the mean of the micro-batch losses as a Python float"),
+     r"the last stage returned a float32 tensor of shape \(\): return the mean of the micro-batch losses as a "
+     r"Python float"),
     ("11", "a hard-coded 4 micro-batches",
      [("ScheduleGPipe(stage, n_microbatches=n_microbatches,", "ScheduleGPipe(stage, n_microbatches=4,")],
      r"in the timed step with n_microbatches=2, rank 0 sent 4 activation tensor\(s\) of shape "

@@ -65,7 +65,7 @@ def on_rank():
     report["grads"] = [None if p.grad is None else p.grad.clone() for p in stage.parameters()]
     # Activations only: a fresh PipelineStage first sends its shapes (pickled, uint8)
     report["sends"] = [shape for kind, shape, dtype in comm.log if kind == "send" and dtype == "torch.float32"]
-    report["returned"] = returned if isinstance(returned, (int, float, type(None))) else repr(returned)
+    report["returned"] = returned if isinstance(returned, (int, float, type(None))) else harness.describe(returned)
 
     report["measured"], report["timed_sends"] = {}, {}
     for m in MEASURED_M:
@@ -129,8 +129,9 @@ def test_pipeline_step_and_its_bubble():
     got, want = ranks[1]["returned"], ranks[1]["loss"]
     if not isinstance(got, (int, float)):
         raise harness.ExerciseFailure(
-            f"the last stage returned {got!r}: return the mean of the micro-batch losses as a "
-            f"Python float (collect them with schedule.step(target=..., losses=losses))")
+            f"the last stage returned {got if isinstance(got, str) else harness.describe(got)}: return the "
+            f"mean of the micro-batch losses as a Python float (collect them with "
+            f"schedule.step(target=..., losses=losses))")
     if math.isclose(got, MICRO * want, rel_tol=1e-4):
         raise harness.ExerciseFailure(
             f"the last stage returned {got:.6f}, {MICRO}x the batch's loss {want:.6f}: that is the "
@@ -152,6 +153,12 @@ def test_pipeline_step_and_its_bubble():
                 f"tensor(s) of shape {harness.short_list(sorted(set(sends)))}, not {m}: the "
                 f"schedule must cut the batch into the n_microbatches it is given "
                 f"(ScheduleGPipe(stage, n_microbatches=n_microbatches, ...)), not a fixed number")
+    for stages, m, predicted in [(STAGES, m, ranks[0]["predicted"][m]) for m in MEASURED_M] + \
+            [(4, 8, ranks[0]["predicted_4_stages"])]:
+        if not isinstance(predicted, (int, float)) or isinstance(predicted, bool):
+            raise harness.ExerciseFailure(
+                f"bubble_fraction({stages}, {m}) returned {harness.describe(predicted)}, not a number: return "
+                f"a Python float (the idle share of the step, between 0 and 1)")
     for m in MEASURED_M:
         predicted = ranks[0]["predicted"][m]
         measured = [r["measured"][m] for r in ranks]
@@ -229,7 +236,7 @@ def on_rank_deep(seed):
     for m in DEEP_M:
         stage = deep_stages(seed, n)[rank]
         try:
-            with CommCounter() as comm:
+            with harness.Recorder() as record, CommCounter() as comm:
                 returned = ex.pipeline_step(stage, rank, n, *args, m)
         except (harness.ExerciseFailure, NotImplementedError):
             raise  # the check's own sentence, or the TODO still there
@@ -244,7 +251,10 @@ def on_rank_deep(seed):
             returned = repr(returned)[:200]
         report["got"][m] = {"returned": returned,
                             "grads": [None if p.grad is None else p.grad.clone() for p in stage.parameters()],
-                            "sends": [s for kind, s, dtype in comm.log if kind == "send" and dtype == "torch.float32"]}
+                            "sends": [s for kind, s, dtype in comm.log if kind == "send" and dtype == "torch.float32"],
+                            # the transfers of micro-batches, in the order they were posted
+                            "order": [(c["op"], c["peer"]) for c in record.log if c["op"] in
+                                      ("send", "isend", "recv", "irecv") and c["shapes"] == [(DEEP_BATCH // m, WIDTH)]]}
     return report
 
 
@@ -266,6 +276,19 @@ def judge_deep(layout, ranks, seed):
                     f"on (all but the last) and its gradient back (all but the first), a middle "
                     f"stage both (a PipelineStage and schedule.step() on every rank, with "
                     f"n_microbatches micro-batches)")
+            if rank < n - 1:
+                # GPipe: every micro-batch's activation is on its way before the first gradient
+                # is asked for (a schedule step per micro-batch, or 1F1B, asks earlier)
+                order = got["order"]
+                asked = [i for i, (op, peer) in enumerate(order) if op in ("recv", "irecv") and peer == rank + 1]
+                sent = sum(1 for op, peer in order[:asked[0] if asked else len(order)]
+                           if op in ("send", "isend") and peer == rank + 1)
+                if asked and sent < m:
+                    raise harness.ExerciseFailure(
+                        f"{where}: {what} posted the receive of micro-batch 1's gradient after sending {sent} of "
+                        f"{m} micro-batches on: the numbers may be right, but that is not the GPipe schedule, "
+                        f"whose bubble you predicted (every forward first, then every backward). Run one "
+                        f"schedule.step of a ScheduleGPipe with n_microbatches micro-batches")
             if any(g is None for g in got["grads"]):
                 raise harness.ExerciseFailure(
                     f"{where}: after pipeline_step {what}'s parameters have no gradient: every "
@@ -307,6 +330,8 @@ def test_bubble_fraction_matches_the_reference():
             want, got = reference.bubble_fraction(stages, m), ex.bubble_fraction(stages, m)
             differs = harness.difference(float(want), got, rtol=1e-9, atol=1e-12,
                                          what=f"bubble_fraction({stages}, {m})")
+            if differs and (not isinstance(got, (int, float)) or isinstance(got, bool)):
+                raise harness.ExerciseFailure(f"{differs}: return a Python float, the idle share of the step")
             if differs:
                 raise harness.ExerciseFailure(
                     f"{differs}: a GPipe step of {m} micro-batches on {stages} stage(s) lasts "

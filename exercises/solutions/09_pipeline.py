@@ -1,4 +1,5 @@
-"""Exercise 09 (advanced): a two-stage pipeline with micro-batches. (Solution.)
+"""Exercise 09 (advanced): a pipeline of N stages with micro-batches, one stage per rank.
+(Solution.)
 
 See ``exercises/09_pipeline.py`` for the task.
 """
@@ -8,39 +9,52 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 
-def pipeline_step(stage, inputs, targets, activation_shape):
-    """Forward and backward of one batch through a 2-stage pipeline, in micro-batches."""
-    if idist.get_rank() == 0:
-        outputs = []
-        for x in inputs:
-            out = stage(x)
-            # Send a plain tensor: the autograd graph stays here, in `outputs`. While
-            # rank 1 works on this micro-batch, rank 0 already computes the next one.
-            dist.send(out.detach(), dst=1)
-            outputs.append(out)
-        for out in outputs:
-            grad = torch.empty_like(out)
-            dist.recv(grad, src=1)
-            # Continue the backward pass through stage 0 from d(loss)/d(activations).
-            out.backward(grad)
-        return None
+def pipeline_step(stage, inputs, targets, activation_shape, n_microbatches):
+    """Forward and backward of one batch through this rank's stage, in micro-batches (GPipe)."""
+    # idist works with and without a process group: 1 process is rank 0 of 1, first and last.
+    rank, world_size = idist.get_rank(), idist.get_world_size()
+    first, last = rank == 0, rank == world_size - 1
+    received, outputs, sends = [], [], []
+    total = 0.0
 
-    n = len(targets)
-    total, sent = 0.0, []
-    for y in targets:
-        a = torch.empty(activation_shape)
-        dist.recv(a, src=0)
-        # A leaf that requires grad: backward() fills a.grad, the gradient rank 0 needs.
-        a.requires_grad_()
-        # Each micro-batch's mean, divided by n: their sum is the mean over the batch,
-        # so the accumulated .grad equals the whole batch's gradient. Computed as soon as
-        # this micro-batch has arrived, while rank 0 computes (and sends) the next one.
-        loss = F.cross_entropy(stage(a), y) / n
-        loss.backward()
-        # isend: returns at once, so this rank goes on to receive the next micro-batch
-        # (a blocking send would wait for rank 0, which is still sending: both would wait)
-        sent.append(dist.isend(a.grad, dst=0))
-        total += loss.item()
-    for request in sent:
-        request.wait()  # the gradients must have left before their buffers go
-    return total
+    # Forward of every micro-batch, in order. Each one is computed as soon as it has arrived
+    # and passed on at once: while the next stage works on micro-batch k, this one already
+    # computes k + 1.
+    for k in range(n_microbatches):
+        if first:
+            x = inputs[k]
+        else:
+            x = torch.empty(activation_shape, device=idist.device())
+            dist.recv(x, src=rank - 1)  # blocking: there is nothing to compute without it
+            # A leaf that requires grad: its .grad is what the previous stage needs back.
+            x.requires_grad_()
+        out = stage(x)
+        if last:
+            # Each micro-batch's mean loss divided by their number: the sum is the batch's
+            # mean loss, so the accumulated .grad equals the whole batch's gradient.
+            out = F.cross_entropy(out, targets[k]) / n_microbatches
+            total += out.item()
+        else:
+            # isend returns at once: this stage goes on with micro-batch k + 1 instead of
+            # waiting until the next stage has posted its receive. Send a plain tensor: the
+            # autograd graph stays here, in `outputs`.
+            sends.append(dist.isend(out.detach(), dst=rank + 1))
+        received.append(x)
+        outputs.append(out)
+
+    # Backward of every micro-batch, in the same order on every stage, so that each
+    # gradient received pairs with the output it belongs to.
+    for k in range(n_microbatches):
+        if last:
+            outputs[k].backward()
+        else:
+            grad = torch.empty_like(outputs[k])
+            dist.recv(grad, src=rank + 1)  # d(loss)/d(this stage's output k)
+            outputs[k].backward(grad)
+        if not first:
+            # isend again: the previous stage may still be busy with its own backward.
+            sends.append(dist.isend(received[k].grad, dst=rank - 1))
+
+    for request in sends:
+        request.wait()  # a tensor must have left before its buffer goes
+    return total if last else None

@@ -929,6 +929,15 @@ for _module in sorted(Path(__file__).resolve().parent.glob("wrong_answers_ex*.py
     WRONG_ANSWERS += __import__(_module.stem).WRONG_ANSWERS
 
 
+def test_every_family_of_wrong_answers_that_applies_has_six_of_its_own():
+    # issue 35: every answer has a family; for every exercise each of the five families
+    # either applies (then at least 6 answers of it) or is said not to, with the reason
+    from wrong_answer_families import MINIMUM, all_answers, shortfalls
+
+    assert MINIMUM == 6
+    assert shortfalls(all_answers(), NUMBERS) == []
+
+
 @pytest.fixture(scope="module")
 def wrong_answer_results(tmp_path_factory, request):
     """Grade the wrong answers in rounds (one file per exercise and round), one pytest

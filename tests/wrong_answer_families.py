@@ -91,9 +91,25 @@ def all_answers():
     return test_exercises.WRONG_ANSWERS + WRONG_ANSWERS_15
 
 
-if __name__ == "__main__":  # python tests/wrong_answer_families.py 08 09: what is missing
+def table(answers, numbers) -> str:
+    """A markdown table: per exercise, how many wrong answers of each tag; '-' where the
+    family does not apply."""
+    family, applies, _ = declared()
+    lines = ["| exercise | " + " | ".join(TAGS) + " | all |", "|" + " --- |" * (len(TAGS) + 2)]
+    for number in numbers:
+        names = [name for n, name, *_ in answers if n == number]
+        cells = []
+        for tag in TAGS:
+            count = sum(1 for name in names if family.get((number, name)) == tag)
+            cells.append(str(count) if tag not in FAMILIES or (number, tag) in applies else "-")
+        lines.append(f"| {number} | " + " | ".join(cells) + f" | {len(names)} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python tests/wrong_answer_families.py [08 09]: what is missing, and the counts
     import sys
 
     sys.path.insert(0, str(HERE))
     wanted = sys.argv[1:] or sorted({n for n, *_ in all_answers()})
+    print(table(all_answers(), wanted))
     print("\n".join(shortfalls(all_answers(), wanted)) or "nothing missing")

@@ -384,8 +384,14 @@ def create_lr_scheduler(optimizer, base_lr, warmup_iters, total_iters):
      r"create_lr_scheduler returned a tuple of 2 .*: return the ignite scheduler"),
     ("06", "the parameter named 'learning_rate' (the optimizer's key is 'lr')",
      [('PiecewiseLinear(optimizer, "lr",', 'PiecewiseLinear(optimizer, "learning_rate",')],
-     r"the learning rate never changed: it stayed at the optimizer's own 0\.1 for all 12 iterations.*"
+     r"the learning rate never changed: it stayed at the optimizer's own 0\.5 for all 12 iterations.*"
      r"param_name \"lr\""),
+
+    ("06", "the peak read from the optimizer's lr, not base_lr (the example's are the same)",
+     [("peak = base_lr * idist.get_world_size()",
+       'peak = optimizer.param_groups[0]["lr"] * idist.get_world_size()')],
+     r"with 1 process the highest learning rate is 0\.5, the optimizer's own lr \(0\.5\) x 1: scale base_lr, the "
+     r"argument"),
 
     # === 07 checkpoints ==================================================================
     ("07", "only the ranks of node 0 load (the file was written there)",
@@ -444,6 +450,7 @@ for _number, _family, _names in [
                       "a Timer created but never attached", "average=True passed to attach, not to Timer",
                       "all_gather's list returned", "the slowest time computed, not returned",
                       "the time taken for a tensor (seconds.item())"]),
+    ("06", "inputs", ["the peak read from the optimizer's lr, not base_lr (the example's are the same)"]),
     ("06", "robust", ["the scheduler not returned", "the milestones returned, not a scheduler",
                       "torch's LambdaLR (a torch scheduler, not ignite's)", "the milestones given as a dict",
                       "the scheduler and its peak returned together",

@@ -140,7 +140,8 @@ def returned_problem(data, payload):
     if not isinstance(data, torch.Tensor):
         shown = harness.describe(data)
         if data is not None and not isinstance(data, (list, tuple)):
-            shown = f"a {type(data).__name__}: {shown}"
+            kind = type(data).__name__
+            shown = f"{'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}: {shown}"
         return f"{shown}, not the dataset ({harness.describe(expected)})"
     return found
 

@@ -140,8 +140,7 @@ def returned_problem(data, payload):
     if not isinstance(data, torch.Tensor):
         shown = harness.describe(data)
         if data is not None and not isinstance(data, (list, tuple)):
-            kind = type(data).__name__
-            shown = f"{'an' if kind[0].lower() in 'aeiou' else 'a'} {kind}: {shown}"
+            shown = f"{shown} ({type(data).__name__})"
         return f"{shown}, not the dataset ({harness.describe(expected)})"
     return found
 

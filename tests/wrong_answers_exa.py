@@ -233,9 +233,9 @@ def get_dataset(root):
      r"on 2 processes: rank 0 returned None, not the dataset \(a uint8 tensor of shape \(16384,\)\): "
      r"return load\(root\)"),
     ("04", "the folder returned", [("    return load(root)", "    load(root)\n    return root")],
-     r"on 2 processes: rank 0 returned a str: '.*data', not the dataset \(a uint8 tensor of shape \(16384,\)\)"),
+     r"on 2 processes: rank 0 returned '.*data' \(str\), not the dataset \(a uint8 tensor of shape \(16384,\)\)"),
     ("04", "a numpy array returned", [("    return load(root)", "    return load(root).numpy()")],
-     r"on 2 processes: rank 0 returned an ndarray: array\(.*not the dataset \(a uint8 tensor of shape \(16384,\)\)"),
+     r"on 2 processes: rank 0 returned array\(.*\) \(ndarray\), not the dataset \(a uint8 tensor of shape \(16384,\)\)"),
     ("04", "os.listdir on a folder that does not exist yet",
      [("        if not is_downloaded(root):\n", "        if DATA_FILE not in os.listdir(root):\n")],
      r"on 2 processes: rank 0 raised FileNotFoundError: .*04_safe_download.py\", line \d+, in get_dataset"),

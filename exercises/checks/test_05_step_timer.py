@@ -301,7 +301,7 @@ def on_rank_random(seed):
         with CommCounter() as comm, harness.Recorder() as record:
             got = harness.load("05").slowest_rank(times[idist.get_rank()])
         rounds.append({"value": got, "collectives": dict(comm.calls), "expected": expected, "times": list(times),
-                       **tensors_given(record)})
+                       "per_node": idist.get_nproc_per_node(), **tensors_given(record)})
     return rounds
 
 
@@ -317,6 +317,14 @@ def test_slowest_time_in_every_layout():
                 r = rounds[index]
                 if _close(r["value"], r["expected"]) and not r["device"]:
                     continue
+                per_node, times = r["per_node"], r["times"]
+                node = times[rank // per_node * per_node:(rank // per_node + 1) * per_node]
+                if per_node < len(times) and _close(r["value"], max(node)) and not r["device"]:
+                    raise harness.ExerciseFailure(
+                        f"on {layout}: rank {rank} returned {r['value']!r}, the largest time of ITS node's "
+                        f"{per_node} processes ({node}), but the ranks' step times are {times}: every step "
+                        f"waits for the slowest rank of the whole run, {max(times)}; all_reduce with "
+                        f"op='MAX' over every rank {harness.replay(seed)}")
                 problem = explain_slowest(rank, r, values, r["times"]) or \
                     harness.difference(r["expected"], r["value"], rtol=1e-6)
                 raise harness.ExerciseFailure(f"on {layout}: {problem} {harness.replay(seed)}")

@@ -400,18 +400,18 @@ def create_lr_scheduler(optimizer, base_lr, warmup_iters, total_iters):
        "        Checkpoint.load_objects(_objects(trainer, model, optimizer), read_checkpoint(checkpoint_file))")],
      r"on 2 nodes x 2 processes: after resume rank 0 at iteration 7 .*rank 2 at iteration 0 .*EVERY rank must load"),
     ("07", "the Checkpoint attached but not returned", [("    return checkpoint\n", "")],
-     r"on 2 processes: on rank 0 attach_checkpointing returned NoneType: create the ignite.handlers.Checkpoint "
-     r"on EVERY rank .* and return it"),
+     r"on 2 processes: on every rank attach_checkpointing returned None, not the Checkpoint: return the "
+     r"ignite.handlers.Checkpoint you attached"),
     ("07", "the DiskSaver returned instead of the Checkpoint", '''
 _attach = attach_checkpointing
 
 def attach_checkpointing(trainer, model, optimizer, dirname):
     checkpoint = _attach(trainer, model, optimizer, dirname)
     return checkpoint.save_handler
-''', r"on 2 processes: on rank 0 attach_checkpointing returned DiskSaver"),
+''', r"on 2 processes: on every rank attach_checkpointing returned a DiskSaver, not the Checkpoint"),
     ("07", "the Checkpoint and its folder returned together",
      [("    return checkpoint\n", "    return checkpoint, dirname\n")],
-     r"on 2 processes: on rank 0 attach_checkpointing returned tuple"),
+     r"on 2 processes: on every rank attach_checkpointing returned a tuple, not the Checkpoint"),
     ("07", "a tutorial's key names ('model_state_dict')", '''
 def resume(trainer, model, optimizer, checkpoint_file):
     state = read_checkpoint(checkpoint_file)

@@ -9,8 +9,8 @@ the node waits in a collective (a barrier), downloads too, or has given up (at m
 ``HOLD_S`` each time): so a process that may download but did not yet look always races
 the first, and one that waits a time of its own (a sleep, or polling ``is_downloaded()``,
 True as soon as the file exists) always reads the file too early, however fast the
-download would have been. What each process
-returns is compared with the reference's ``load``."""
+download would have been. What each process returns is compared with the reference's
+``load``."""
 import os
 import time
 
@@ -25,7 +25,7 @@ def node_root(base, node):
     return os.path.join(base, f"node{node}", "data")
 
 
-HOLD_S = 3.0  # the longest a download waits, half-written, for the node's other processes
+HOLD_S = 3.0  # the longest a download waits for the node's other processes, before and half-way
 COLLECTIVES = ("barrier", "all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter",
                "monitored_barrier", "all_gather_object", "broadcast_object_list")
 
@@ -102,7 +102,7 @@ def on_rank(base):
         saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
 
         def noting(name, original):
-            def call(*args, **kwargs):
+            def call(*args, **kwargs):  # a collective: this process waits for the others here
                 waited.append(name)
                 mark(state, "wait")
                 return original(*args, **kwargs)

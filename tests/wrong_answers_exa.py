@@ -346,6 +346,12 @@ def attach_step_timer(trainer):
      [('    return idist.all_reduce(float(seconds), op="MAX")',
        '    slowest = idist.all_reduce(float(seconds), op="MAX")')],
      r"rank 0 returned None \(NoneType\); return a Python float"),
+    ("05", "only the rank that measured more than the others reduces (a hang)",
+     [('    return idist.all_reduce(float(seconds), op="MAX")',
+       '    if idist.get_rank() != 0:  # rank 0 collects the times\n        return float(seconds)\n'
+       '    return idist.all_reduce(float(seconds), op="MAX")')],
+     r"rank 0 was still waiting (for \d+ s )?in a collective when rank 1 had already finished: every rank must "
+     r"call the same collectives.*05_step_timer.py\", line \d+, in slowest_rank"),
     ("05", "the time taken for a tensor (seconds.item())",
      [('idist.all_reduce(float(seconds), op="MAX")', 'idist.all_reduce(seconds.item(), op="MAX")')],
      r"rank 0 raised AttributeError: 'float' object has no attribute 'item'.*05_step_timer.py\", line \d+, "
@@ -449,6 +455,7 @@ for _number, _family, _names in [
     ("05", "robust", ["the Timer not returned", "the trainer returned instead of the timer",
                       "a Timer created but never attached", "average=True passed to attach, not to Timer",
                       "all_gather's list returned", "the slowest time computed, not returned",
+                      "only the rank that measured more than the others reduces (a hang)",
                       "the time taken for a tensor (seconds.item())"]),
     ("06", "inputs", ["the peak read from the optimizer's lr, not base_lr (the example's are the same)"]),
     ("06", "robust", ["the scheduler not returned", "the milestones returned, not a scheduler",

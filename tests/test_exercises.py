@@ -432,7 +432,8 @@ def get_dataset(root):
     return load(root)
 """, r"on 1 process \(no process group\): rank 0 raised ValueError: Default process group has not been initialized"),
     ("04", "the bytes returned as a list", [("    return load(root)", "    return list(load(root))")],
-     r"on 2 processes: rank 0 returned a list that is not the dataset: return load\(root\)"),
+     r"on 2 processes: rank 0 returned a list of 16384, not the dataset \(a uint8 tensor of shape \(16384,\)\): "
+     r"return load\(root\)"),
     # 05 step timer
     ("05", "a Timer that also counts fetching the batch",
      [("resume=Events.ITERATION_STARTED", "resume=Events.GET_BATCH_STARTED")],

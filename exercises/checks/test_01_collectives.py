@@ -47,21 +47,25 @@ def on_rank(seed):
     for (name, values), want in zip(sets, expected):
         with CommCounter() as comm, harness.Recorder() as record:  # which collectives the answer ran
             got = ex.average_across_ranks(values[rank])
+        kind = harness.describe(got) if isinstance(got, (list, tuple)) else type(got).__name__
         if not isinstance(got, (int, float, type(None))) and not _is_tensor(got):
-            got = repr(got)[:200]
-        results.append({"name": name, "values": values, "value": got, "expected": want,
+            got = repr(got)[:200]  # whatever it is, the parent gets its text (and kind)
+        results.append({"name": name, "values": values, "value": got, "kind": kind, "expected": want,
                         "collectives": dict(comm.calls), "log": record.log})
     return {"sets": results, "nproc_per_node": idist.get_nproc_per_node(),
             "local_rank": idist.get_local_rank(), "device": str(idist.device())}
 
 
-def explain(rank, got, values):
+def explain(rank, got, values, kind=None):
+    """What rank ``rank`` got wrong, or None; ``kind``: the type of what the answer returned
+    (``got`` is then its text, for anything but a number, None or a tensor)."""
     expected = sum(values) / len(values)
     if _is_tensor(got):
         return (f"rank {rank} returned a tensor ({got!r}), not a Python float: all_reduce hands "
                 f"back what it was given, so pass it float(value) or return tensor.item()")
     if not isinstance(got, (int, float)) or isinstance(got, bool):
-        return (f"rank {rank} returned {got!r} ({type(got).__name__}); return a Python float")
+        shown = got if kind and isinstance(got, str) else repr(got)
+        return (f"rank {rank} returned {shown} ({kind or type(got).__name__}); return a Python float")
     if math.isclose(got, expected, rel_tol=1e-6):
         return None
     world = len(values)
@@ -112,7 +116,7 @@ def combined_by_op(results, values, where):
 def check_ranks(results, values, where=""):
     got = [r["value"] for r in results]
     combined_by_op(results, values, where)
-    problems = [explain(rank, g, values) for rank, g in enumerate(got)]
+    problems = [explain(rank, g, values, results[rank].get("kind")) for rank, g in enumerate(got)]
     right = [rank for rank, problem in enumerate(problems) if problem is None]
     if right and len(right) < len(results):
         wrong = next(rank for rank, problem in enumerate(problems) if problem)

@@ -2,7 +2,15 @@
 twice, in every layout: 1 process (no process group), 2 and 3 processes on one node, and
 2 nodes x 2 processes where EACH NODE HAS ITS OWN FOLDER (its own disk), as on a cluster
 without a shared file system. So "once per node" and "once in the whole run" differ: on
-2 x 2, one download for the whole run leaves the second node without its dataset."""
+2 x 2, one download for the whole run leaves the second node without its dataset.
+
+A download starts, and later holds its half-written file, only once every other process of
+the node waits in a collective (a barrier), downloads too, or has given up (at most
+``HOLD_S`` each time): so a process that may download but did not yet look always races
+the first, and one that waits a time of its own (a sleep, or polling ``is_downloaded()``,
+True as soon as the file exists) always reads the file too early, however fast the
+download would have been. What each process returns is compared with the reference's
+``load``."""
 import os
 import time
 
@@ -17,42 +25,124 @@ def node_root(base, node):
     return os.path.join(base, f"node{node}", "data")
 
 
+HOLD_S = 3.0  # the longest a download waits for the node's other processes, before and half-way
+COLLECTIVES = ("barrier", "all_reduce", "all_gather", "broadcast", "reduce", "gather", "scatter",
+               "monitored_barrier", "all_gather_object", "broadcast_object_list")
+
+
+class HeldTime:
+    """The exercise's ``time`` module, except that the given download's sleep (while its
+    file is half written) first holds (:func:`hold`)."""
+
+    def __init__(self, real, state):
+        self._real, self._state = real, state
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def sleep(self, seconds):
+        if self._state.get("downloading"):
+            hold(self._state)
+        self._real.sleep(seconds)
+
+
+def hold(state):
+    """Wait until every other process of the node is in a collective, downloading, or out
+    of get_dataset; at most HOLD_S."""
+    deadline = time.monotonic() + HOLD_S
+    while time.monotonic() < deadline and not all(
+            any(os.path.exists(os.path.join(state["marks"], f"{kind}{rank}"))
+                for kind in ("wait", "download", "left"))
+            for rank in state["others"]):
+        time.sleep(0.01)
+
+
+def mark(state, kind):
+    """Note, for the node's other processes, that this one is in a collective ("wait"),
+    downloading ("download") or out of get_dataset ("left")."""
+    if state.get("marks"):
+        open(os.path.join(state["marks"], f"{kind}{state['rank']}"), "w").close()
+
+
 def on_rank(base):
     import ignite.distributed as idist
+    import torch.distributed as dist
 
     ex = harness.load("04")
     root = node_root(base, idist.get_node_rank())  # this node's own disk
+    node, per_node, rank = idist.get_node_rank(), idist.get_nproc_per_node(), idist.get_rank()
+    state = {"rank": rank, "others": [r for r in range(node * per_node, (node + 1) * per_node) if r != rank]}
     # Note when each download starts and ends (the given download still runs), to tell
     # downloads at the same time from downloads one after the other.
     real_download = ex.download
 
     def timed_download(where):
+        mark(state, "download")
+        hold(state)  # before the file exists: whoever may download decides now
         start = time.time()
+        state["downloading"] = True
         try:
             real_download(where)
         finally:
+            state["downloading"] = False
             with open(times_file(root), "a") as f:
                 f.write(f"{idist.get_rank()} {start} {time.time()} {os.path.abspath(where)}\n")
 
     ex.download = timed_download
+    real_time = ex.time
+    ex.time = HeldTime(real_time, state)
+    expected = harness.load_reference("04").PAYLOAD
     outcome = []
     for attempt in range(2):  # a second run finds the dataset already there
         idist.barrier()  # start together, as the processes of a real run do
+        state["marks"] = f"{root.rstrip('/')}-marks{attempt}"  # beside root: the learner owns root
+        os.makedirs(state["marks"], exist_ok=True)
+        idist.barrier()
+        waited = []
+        saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+        def noting(name, original):
+            def call(*args, **kwargs):  # a collective: this process waits for the others here
+                waited.append(name)
+                mark(state, "wait")
+                return original(*args, **kwargs)
+            return call
+
+        for name, original in saved.items():
+            setattr(dist, name, noting(name, original))
         try:
             data = ex.get_dataset(root)
-            try:  # whatever the answer returned
-                complete = bytes(data.tolist()) == ex.PAYLOAD
-            except Exception:
-                complete = False
-            outcome.append({"error": None, "complete": complete, "type": type(data).__name__})
+            outcome.append({"error": None, "problem": returned_problem(data, expected),
+                            "waited": bool(waited)})
         except ex.IncompleteDataset as error:
-            outcome.append({"error": str(error)})
+            outcome.append({"error": str(error), "waited": bool(waited)})
+        finally:
+            for name, original in saved.items():
+                setattr(dist, name, original)
+            mark(state, "left")
         # Every rank takes part in these collectives, whatever happened to it.
         if idist.all_reduce(float(outcome[-1]["error"] is not None)) > 0:
             break
         idist.barrier()
         outcome[-1]["downloads_so_far"] = downloads(root)
     return {"outcome": outcome, "node": idist.get_node_rank()}
+
+
+def returned_problem(data, payload):
+    """None when ``data`` is the dataset as the reference's load() returns it (a uint8
+    tensor of the payload's bytes), else what it is."""
+    import torch
+
+    expected = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    found = harness.difference(expected, data, what="the dataset")
+    if found is None:
+        return None
+    if not isinstance(data, torch.Tensor):
+        shown = harness.describe(data)
+        if data is not None and not isinstance(data, (list, tuple)):
+            shown = f"{shown} ({type(data).__name__})"
+        return f"{shown}, not the dataset ({harness.describe(expected)})"
+    return found
 
 
 def times_file(root):
@@ -65,7 +155,7 @@ def downloads(root):
         return []
     with open(times_file(root)) as f:
         rows = [line.split() for line in f if line.strip()]
-    return [(int(r[0]), float(r[1]), float(r[2])) for r in rows]
+    return [(int(r[0]), float(r[1]), float(r[2]), " ".join(r[3:])) for r in rows]
 
 
 def judge(layout, ranks, base):
@@ -76,11 +166,19 @@ def judge(layout, ranks, base):
         where = f"{on}, node {node} (ranks {members[0]}..{members[-1]}, its own folder)" if len(nodes) > 1 else on
         root = node_root(base, node)
         first = ranks[members[0]]["outcome"][0].get("downloads_so_far") or downloads(root)
+        elsewhere = [d for d in first if d[3] != os.path.abspath(root)]
+        if elsewhere:
+            raise harness.ExerciseFailure(
+                f"{where}: {_downloaded_into(first, base)}, not into root ({os.path.relpath(root, base)}): "
+                + (f"{len(first)} downloads on one node where one is enough. " if len(first) > 1 else "the "
+                   "node's other processes look for the dataset in root. ") +
+                f"Download into root itself, once per node (local rank 0, inside "
+                f"idist.one_rank_first(local=True)); the node's other processes then find it there")
         if len(first) > 1:
             first = sorted(first, key=lambda d: d[1])
             overlap = any(later[1] < earlier[2] for earlier, later in zip(first, first[1:]))
             if overlap:
-                who = " and ".join(f"rank {r}" for r, _, _ in sorted(first))
+                who = " and ".join(f"rank {d[0]}" for d in sorted(first))
                 raise harness.ExerciseFailure(
                     f"{where}: {len(first)} processes downloaded the dataset at the same time ({who}), into "
                     f"the same file: let one process per node download first, inside "
@@ -88,7 +186,7 @@ def judge(layout, ranks, base):
                     + (" (idist.one_rank_first() without local=True lets rank 0 of the whole run go first, "
                        "then every other rank at once: on the other nodes' own disks nothing is there yet)"
                        if len(nodes) > 1 and node > 0 else ""))
-            who = " and then ".join(f"rank {r}" for r, _, _ in first)
+            who = " and then ".join(f"rank {d[0]}" for d in first)
             raise harness.ExerciseFailure(
                 f"{where}: {who} downloaded the dataset, one after the other: when the others enter the "
                 f"block the file is already there, so download only when is_downloaded(root) is False")
@@ -101,10 +199,14 @@ def judge(layout, ranks, base):
                         f"none ({outcome[0]['error']}). Each node has its own disk here: the download must "
                         f"happen once PER NODE (local rank 0, idist.one_rank_first(local=True)), not once in the "
                         f"whole run (rank 0)")
+                how = ("" if outcome[0]["waited"] else
+                       " (it waited in no collective: a sleep, or polling is_downloaded(), which is True as "
+                       "soon as the file EXISTS, while it is still being written, waits a time of its own, "
+                       "never until the download is complete)")
                 raise harness.ExerciseFailure(
                     f"{where}: rank {rank} read the dataset before the download had finished "
-                    f"({outcome[0]['error']}): the other processes must wait until it is "
-                    f"complete; idist.one_rank_first(local=True) makes them wait")
+                    f"({outcome[0]['error']}){how}: the other processes must wait until it is "
+                    f"complete; idist.one_rank_first(local=True) makes them wait at a barrier")
         if not first:
             raise harness.ExerciseFailure(
                 f"{where}: nobody called download(root): download when is_downloaded(root) is False")
@@ -112,14 +214,20 @@ def judge(layout, ranks, base):
             for o in ranks[rank]["outcome"]:
                 if o["error"]:
                     raise harness.ExerciseFailure(f"{where}: rank {rank}, second call: {o['error']}")
-                if not o["complete"]:
+                if o["problem"]:
                     raise harness.ExerciseFailure(
-                        f"{where}: rank {rank} returned a {o['type']} that is not the dataset: return load(root)")
+                        f"{where}: rank {rank} returned {o['problem']}: return load(root)")
         again = downloads(root)[len(first):]
         if again:
             raise harness.ExerciseFailure(
                 f"{where}: the second call downloaded the dataset again (rank {again[0][0]}) although it was "
                 f"already there: download only when is_downloaded(root) is False")
+
+
+def _downloaded_into(found, base):
+    """'rank 0 downloaded into node0/data/rank0 and rank 1 into node0/data/rank1'."""
+    parts = [f"rank {d[0]} into {os.path.relpath(d[3], base)}" for d in sorted(found)]
+    return parts[0].replace(" into ", " downloaded into ", 1) + "".join(f" and {p}" for p in parts[1:])
 
 
 def test_one_download_per_node_and_nobody_reads_too_early(tmp_path):

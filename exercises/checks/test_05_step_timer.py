@@ -5,6 +5,7 @@ import time
 
 import pytest
 from ignite.engine import Engine, Events
+from ignite.handlers import Timer
 
 import harness
 
@@ -110,10 +111,20 @@ def test_timer_measures_only_the_step():
         logged.append(time.perf_counter() - start)
 
     trainer = Engine(step)
-    timer = ex.attach_step_timer(trainer)
-    if timer is None or not hasattr(timer, "value"):
+    try:
+        timer = ex.attach_step_timer(trainer)
+    except NotImplementedError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the learner's error becomes the message
+        report = harness._describe(error)
         raise harness.ExerciseFailure(
-            f"attach_step_timer returned {timer!r}: return the ignite.handlers.Timer")
+            f"attach_step_timer raised {report['type']}: {report['message']}\n{report['traceback']}") from None
+    if not isinstance(timer, Timer):
+        shown = "None" if timer is None else f"an {type(timer).__name__}" if \
+            type(timer).__name__[0] in "AEIOU" else f"a {type(timer).__name__}"
+        raise harness.ExerciseFailure(
+            f"attach_step_timer returned {shown}{', not a Timer' if timer is not None else ''}: return the "
+            f"ignite.handlers.Timer you attached to the trainer")
     probe = Probe(timer)
     # Attached after the learner's timer, like logging and validation in a real script.
     probe.attach(trainer, log, lambda: time.sleep(HANDLER_S))
@@ -132,6 +143,11 @@ def test_timer_measures_only_the_step():
             f"average (the first of each epoch {max(first_fetch):.3f} s), a logging handler "
             f"after each step {log_s:.3f} s, and a handler at the end of each epoch "
             f"{HANDLER_S:.2f} s")
+    if not any(trainer.has_event_handler(getattr(timer, name)) for name in ("reset", "resume", "pause", "step")):
+        raise harness.ExerciseFailure(
+            f"your timer says {got:.3f} s, but it is not attached to the trainer: none of its reset, resume, "
+            f"pause or step runs on the trainer's events, so it counted the time since it was created. "
+            f"Attach it: timer.attach(trainer, start=..., resume=..., pause=..., step=...)")
     if got >= 0.8 * ITERS * step_s:
         raise harness.ExerciseFailure(
             f"{told}: that looks like a total, not an average; use Timer(average=True) and "
@@ -184,10 +200,21 @@ def on_rank():
     ex = harness.load("05")
     reports = []
     for times in ROUNDS:
-        with CommCounter() as comm:  # which collectives the answer ran
+        with CommCounter() as comm, harness.Recorder() as record:  # which collectives the answer ran
             got = ex.slowest_rank(times[idist.get_rank()])
-        reports.append({"value": got, "collectives": dict(comm.calls)})
+        reports.append({"value": got, "collectives": dict(comm.calls), **tensors_given(record)})
     return reports
+
+
+def tensors_given(record):
+    """What the answer handed to its collectives: a floating dtype narrower than float32
+    (bfloat16, float16), and a device other than idist.device()."""
+    import ignite.distributed as idist
+
+    calls = [c for c in record.log if c["op"] != "wait"]
+    low = [str(c["copy"].dtype).replace("torch.", "") for c in calls if c.get("copy") is not None
+           and c["copy"].is_floating_point() and c["copy"].element_size() < 4]
+    return {"low": low[0] if low else None, "device": harness.on_device(calls, idist.device())}
 
 
 def _close(value, target):
@@ -200,15 +227,22 @@ def explain_slowest(rank, report, values, times):
     import torch
 
     got, calls = report["value"], report["collectives"]
+    if report.get("device"):
+        return f"rank {rank}: {report['device']}"
     if isinstance(got, torch.Tensor):
         return (f"rank {rank} returned a tensor ({got!r}), not a Python float: all_reduce "
                 f"hands back what it was given, so pass it float(seconds), or return .item()")
     if not isinstance(got, (int, float)) or isinstance(got, bool):
-        return f"rank {rank} returned {got!r} ({type(got).__name__}); return a Python float"
+        kind = harness.describe(got) if isinstance(got, (list, tuple)) else type(got).__name__
+        return f"rank {rank} returned {got!r} ({kind}); return a Python float"
     if _close(got, max(times)):
         return None
     common = (f"the ranks' step times are {times} and every rank must get the largest, "
               f"{max(times)}")
+    if report.get("low"):
+        return (f"rank {rank} returned {got!r}: the all_reduce was given a {report['low']} tensor, which "
+                f"cannot hold these times (about 3 significant digits): reduce the time as a Python float "
+                f"or a float32/float64 tensor ({common})")
     if not calls:
         return (f"rank {rank} returned {got!r} (its own time: nothing was combined across "
                 f"ranks, no collective ran), but {common}")
@@ -263,10 +297,16 @@ def on_rank_random(seed):
     for where in (-1, 0):
         i = times.index(max(times))
         times[i], times[where] = times[where], times[i]
-        expected = harness.load_reference("05").slowest_rank(times[idist.get_rank()])
-        with CommCounter() as comm:
-            got = harness.load("05").slowest_rank(times[idist.get_rank()])
-        rounds.append({"value": got, "collectives": dict(comm.calls), "expected": expected, "times": list(times)})
+        rounds.append({"times": list(times), "per_node": idist.get_nproc_per_node()})
+    # The reference's results first, then the learner's: a learner's collective that only
+    # some ranks call cannot pair with one of the reference's (the error would then be
+    # raised in the reference's code, not the learner's).
+    for r in rounds:
+        r["expected"] = harness.load_reference("05").slowest_rank(r["times"][idist.get_rank()])
+    for r in rounds:
+        with CommCounter() as comm, harness.Recorder() as record:
+            r["value"] = harness.load("05").slowest_rank(r["times"][idist.get_rank()])
+        r.update({"collectives": dict(comm.calls), **tensors_given(record)})
     return rounds
 
 
@@ -280,8 +320,16 @@ def test_slowest_time_in_every_layout():
             values = [r[index]["value"] for r in results]
             for rank, rounds in enumerate(results):
                 r = rounds[index]
-                if _close(r["value"], r["expected"]):
+                if _close(r["value"], r["expected"]) and not r["device"]:
                     continue
+                per_node, times = r["per_node"], r["times"]
+                node = times[rank // per_node * per_node:(rank // per_node + 1) * per_node]
+                if per_node < len(times) and _close(r["value"], max(node)) and not r["device"]:
+                    raise harness.ExerciseFailure(
+                        f"on {layout}: rank {rank} returned {r['value']!r}, the largest time of ITS node's "
+                        f"{per_node} processes ({node}), but the ranks' step times are {times}: every step "
+                        f"waits for the slowest rank of the whole run, {max(times)}; all_reduce with "
+                        f"op='MAX' over every rank {harness.replay(seed)}")
                 problem = explain_slowest(rank, r, values, r["times"]) or \
                     harness.difference(r["expected"], r["value"], rtol=1e-6)
                 raise harness.ExerciseFailure(f"on {layout}: {problem} {harness.replay(seed)}")

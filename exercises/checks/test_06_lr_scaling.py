@@ -15,6 +15,10 @@ pytestmark = pytest.mark.ex06
 BASE_LR = 0.1
 WARMUP = 4
 TOTAL = 12
+# The optimizer handed to create_lr_scheduler was made with another lr than base_lr, as a
+# real script's may be: a schedule built from the optimizer's lr, or one that never sets
+# "lr" (it stays here), shows.
+OPTIMIZER_LR = 0.5
 
 
 def expected_schedule(world_size):
@@ -31,28 +35,44 @@ def expected_schedule(world_size):
 def schedule_of(create, base_lr, warmup, total):
     """The lr the optimizer holds during each of ``total`` iterations, with the scheduler
     ``create`` returns; or the sentence saying why there is none."""
-    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=base_lr)
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=OPTIMIZER_LR)
     scheduler = create(optimizer, base_lr, warmup, total)
-    if not callable(scheduler):
+    if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
         raise harness.ExerciseFailure(
-            f"create_lr_scheduler returned {scheduler!r}: return the ignite scheduler "
+            f"create_lr_scheduler returned a {type(scheduler).__name__} (torch.optim.lr_scheduler), not an "
+            f"ignite scheduler: the trainer calls an ignite scheduler at every ITERATION_STARTED, and a torch "
+            f"scheduler is not one (wrapped in ignite.handlers.LRScheduler it would be, but it multiplies the "
+            f"optimizer's own lr, not base_lr): return PiecewiseLinear(optimizer, \"lr\", milestones_values=...)")
+    if not callable(scheduler):
+        shown = f"{harness.describe(scheduler)} ({scheduler!r})" if isinstance(scheduler, (list, tuple)) \
+            else repr(scheduler)
+        raise harness.ExerciseFailure(
+            f"create_lr_scheduler returned {shown[:300]}: return the ignite scheduler "
             f"(PiecewiseLinear(...)), which the trainer calls at every ITERATION_STARTED")
     seen = []
     trainer = Engine(lambda engine, batch: seen.append(optimizer.param_groups[0]["lr"]))
     trainer.add_event_handler(Events.ITERATION_STARTED, scheduler)
     trainer.run(range(total), max_epochs=1)
+    if seen and all(lr == OPTIMIZER_LR for lr in seen):
+        raise harness.ExerciseFailure(
+            f"the learning rate never changed: it stayed at the optimizer's own {OPTIMIZER_LR} for all "
+            f"{total} iterations (create_lr_scheduler(optimizer, base_lr={base_lr}, warmup_iters={warmup}, "
+            f"total_iters={total})): the scheduler must set the optimizer's learning rate, param_name \"lr\" "
+            f"(the key of optimizer.param_groups)")
     return seen
 
 
 def random_settings(seed):
     """Seeded settings: a base_lr no binary fraction holds, a warm-up of 1 to 6 steps and
-    2 to 9 steps of decay, never the example's 4 and 12."""
+    2 to 9 steps of decay, never the example's 4 and 12, nor its proportion (a warm-up of
+    a third of the run, which an answer that writes the example's ratio in would match)."""
     import random
 
     rng = random.Random(seed)
     # never the task's example (WARMUP, TOTAL): a schedule that hard-codes it shows here
     warmup = rng.choice([w for w in range(1, 7) if w != WARMUP])
-    total = rng.choice([t for t in range(warmup + 2, warmup + 10) if t != TOTAL])
+    total = rng.choice([t for t in range(warmup + 2, warmup + 10)
+                        if t != TOTAL and t // 3 != warmup])
     return round(rng.uniform(0.01, 0.5), 7), warmup, total
 
 
@@ -82,6 +102,10 @@ def explain(result):
     if all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(lrs, want)):
         return None
     top = max(lrs)
+    if math.isclose(top, OPTIMIZER_LR * ws, rel_tol=1e-6) and not math.isclose(top, peak, rel_tol=1e-6):
+        return (f"{where} the highest learning rate is {top:g}, the optimizer's own lr ({OPTIMIZER_LR:g}) x "
+                f"{ws}: scale base_lr, the argument ({BASE_LR:g}), not the lr the optimizer was created with "
+                f"(a script may create it with any), to base_lr x world size = {peak:g}")
     if not math.isclose(top, peak, rel_tol=1e-6):
         factor = top / BASE_LR
         if ws == 1 and factor > 1.5 and math.isclose(factor, round(factor), rel_tol=1e-6):

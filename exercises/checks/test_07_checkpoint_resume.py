@@ -157,6 +157,11 @@ def saved_files(ex, dirname):
 
 def judge(dirname, ranks, fail):
     for rank, r in enumerate(ranks):
+        if r["returned"] != "Checkpoint" and all(other["returned"] == r["returned"] for other in ranks):
+            shown = "None" if r["returned"] == "NoneType" else f"a {r['returned']}"
+            raise fail(
+                f"on every rank attach_checkpointing returned {shown}, not the Checkpoint: return the "
+                f"ignite.handlers.Checkpoint you attached to the trainer (the run and the resume use it)")
         if r["returned"] != "Checkpoint":
             raise fail(
                 f"on rank {rank} attach_checkpointing returned {r['returned']}: create the "

@@ -115,6 +115,21 @@ def _exercise_frame(frames):
     return (last.filename, last.lineno, last.name) if last else ("?", 0, "?")
 
 
+def call_answer(what: str, function, *args, advice=lambda error: ""):
+    """``function(*args)``, the learner's function called in the check's own process: what
+    it raises becomes the learner's message (``what`` raised ``Type: text`` (line N: the
+    learner's line). ``advice(error)``), never a crash of the check; a stub's
+    ``NotImplementedError`` goes on to read "not solved yet"."""
+    try:
+        return function(*args)
+    except NotImplementedError:
+        raise
+    except Exception as error:  # noqa: BLE001 - any error of the answer is reported, not crashed on
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if _in_exercise_file(f.filename)]
+        at = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+        raise ExerciseFailure(f"{what} raised {type(error).__name__}: {error}{at}.{advice(error)}") from None
+
+
 def not_solved_message_from(where, error_type="NotImplementedError") -> str:
     filename, lineno, func = where
     number = Path(filename).name[:2]

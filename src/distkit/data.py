@@ -153,8 +153,8 @@ def text_datasets(block_size: int = None, val_blocks: int = None):
     """(train, validation) :class:`CharBlocks` of :func:`text_corpus`: validation is the
     text's last ``val_blocks`` blocks, training everything before them (a split in
     position, so no validation character is ever a training target). Longer blocks keep
-    about the same validation text: 46,080 characters, in a number of blocks that
-    divides by 1 to 4, 6 and 8 (48 blocks of 1024)."""
+    about the default's validation text (360 blocks of 128: 46,080 characters), rounded
+    up to a number of blocks that divides by 1 to 4, 6 and 8 (48 blocks of 1024: 49,152)."""
     block_size = block_size or TEXT_BLOCK_SIZE
     if val_blocks is None:
         val_blocks = -(-TEXT_VAL_BLOCKS * TEXT_BLOCK_SIZE // block_size // 24) * 24

@@ -4,7 +4,7 @@ timed with and without it (issue 22).
     python benchmarks/epoch_overhead.py --rounds 5        # writes benchmarks/results/epoch-overhead.*
 
 The kit's default task at 8 samples per process (global batch 16), 2 gloo processes, 3
-epochs, started as ``distkit train`` starts it (``distkit.launch.run``), each run in a fresh
+epochs, started as ``distkit train`` starts it (``distkit.launch.entry.run``), each run in a fresh
 Python process. Variants, rotated round by round:
 
 - ``as shipped``;
@@ -41,7 +41,7 @@ VARIANTS = ("as shipped", "no checkpoints", "no digests", "no plot", "none of th
 def _switch_off(variant: str) -> None:
     import ignite.distributed as idist
 
-    from distkit import training
+    from distkit.train import training
 
     if variant in ("no checkpoints", "none of the three"):
         class NoCheckpoint:  # what training() reads of a Checkpoint, doing nothing
@@ -57,21 +57,21 @@ def _switch_off(variant: str) -> None:
     if variant in ("no digests", "none of the three"):
         training.replica_digests = lambda model: ["-"] * idist.get_world_size()
     if variant in ("no plot", "none of the three"):
-        import distkit.plots
+        import distkit.observe.plots
         from matplotlib.figure import Figure
 
         class NoFigure(Figure):  # drawn and saved by nobody (pyplot is still imported)
             def savefig(self, *args, **kwargs):
                 pass
 
-        distkit.plots.learning_curves = lambda runs: NoFigure()
+        distkit.observe.plots.learning_curves = lambda runs: NoFigure()
 
 
 def one_run(variant: str, out: str) -> dict:
     """In this process: switch off what ``variant`` says, train, return the timings."""
     _switch_off(variant)
     from distkit.config import Config
-    from distkit.launch import run
+    from distkit.launch.entry import run
 
     config = Config(dataset="digits", model="cnn", batch_size=16, epochs=3, nproc_per_node=2,
                     backend="gloo", progress_bar=False, output_dir=out, threads_per_process=1)
@@ -96,10 +96,10 @@ def cpu_parts(repeats: int = 20) -> dict:
     at 8 samples per process for scale."""
     import torch
 
-    from distkit.checkpoint import checkpoint_saver
+    from distkit.checkpoint.saver import checkpoint_saver
     from distkit.config import Config
-    from distkit.plots import learning_curves
-    from distkit.training import param_digest, training
+    from distkit.observe.plots import learning_curves
+    from distkit.train.training import param_digest, training
 
     def cpu_ms(fn, n=repeats):
         start = time.process_time()
@@ -114,7 +114,7 @@ def cpu_parts(repeats: int = 20) -> dict:
         start = time.process_time()
         results = training(0, config)
         run_ms = 1000 * (time.process_time() - start)
-        from distkit.training import initialize
+        from distkit.train.training import initialize
 
         model, optimizer, _ = initialize(config)
         saver = checkpoint_saver(os.path.join(tmp, "c"))
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     record = {"when": datetime.now().isoformat(timespec="seconds"), "note": args.note,
               "machine": machine(), "load_average_end": load_average(), "rounds": args.rounds,
               "warmup": args.warmup, "task": "digits, cnn, global batch 16 (8 per process), 2 gloo "
-              "processes, 3 epochs, distkit.launch.run", "medians": table, "runs": runs}
+              "processes, 3 epochs, distkit.launch.entry.run", "medians": table, "runs": runs}
     lines = [f"epoch overhead, {record['when']}, {record['machine']['cpu']}, "
              f"{record['machine']['cores']} cores, load average {record['machine']['load_average']} -> "
              f"{record['load_average_end']}; {args.rounds} rounds after {args.warmup} warm-up; {args.note}",

@@ -4,7 +4,7 @@ time, and the files.
 1. Per step (this file run by ``distkit launch`` on 2 gloo ranks): a hand-written DDP
    loop on the kit's MLP (global batch 64, as ``benchmarks/trace_cost.py``); in each
    round, interleaved, a block of steps with tracing off, a block with
-   :class:`distkit.script_tracing.ScriptTracer`'s hooks in place but the profiler not
+   :class:`distkit.observe.script_tracing.ScriptTracer`'s hooks in place but the profiler not
    recording (the skipped steps), a block recorded (its first two steps, the warm-up
    and the clock sync, left out), and a block after the trace is written (every hook
    removed); each step timed alone, the median over every round, rank 0. The export
@@ -48,8 +48,8 @@ def per_step(rounds: int, steps: int, out: str) -> None:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from distkit.models import MLP
-    from distkit.script_tracing import ScriptTracer
+    from distkit.builtin.models import MLP
+    from distkit.observe.script_tracing import ScriptTracer
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -100,8 +100,8 @@ def per_step(rounds: int, steps: int, out: str) -> None:
 def one_process(rounds: int) -> dict:
     import torch
 
-    from distkit.models import MLP
-    from distkit.script_tracing import ScriptTracer
+    from distkit.builtin.models import MLP
+    from distkit.observe.script_tracing import ScriptTracer
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

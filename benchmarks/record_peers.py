@@ -18,7 +18,7 @@ import time
 from distkit.bench.method import load_average, machine
 from distkit.bench.peers import BASELINE, _read_kit, compare_commands
 from distkit.bench.report import _peers_lines
-from distkit.reporting import versions
+from distkit.observe.reporting import versions
 
 
 def main():

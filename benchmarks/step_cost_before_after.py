@@ -22,12 +22,12 @@ from ignite.metrics import Average
 import distkit.bench.sides as sides_module
 from distkit.bench.method import MODES
 from distkit.bench.sides import KitRun, bench_config, handwritten_epochs, handwritten_setup, linear_decay
-from distkit.data import get_dataflow
-from distkit.training import Trainer, initialize
+from distkit.builtin.data import get_dataflow
+from distkit.train.training import Trainer, initialize
 
 
 def create_trainer_before(model, optimizer, criterion, config):
-    """``distkit.training.create_trainer`` before issue 16 (its XLA branch left out)."""
+    """``distkit.train.training.create_trainer`` before issue 16 (its XLA branch left out)."""
     device = idist.device()
 
     def train_step(engine, batch):

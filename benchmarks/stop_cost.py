@@ -34,7 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-from distkit.machine import process_alive as alive, process_tree as descendants  # noqa: E402
+from distkit.host.facts import process_alive as alive, process_tree as descendants  # noqa: E402
 
 
 TASKS = {"default": [], "gpt": ["--dataset", "text", "--model", "gpt"]}  # the kit's GPT on text
@@ -75,8 +75,8 @@ def checkpoint_cost(local_rank, saves=20, warmup=3):
     from ignite.handlers import Checkpoint
 
     from distkit import Config
-    from distkit.checkpoint import checkpoint_saver, to_save
-    from distkit.training import create_trainer, gather_rng_states, initialize
+    from distkit.checkpoint.saver import checkpoint_saver, to_save
+    from distkit.train.training import create_trainer, gather_rng_states, initialize
 
     config = Config(progress_bar=False)
     model, optimizer, criterion = initialize(config)
@@ -120,7 +120,7 @@ def stop_check_cost(local_rank, iterations=1000):
     import torch
     import torch.distributed as dist
 
-    from distkit.stopping import StopAgreement
+    from distkit.train.stopping import StopAgreement
 
     torch.set_num_threads(1)
     x = torch.randn(192, 192)
@@ -139,7 +139,7 @@ def stop_check_cost(local_rank, iterations=1000):
                 in_flight = dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True)
             elif kind == "blocking":
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            elif kind == "every_10":  # what distkit.stopping does
+            elif kind == "every_10":  # what distkit.train.stopping does
                 agreement.poll(_ + 1)
         if in_flight is not None:
             in_flight.wait()

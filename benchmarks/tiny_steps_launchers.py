@@ -1,5 +1,5 @@
 """Tiny DDP steps (8 samples per process, the kit's MLP) for N seconds, under the kit's
-launcher (``distkit.launch.launch_function``: ``idist.Parallel`` spawn, OMP_NUM_THREADS
+launcher (``distkit.launch.entry.launch_function``: ``idist.Parallel`` spawn, OMP_NUM_THREADS
 and torch threads pinned) or joined under torchrun; rank 0 writes the steady steps/s.
 
     python benchmarks/tiny_steps_launchers.py 10 out.json
@@ -12,7 +12,7 @@ import torch, ignite.distributed as idist
 
 def worker(local_rank, seconds, out):
     from torch.nn.parallel import DistributedDataParallel as DDP
-    from distkit.models import MLP
+    from distkit.builtin.models import MLP
     torch.manual_seed(0)
     model = idist.auto_model(MLP())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -31,6 +31,6 @@ def worker(local_rank, seconds, out):
         json.dump({"steps_per_s": rate, "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS")}, open(out, "w"))
 
 if __name__ == "__main__":
-    from distkit.launch import launch_function
+    from distkit.launch.entry import launch_function
     launch_function(worker, float(sys.argv[1]), sys.argv[2], backend="gloo",
                     nproc_per_node=None if "WORLD_SIZE" in os.environ else 2)

@@ -23,7 +23,7 @@ def worker(local_rank, seconds, out, port):
         dist.init_process_group("gloo")
     from torch.nn.parallel import DistributedDataParallel as DDP
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-    from distkit.models import MLP
+    from distkit.builtin.models import MLP
     torch.manual_seed(0)
     model = DDP(MLP())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -2,7 +2,7 @@
 of the files a traced run writes.
 
 1. Per step: 2 gloo ranks train the kit's MLP under DDP (global batch 64) with the
-   kit's step (``distkit.training.create_trainer``); in each round, a block of steps with
+   kit's step (``distkit.train.training.create_trainer``); in each round, a block of steps with
    tracing off, then a block inside ``torch.profiler.profile`` with the kit's ranges
    (``Config(trace=True)``), interleaved; the median over the rounds of each block's
    time per step, rank 0. Exporting the trace (after the recorded steps) is timed apart.
@@ -26,8 +26,8 @@ def per_step(local_rank, rounds, steps):
     from torch.profiler import ProfilerActivity, profile
 
     from distkit import Config
-    from distkit.models import MLP
-    from distkit.training import create_trainer
+    from distkit.builtin.models import MLP
+    from distkit.train.training import create_trainer
 
     torch.manual_seed(0)
     model = idist.auto_model(MLP())
@@ -79,7 +79,7 @@ def sizes():
 
 
 if __name__ == "__main__":
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
 
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 7
     steps = int(sys.argv[2]) if len(sys.argv) > 2 else 20

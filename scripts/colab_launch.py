@@ -22,7 +22,7 @@ child process, so a crash in training cannot take the notebook's kernel down wit
 - CPU runtime: ``--backend gloo --nproc-per-node 2`` (Colab gives 2 cores).
 
 From inside a notebook, without a child process, the same run is
-``distkit.launch.run(Config(...))``: ``idist.Parallel`` forks the processes there.
+``distkit.launch.entry.run(Config(...))``: ``idist.Parallel`` forks the processes there.
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def in_colab() -> bool:
 def choose(argv: list) -> tuple[list, dict]:
     """The ``distkit train`` command line and the environment for this runtime. Flags the
     user gave win over the chosen ones."""
-    from distkit.preflight import default_nproc, resolve_backend
+    from distkit.launch.preflight import default_nproc, resolve_backend
 
     backend = resolve_backend("auto")
     env = dict(os.environ)

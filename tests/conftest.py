@@ -24,12 +24,12 @@ def subprocess_env(**extra) -> dict:
 
 @functools.cache
 def startup_seconds() -> float:
-    """Wall seconds a fresh ``python -c "import torch, ignite.distributed, distkit.training"``
+    """Wall seconds a fresh ``python -c "import torch, ignite.distributed, distkit.train.training"``
     takes on this machine now (measured once per test process): what every CLI call pays
     before its first line of work. It is about 5 s on the quiet 2-core VM and several times
     that when other jobs share the cores, so bounds on "within seconds" scale with it."""
     start = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import torch, ignite.distributed, distkit.training"],
+    subprocess.run([sys.executable, "-c", "import torch, ignite.distributed, distkit.train.training"],
                    env=subprocess_env(), capture_output=True, timeout=600)
     return time.monotonic() - start
 

@@ -15,7 +15,7 @@ import typing
 import pytest
 
 from conftest import subprocess_env
-from distkit.agreement import PER_NODE, setting_label
+from distkit.train.agreement import PER_NODE, setting_label
 from distkit.config import BACKENDS, DATASETS, LOGGERS, MODELS, STRATEGIES, Config
 
 CHOICES = {"backend": BACKENDS, "dataset": DATASETS, "model": MODELS, "logger": LOGGERS,
@@ -52,7 +52,7 @@ def compare_every_field(local_rank):
     both ranks compare; returns {field: the DistkitError's message or None}."""
     import ignite.distributed as idist
 
-    from distkit.agreement import check_same_settings
+    from distkit.train.agreement import check_same_settings
     from distkit.errors import DistkitError
     from distkit.tasks import resolve_task
 
@@ -85,7 +85,7 @@ def compare_every_field(local_rank):
 
 @pytest.fixture(scope="module")
 def compared():
-    from distkit.launch import launch_function
+    from distkit.launch.entry import launch_function
 
     return launch_function(compare_every_field, backend="gloo", nproc_per_node=2,
                            threads_per_process=1, all_ranks=True)
@@ -213,7 +213,7 @@ def test_two_nodes_with_another_setting_stop_before_the_first_step(tmp_path, fla
 def test_two_nodes_with_another_nproc_per_node_stop_in_one_line_naming_it(tmp_path):
     """Another --nproc-per-node gives each node another world size: the processes would never
     form a group, so the ranks' comparison above is never reached. The launchers compare
-    their layouts at node 0's store first (distkit.rendezvous.host_master_store): one line
+    their layouts at node 0's store first (distkit.launch.rendezvous.host_master_store): one line
     per node naming the flag and both values, no C++ frames, nothing started."""
     started = time.monotonic()
     nodes = two_nodes(tmp_path, ["--nproc-per-node", "2"], ["--nproc-per-node", "1"])

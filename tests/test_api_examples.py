@@ -69,11 +69,11 @@ def test_doc_examples_run_as_scripts_under_spawn(doc, tmp_path):
 
 # --- docstrings of the public API ---------------------------------------------------------
 
-DOCTESTED = ["distkit.tasks", "distkit.training", "distkit.schedules", "distkit.data", "distkit.preflight",
-             "distkit.machine", "distkit.reporting", "distkit.models", "distkit.agreement",
-             "distkit.checkpoint"]
+DOCTESTED = ["distkit.tasks", "distkit.train.training", "distkit.train.schedules", "distkit.builtin.data", "distkit.launch.preflight",
+             "distkit.host.facts", "distkit.observe.reporting", "distkit.builtin.models", "distkit.train.agreement",
+             "distkit.checkpoint.saver"]
 # public callables whose docstring example is a script (a literal block after "::")
-SCRIPTED = {"distkit.launch:run": "val accuracy", "distkit.launch:launch_function": "2 ranks",
+SCRIPTED = {"distkit.launch.entry:run": "val accuracy", "distkit.launch.entry:launch_function": "2 ranks",
             "distkit.tasks": None}
 
 
@@ -86,7 +86,9 @@ def literal_block(doc: str) -> str:
 
 def test_every_touched_public_function_has_an_example():
     import distkit
-    from distkit import launch, tasks, training
+    from distkit.launch import entry as launch
+    from distkit import tasks
+    from distkit.train import training
 
     for fn in (distkit.Task, distkit.resolve_task, training.training, launch.run,
                launch.launch_function):

@@ -67,7 +67,7 @@ def test_kit_trainer_and_handwritten_loop_do_the_same_work_step_for_step():
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(16, 1, 8, 8, generator=g), torch.randint(0, 10, (16,), generator=g))
                for _ in range(3)]
-    from distkit.training import initialize
+    from distkit.train.training import initialize
 
     model, optimizer, criterion = initialize(config)
     kit = bench.KitRun(model, optimizer, criterion, batches, config)
@@ -370,7 +370,7 @@ def test_progress_bar_filter_lets_through_at_most_one_redraw_per_interval_and_ev
 
     from ignite.engine import Engine, Events
 
-    from distkit.training import at_most_every
+    from distkit.train.training import at_most_every
 
     engine = Engine(lambda e, b: time.sleep(0.001))
     seen = []
@@ -389,7 +389,7 @@ def test_the_launcher_forks_gloo_workers_at_any_thread_count():
     """Forked workers start seconds sooner (benchmarks/results/start-method.txt), and
     forking at every thread count makes the same code behave the same on any machine
     (tests/test_start_method.py: several threads per forked worker, made safe)."""
-    from distkit.launch import _fork_is_safe
+    from distkit.launch.entry import _fork_is_safe
 
     assert _fork_is_safe(Config(backend="gloo", nproc_per_node=2, threads_per_process=1))
     assert _fork_is_safe(Config(backend="gloo", nproc_per_node=2, threads_per_process=2))

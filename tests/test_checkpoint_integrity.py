@@ -13,7 +13,7 @@ import zipfile
 import pytest
 import torch
 
-from distkit.checkpoint import (checksum_path, find_checkpoints, latest_checkpoint, load_checkpoint,
+from distkit.checkpoint.saver import (checksum_path, find_checkpoints, latest_checkpoint, load_checkpoint,
                                 load_verified, write_checksum)
 from distkit.errors import DistkitError
 
@@ -22,7 +22,7 @@ from distkit.errors import DistkitError
 def saved(tmp_path_factory):
     """One real distkit checkpoint (a short 1-process run) and its sidecar."""
     from distkit.config import Config
-    from distkit.launch import run
+    from distkit.launch.entry import run
 
     out = tmp_path_factory.mktemp("integrity")
     results = run(Config(backend="none", model="mlp", epochs=2, max_iters=30, progress_bar=False,
@@ -147,7 +147,7 @@ def test_a_removed_checkpoint_takes_its_checksum_with_it(saved):
 @pytest.mark.timeout(300)
 def test_latest_passes_over_a_damaged_newest_and_ends_bit_identical(tmp_path, capfd):
     from distkit.config import Config
-    from distkit.launch import run
+    from distkit.launch.entry import run
 
     def config(out, **changes):
         return Config(backend="none", model="mlp", epochs=2, progress_bar=False,
@@ -178,7 +178,7 @@ def test_latest_passes_over_a_damaged_newest_and_ends_bit_identical(tmp_path, ca
 def _remove_on_rank_1_only(local_rank, folder):
     import ignite.distributed as idist
 
-    from distkit.checkpoint import checkpoint_saver
+    from distkit.checkpoint.saver import checkpoint_saver
 
     saver = checkpoint_saver(folder)
     if idist.get_rank() == 0:
@@ -196,7 +196,7 @@ def test_only_the_saving_rank_removes_a_checksum(tmp_path):
     """Every rank runs ignite's Checkpoint, which calls the saver's remove on every rank:
     another rank removing the sidecar raced the saving rank (FileNotFoundError seen in a
     2-process run) and could take the sidecar of a file just saved under the same name."""
-    from distkit.launch import launch_function
+    from distkit.launch.entry import launch_function
 
     left = launch_function(_remove_on_rank_1_only, str(tmp_path), backend="gloo",
                            nproc_per_node=2, threads_per_process=1)

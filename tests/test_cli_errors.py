@@ -9,7 +9,7 @@ import torch
 
 from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.preflight import preflight
+from distkit.launch.preflight import preflight
 
 from conftest import within_seconds
 
@@ -109,7 +109,7 @@ def test_garbage_checkpoint(run_cli, tmp_path):
     bad.write_bytes(b"not a checkpoint")
     result = run_cli("train", "--output-dir", tmp_path / "runs", "--resume-from", bad, timeout=within_seconds())
     assert_one_line_error(result, str(bad), "no checksum beside it", tmp_path=tmp_path)
-    from distkit.checkpoint import write_checksum
+    from distkit.checkpoint.saver import write_checksum
 
     write_checksum(bad)  # it proves its bytes, and they are still not a checkpoint
     result = run_cli("train", "--output-dir", tmp_path / "runs", "--resume-from", bad, timeout=within_seconds())
@@ -119,8 +119,8 @@ def test_garbage_checkpoint(run_cli, tmp_path):
 def write_checkpoint(path, model_name, iteration, epoch_length=23, max_epochs=2, **entries):
     """A file shaped like distkit's checkpoints, for a model of the given name, recording
     the settings of a default 2-process run; ``entries`` replace whole entries."""
-    from distkit.checkpoint import resume_settings, write_checksum
-    from distkit.models import get_model
+    from distkit.checkpoint.saver import resume_settings, write_checksum
+    from distkit.builtin.models import get_model
 
     model = get_model(model_name)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -172,7 +172,7 @@ def test_resume_with_a_changed_setting_is_refused_naming_the_flag(run_cli, tmp_p
     ({"momentum": 0.5}, ["Config.momentum"]),
 ])
 def test_every_setting_the_checkpoint_restores_must_match(tmp_path, changes, words):
-    from distkit.checkpoint import check_checkpoint_fits
+    from distkit.checkpoint.saver import check_checkpoint_fits
 
     ckpt = write_checkpoint(tmp_path / "mid.pt", "cnn", iteration=30)
     check_checkpoint_fits(str(ckpt), Config(epochs=2), world_size=2)  # the same: accepted
@@ -202,7 +202,7 @@ def test_crafted_checkpoint_is_one_line(run_cli, tmp_path, entries, words):
 
 @pytest.mark.parametrize("entries, words", CRAFTED)
 def test_crafted_checkpoint_is_refused_before_any_process_starts(tmp_path, entries, words):
-    from distkit.checkpoint import check_checkpoint_fits
+    from distkit.checkpoint.saver import check_checkpoint_fits
 
     ckpt = write_checkpoint(tmp_path / "crafted.pt", "cnn", iteration=30, **entries)
     with pytest.raises(DistkitError) as info:
@@ -238,7 +238,7 @@ def test_resume_from_latest_falls_back_past_a_corrupt_newest_checkpoint(run_cli,
 def test_resume_from_latest_resolves_to_the_newest_loadable(tmp_path, capsys):
     import os
 
-    from distkit.checkpoint import resolve_resume_from, write_checksum
+    from distkit.checkpoint.saver import resolve_resume_from, write_checksum
 
     runs = tmp_path / "runs"
     (runs / "a" / "checkpoints").mkdir(parents=True)

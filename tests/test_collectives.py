@@ -10,7 +10,7 @@ import torch
 
 from distkit.lessons import collectives
 from distkit.errors import DistkitError
-from distkit.runner import run_per_rank
+from distkit.launch.runner import run_per_rank
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""distkit.compat in the main environment, where torch_xla is absent (by design: it pins
+"""distkit.compat.shims in the main environment, where torch_xla is absent (by design: it pins
 torch). Here we check the guard (nothing XLA is touched) and the patch logic.
 
 torch_xla cannot be imported here, so the XLA patch functions are exercised on stand-in
@@ -16,7 +16,7 @@ import types
 import pytest
 import torch
 
-from distkit import compat
+from distkit.compat import shims as compat
 from distkit.errors import DistkitError
 
 
@@ -32,12 +32,12 @@ def python(code, **env):
 
 def test_without_torch_xla_import_distkit_touches_nothing_xla():
     assert importlib.util.find_spec("torch_xla") is None, "the main environment must not have torch_xla"
-    out = python("import sys, distkit; print(distkit.compat.APPLIED, 'torch_xla' in sys.modules)")
+    out = python("import sys, distkit; print(distkit.compat.shims.APPLIED, 'torch_xla' in sys.modules)")
     assert out == "['fork_safe_cuda_check'] False"
 
 
 def test_fork_safe_cuda_check_is_set_on_import_unless_the_user_chose():
-    code = "import os, distkit; print(os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'), distkit.compat.APPLIED)"
+    code = "import os, distkit; print(os.environ.get('PYTORCH_NVML_BASED_CUDA_CHECK'), distkit.compat.shims.APPLIED)"
     assert python(code) == "1 ['fork_safe_cuda_check']"
     assert python(code, PYTORCH_NVML_BASED_CUDA_CHECK="0") == "0 []"
     assert python(code, DISTKIT_NO_COMPAT="1") == "None []"

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from distkit.machine import free_port
+from distkit.host.facts import free_port
 from distkit.lessons import failure
 from distkit.lessons.multinode import clean_env, log_tail, run_nodes, torchrun_node
 

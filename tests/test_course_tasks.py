@@ -220,7 +220,7 @@ def test_a_tasks_own_step_keeps_loss_reporting_samples_profile_and_checkpoints(t
 
 def test_step_output_contract():
     from distkit.tasks import prepare_xy
-    from distkit.training import step_output
+    from distkit.train.training import step_output
 
     batch = (torch.zeros(5, 2), torch.zeros(5))
     assert step_output(0.25, batch, prepare_xy) == {"loss": 0.25, "batch_size": 5}
@@ -284,7 +284,7 @@ def test_a_tasks_handlers_attach_to_trainer_and_evaluator(tmp_path):
 
 
 def test_a_scheduler_of_the_wrong_kind_is_refused(tmp_path):
-    from distkit.training import task_lr_scheduler
+    from distkit.train.training import task_lr_scheduler
 
     def plateau(optimizer, config, epoch_length):
         return torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
@@ -338,7 +338,7 @@ def test_a_metric_that_cannot_apply_is_refused_before_any_process_starts(tmp_pat
 # --- 5. names and settings -----------------------------------------------------------------
 
 def test_two_tasks_of_one_module_have_their_own_names_and_checkpoints(tmp_path, monkeypatch):
-    from distkit.checkpoint import check_checkpoint_fits
+    from distkit.checkpoint.saver import check_checkpoint_fits
 
     assert resolve_task(regression).name == "test_course_tasks:regression"
     assert resolve_task(regression_twin).name == "test_course_tasks:regression_twin"
@@ -415,7 +415,7 @@ def test_set_on_the_command_line_reaches_config(tmp_path, run_cli):
 # --- 7. resuming with another optimizer ----------------------------------------------------
 
 def test_resuming_an_sgd_checkpoint_with_an_adam_task_is_refused_in_one_line(tmp_path):
-    from distkit.checkpoint import check_checkpoint_fits
+    from distkit.checkpoint.saver import check_checkpoint_fits
 
     res = run(fast(tmp_path, max_iters=3), task=regression)
     assert torch.load(res["last_checkpoint"], weights_only=True)["settings"]["optimizer"] == "SGD"

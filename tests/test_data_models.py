@@ -1,9 +1,9 @@
 """Datasets and models: shapes, determinism, and that the offline data is learnable."""
 import torch
 
-from distkit.data import (IndexedDataset, dataset_info, digits_dataset, split,
+from distkit.builtin.data import (IndexedDataset, dataset_info, digits_dataset, split,
                           synthetic_dataset)
-from distkit.models import get_model
+from distkit.builtin.models import get_model
 
 
 def test_digits_ship_offline_as_images_in_unit_range():

@@ -19,9 +19,9 @@ from conftest import REPO_ROOT, subprocess_env
 from distkit.lessons import failure
 from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.machine import free_port
-from distkit import checkpoint
-from distkit.checkpoint import load_checkpoint
+from distkit.host.facts import free_port
+from distkit.checkpoint import saver as checkpoint
+from distkit.checkpoint.saver import load_checkpoint
 
 KILL_DEADLINE_S = 30
 TRAIN = ["--epochs", "2", "--no-progress", "--checkpoint-every", "5"]  # digits: 23 iterations per epoch
@@ -357,7 +357,7 @@ def test_resumed_run_reports_every_epoch_and_labels_a_partial_train_loss(tmp_pat
     ckpt = checkpoint.latest_checkpoint(runs)
     assert ckpt and ckpt.endswith("_30.pt"), first[-2000:]
     # the checkpoint records the settings of the run that wrote it...
-    from distkit.checkpoint import resume_settings
+    from distkit.checkpoint.saver import resume_settings
 
     assert load_checkpoint(ckpt)["settings"] == resume_settings(Config(epochs=3), "digits/cnn", 2, optimizer="SGD")
     # ...so a resume that would silently differ is refused before any process starts

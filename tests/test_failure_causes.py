@@ -17,15 +17,15 @@ import pytest
 import distkit
 from conftest import subprocess_env
 from distkit.errors import DistkitError
-from distkit.failures import cause, for_function_callers, raise_site
-from distkit.machine import free_port
+from distkit.observe.failures import cause, for_function_callers, raise_site
+from distkit.host.facts import free_port
 
 # A course whose model raises a three-line ValueError on rank 1's third step.
 COURSE = '''
 import torch.nn as nn
 import ignite.distributed as idist
 from distkit import Task
-from distkit.data import get_datasets
+from distkit.builtin.data import get_datasets
 
 
 class Boom(nn.Module):

@@ -26,9 +26,9 @@ import pytest
 import torch
 
 from distkit import Config, DistkitError, Task, run
-from distkit.effective import every_field_grouped
+from distkit.train.effective import every_field_grouped
 from distkit.lessons.multinode import clean_env, log_tail
-from distkit.machine import process_state, process_tree
+from distkit.host.facts import process_state, process_tree
 
 REPO = Path(__file__).resolve().parent.parent
 FOREIGN = REPO / "tests" / "foreign"
@@ -94,7 +94,7 @@ def test_a_scheduler_whose_class_does_not_say_what_it_counts_is_refused_before_s
     import dataclasses
 
     from ignite.engine import Events
-    from distkit.schedules import task_lr_scheduler
+    from distkit.train.schedules import task_lr_scheduler
 
     unsaid = dataclasses.replace(headlines.task, lr_scheduler=lambda_schedule,
                                  name="headlines:lambda")
@@ -143,7 +143,7 @@ def test_results_record_the_tasks_own_settings_not_the_kits_defaults(one_process
 
 
 def test_the_summary_names_the_best_epoch_its_score_and_its_model(one_process):
-    from distkit.reporting import run_summary
+    from distkit.observe.reporting import run_summary
 
     res = one_process
     f1s = [h["val_f1"] for h in res["history"]]
@@ -212,7 +212,7 @@ def test_the_kits_training_flags_act_on_a_foreign_task(tmp_path):
 
 
 # Every field of Config, and where its effect on a foreign task is tested: a new flag must
-# be added here (and to distkit.effective's groups), or this test fails.
+# be added here (and to distkit.train.effective's groups), or this test fails.
 COVERED = {
     **{f: "test_a_flag_with_nothing_to_act_on_is_refused_in_one_line_before_start" for f in REFUSED},
     "amp": "test_amp_autocasts_the_tasks_own_step_and_says_so",
@@ -241,7 +241,7 @@ COVERED = {
 
 def test_every_config_field_is_grouped_and_its_effect_on_a_foreign_task_tested():
     groups = every_field_grouped()
-    assert [f for f, g in groups.items() if g is None] == [], "give the field a group in distkit.effective"
+    assert [f for f, g in groups.items() if g is None] == [], "give the field a group in distkit.train.effective"
     assert sorted(set(groups) - set(COVERED)) == [], "say where the flag is tested on a task"
     here = {name for name in globals() if name.startswith("test_")}
     for field, where in COVERED.items():
@@ -312,7 +312,7 @@ def launch(args, cwd, timeout=240, env=None, **kwargs):
 
 
 def test_slurm_variables_map_to_torchruns():
-    from distkit.script_launch import plan_ranks, tasks_on_node
+    from distkit.launch.script import plan_ranks, tasks_on_node
 
     env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
            "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2",
@@ -338,7 +338,7 @@ def assert_trained_or_gloo_exit_abort(run):
     """Plain torchrun, no distkit: the tutorial's own exit. It aborts after training in
     about 1 run of 10 on the 2-core VM (2 of 20, 15:42 26 Nov): torch's gloo worker thread
     needs the GIL during Python's finalization, std::terminate, SIGABRT (the core dump is
-    read in distkit.script_worker.leave, which `distkit launch` uses so that it never
+    read in distkit.launch.script_worker.leave, which `distkit launch` uses so that it never
     happens there). That one abort, and only it, is let pass here; the launches through
     distkit in this test must exit 0."""
     if run.returncode != 0:
@@ -379,7 +379,7 @@ def test_tutorial_script_trains_under_distkit_launch_resumes_and_runs_under_torc
 
 @pytest.mark.timeout(120)
 def test_a_launched_script_ends_as_python_would_atexit_handlers_and_unflushed_output(tmp_path):
-    """A rank ends without Python's finalization (distkit.script_worker.leave): what a
+    """A rank ends without Python's finalization (distkit.launch.script_worker.leave): what a
     script may rely on at exit still happens on every rank: its atexit handlers run (in
     reverse order of registration), a non-daemon thread it left running finishes, and
     output it never flushed arrives."""

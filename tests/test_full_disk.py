@@ -126,7 +126,7 @@ def test_disk_full_mid_run_leaves_the_newest_complete_checkpoint(tmp_path, tmpfs
     be written: the kit's line, no .tmp (the probe found an empty results.json.tmp), and
     the newest checkpoint is complete and loads. (A checkpoint that does not fit at all:
     test_failure.py::test_full_disk_while_saving_is_one_line_naming_the_disk.)"""
-    from distkit.checkpoint import latest_checkpoint, load_checkpoint
+    from distkit.checkpoint.saver import latest_checkpoint, load_checkpoint
 
     result = train(tmp_path, tmpfs, "27", 0)  # epoch 2 of 23 iterations; saves every 5
     assert_kit_line(result, tmpfs)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from distkit.config import Config
-from distkit.data import (TEXT_BLOCK_SIZE, TEXT_VAL_BLOCKS, CharBlocks, CharVocab, dataset_info,
+from distkit.builtin.data import (TEXT_BLOCK_SIZE, TEXT_VAL_BLOCKS, CharBlocks, CharVocab, dataset_info,
                           text_corpus, text_datasets, text_vocab, unigram_entropy)
 from distkit.errors import DistkitError
-from distkit.models import GPT, Block, get_model
+from distkit.builtin.models import GPT, Block, get_model
 
 
 def test_text_ships_with_python_and_splits_into_shifted_blocks():
@@ -81,7 +81,7 @@ def test_same_seed_same_gpt_and_the_default_sizes():
 
 @pytest.mark.parametrize("size", ["default", "gpt2-small"])
 def test_set_size_gives_the_named_gpt_and_blocks_of_its_context(size):
-    from distkit.models import GPT_SIZES
+    from distkit.builtin.models import GPT_SIZES
     from distkit.tasks import resolve_task
 
     config = Config(dataset="text", model="gpt", task_settings={"size": size})
@@ -156,7 +156,7 @@ def test_flops_per_token_is_6n_plus_attention():
 
 
 def test_token_loss_is_cross_entropy_over_every_position():
-    from distkit.text import TokenCrossEntropy, flatten_tokens
+    from distkit.builtin.text import TokenCrossEntropy, flatten_tokens
 
     logits, y = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
     manual = -torch.log_softmax(logits, -1).gather(-1, y.unsqueeze(-1)).mean()
@@ -166,7 +166,7 @@ def test_token_loss_is_cross_entropy_over_every_position():
 
 
 def test_sampling_is_reproducible_and_stays_in_the_vocabulary():
-    from distkit.text import sample_text
+    from distkit.builtin.text import sample_text
 
     vocab = CharVocab("ab\ncd ")
     model = GPT(vocab_size=len(vocab), block_size=8, n_layer=1, n_head=1, d_model=8)
@@ -202,7 +202,7 @@ def test_cli_defaults_follow_the_dataset_and_flags_win():
 
 
 def test_mfu_and_a_measured_matmul():
-    from distkit.throughput import matmul_flops_per_second, mfu
+    from distkit.observe.throughput import matmul_flops_per_second, mfu
 
     assert mfu(6e6, 1000.0, 1.2e10) == pytest.approx(0.5)
     flops = matmul_flops_per_second(n=128, seconds=0.05, device="cpu")
@@ -251,7 +251,7 @@ def test_gpt_learns_below_the_unigram_entropy(tmp_path):
     import dataclasses
 
     from distkit.tasks import BUILTIN_TASKS
-    from distkit.training import training
+    from distkit.train.training import training
 
     task = dataclasses.replace(BUILTIN_TASKS[("text", "gpt")], datasets=_half_of_the_text,
                                model=_small_text_gpt, name="text/gpt-small")

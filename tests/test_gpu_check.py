@@ -260,7 +260,7 @@ def test_nccl_one_process_per_gpu():
     import torch
 
     from distkit.lessons.collectives import process_info
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
 
     n = torch.cuda.device_count()
     seen = run_per_rank(process_info, n, "nccl")

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from conftest import subprocess_env
-from distkit.checkpoint import checkpoint_iteration, load_checkpoint
+from distkit.checkpoint.saver import checkpoint_iteration, load_checkpoint
 from distkit.lessons import failure
 
 STOP_DEADLINE_S = 20  # "within a few seconds", with room for a busy 2-core machine
@@ -148,7 +148,7 @@ def test_jupyter_interrupt_kernel_stops_every_worker(tmp_path):
 
 LONG_WORKER = """
 import os, sys, time
-from distkit.launch import launch_function
+from distkit.launch.entry import launch_function
 
 def worker(local_rank, folder):
     with open(os.path.join(folder, f"rank{local_rank}"), "w") as f:

@@ -67,7 +67,7 @@ def test_a_traced_script_trains_as_written_and_says_where_its_trace_is(traced):
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_the_merged_trace_has_one_aligned_process_per_rank_with_its_collectives(traced):
-    from distkit import tracing
+    from distkit.observe import tracing
 
     folder, _, run_dir = traced
     merged = json.loads((run_dir / "trace" / "merged.json").read_text())  # valid JSON
@@ -220,8 +220,8 @@ def test_the_script_tracer_counts_optimizer_steps_and_leaves_nothing_behind(tmp_
     import torch.nn.modules.module as module_hooks
     import torch.optim.optimizer as optimizer_hooks
 
-    from distkit import tracing
-    from distkit.script_tracing import ScriptTracer
+    from distkit.observe import tracing
+    from distkit.observe.script_tracing import ScriptTracer
 
     original = torch.autograd.backward
     tracer = ScriptTracer(str(tmp_path), 0).start()

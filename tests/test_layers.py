@@ -1,6 +1,6 @@
-"""The core's layers (DESIGN.md, "The core — layers, imports one way"): every import of
-``src/distkit``, the ones inside functions too, points down this list or stays in its own
-layer, and no set of modules imports each other in a circle."""
+"""The core's rooms (docs/architecture.md): every import of ``src/distkit``, the ones inside
+functions too, points down this list of rooms or stays in its own room, and no set of
+modules imports each other in a circle."""
 from __future__ import annotations
 
 import ast
@@ -13,17 +13,18 @@ from conftest import REPO_ROOT, subprocess_env
 
 SRC = REPO_ROOT / "src"
 
-# Lowest first. A module of the kit that is in no layer fails the test: give it one.
+# Rooms (subpackages, or the few modules flat in src/distkit), lowest first. A room of the
+# kit that is in no layer fails the test: give it one.
 LAYERS = (
-    ("errors", "machine", "signals"),
-    ("config",),
-    ("compat", "data", "models", "strategies", "profiling", "plots", "text", "throughput",
-     "tracing"),
-    ("tasks", "checkpoint", "schedules", "effective"),
-    ("preflight", "training", "reporting", "tracking", "failures", "stopping", "agreement",
-     "rendezvous", "script_worker", "script_tracing"),
-    ("supervise",),
-    ("launch", "runner", "sharding", "script_launch"),
+    ("errors", "host"),
+    ("config", "compat"),
+    ("builtin",),
+    ("tasks",),
+    ("checkpoint",),
+    ("observe",),
+    ("train",),
+    ("launch",),
+    ("sharding",),
     ("lessons", "commands", "bench", "__main__", "__init__"),
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
@@ -35,8 +36,8 @@ def module_name(path) -> str:
 
 
 def layer(module: str) -> int | None:
-    """``distkit.lessons.scaling`` -> the layer of ``lessons``; ``distkit`` (the package's
-    ``__init__``, which only re-exports lazily) -> the top."""
+    """``distkit.train.stopping`` -> the layer of the room ``train``; ``distkit`` (the
+    package's ``__init__``, which only re-exports lazily) -> the top."""
     parts = module.split(".")
     key = parts[1] if len(parts) > 1 else "__init__"
     return LAYER_OF.get(key)
@@ -155,36 +156,36 @@ def test_no_import_circle():
 
 
 def test_the_graph_sees_function_level_imports():
-    edges = {t for _, t in GRAPH["distkit.launch"]} | {t for _, t in GRAPH["distkit.supervise"]}
-    assert {"distkit.errors", "distkit.machine", "distkit.training"} <= edges
+    edges = {t for _, t in GRAPH["distkit.launch.entry"]} | {t for _, t in GRAPH["distkit.launch.supervise"]}
+    assert {"distkit.errors", "distkit.host.facts", "distkit.train.training"} <= edges
 
 
 # --- the checks themselves can fail ----------------------------------------------------
 
 def test_an_upward_import_inside_a_function_is_caught():
-    source = "def f():\n    from distkit.training import training\n"
+    source = "def f():\n    from distkit.train.training import training\n"
     graph = {"distkit.config": [(f"config.py:{line}", t)
                                 for line, t in imports_of(source, "distkit.config")]}
     bad = upward_imports(graph)
     assert len(bad) == 1 and bad[0].startswith("config.py:2: distkit.config (layer 2) imports "
-                                               "distkit.training (layer 5)"), bad
+                                               "distkit.train.training (layer 7)"), bad
 
 
 def test_a_circle_within_one_layer_is_caught():
-    graph = {"distkit.tasks": [("tasks.py:3", "distkit.checkpoint")],
-             "distkit.checkpoint": [("checkpoint.py:9", "distkit.tasks")],
+    graph = {"distkit.tasks": [("tasks.py:3", "distkit.checkpoint.saver")],
+             "distkit.checkpoint.saver": [("checkpoint.py:9", "distkit.tasks")],
              "distkit.errors": []}
-    assert cycles(graph) == [["distkit.checkpoint", "distkit.tasks"]]
-    assert "checkpoint.py:9: distkit.checkpoint imports distkit.tasks" in \
+    assert cycles(graph) == [["distkit.checkpoint.saver", "distkit.tasks"]]
+    assert "checkpoint.py:9: distkit.checkpoint.saver imports distkit.tasks" in \
         describe_cycle(graph, cycles(graph)[0])
 
 
 @pytest.mark.parametrize("source, module, package, expected", [
-    ("from distkit import profiling, Config", "distkit.training", False,
-     ["distkit.profiling", "distkit"]),
-    ("from . import data", "distkit.tasks", False, ["distkit.data"]),
+    ("from distkit.observe import profiling, Config", "distkit.train.training", False,
+     ["distkit.observe.profiling", "distkit.observe"]),
+    ("from . import data", "distkit.builtin.text", False, ["distkit.builtin.data"]),
     ("from ..launch import run", "distkit.commands.train", False, ["distkit.launch"]),
-    ("import distkit.machine as m", "distkit.launch", False, ["distkit.machine"]),
+    ("import distkit.host.facts as m", "distkit.launch.entry", False, ["distkit.host.facts"]),
     ("from .train import main", "distkit.commands", True, ["distkit.commands.train"]),
 ])
 def test_imports_are_resolved_to_modules(source, module, package, expected):
@@ -193,8 +194,8 @@ def test_imports_are_resolved_to_modules(source, module, package, expected):
 
 # --- the lowest layer stays light ------------------------------------------------------
 
-def test_machine_module_imports_no_torch_or_ignite():
-    code = ("import sys, distkit.machine; "
+def test_host_room_imports_no_torch_or_ignite():
+    code = ("import sys, distkit.host.facts; "
             "print(sorted(m for m in ('torch', 'ignite') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], env=subprocess_env(), capture_output=True,
                           text=True, timeout=60)
@@ -203,11 +204,11 @@ def test_machine_module_imports_no_torch_or_ignite():
 
 
 def test_launch_imports_at_the_top():
-    """launch.py sits above everything it uses: nothing to dodge, so no import hides in a
-    function (there were 15, each dodging an import circle)."""
-    path = SRC / "distkit" / "launch.py"
+    """The entry points sit above everything they use: nothing to dodge, so no import hides
+    in a function."""
+    path = SRC / "distkit" / "launch" / "entry.py"
     tree = ast.parse(path.read_text())
     top = {id(node) for node in tree.body}
-    hidden = [f"src/distkit/launch.py:{node.lineno}" for node in ast.walk(tree)
+    hidden = [f"src/distkit/launch/entry.py:{node.lineno}" for node in ast.walk(tree)
               if isinstance(node, (ast.Import, ast.ImportFrom)) and id(node) not in top]
     assert not hidden, f"imports inside functions: {hidden}"

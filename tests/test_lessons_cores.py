@@ -30,7 +30,7 @@ def test_sharing_sentence_follows_the_machine(monkeypatch, capsys, machine, expe
            "process gets 4 too, so the comparison asks what a second process, on 4 more cores, buys"),
 ])
 def test_threads_sentence_follows_the_machine(monkeypatch, capsys, machine, threads, expected):
-    from distkit.machine import threads_per_process
+    from distkit.host.facts import threads_per_process
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(machine)), raising=False)
     assert threads_per_process(2) == threads  # what notebook 04 passes in

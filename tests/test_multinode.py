@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import subprocess_env
-from distkit.machine import free_port
+from distkit.host.facts import free_port
 
 
 @pytest.mark.slow

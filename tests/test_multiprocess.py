@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import subprocess_env
-from distkit.launch import run
+from distkit.launch.entry import run
 
 
 def check_results(res, world_size):

@@ -49,7 +49,7 @@ def test_each_host_picks_the_interface_that_routes_to_the_master(hosts):
     code = (
         "import os\n"
         "from distkit.errors import DistkitError\n"
-        "from distkit.machine import socket_interface\n"
+        "from distkit.host.facts import socket_interface\n"
         "from distkit.commands.doctor import network_interface\n"
         "import socket\n"
         f"print(socket.gethostname())\n"
@@ -107,8 +107,8 @@ def test_a_cut_link_ends_both_hosts_in_one_line_each_and_resume_ends_equal(hosts
 
     import torch
 
-    from distkit import checkpoint
-    from distkit.checkpoint import load_checkpoint
+    from distkit.checkpoint import saver as checkpoint
+    from distkit.checkpoint.saver import load_checkpoint
     from distkit.lessons import failure
 
     timeout = 15

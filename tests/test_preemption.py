@@ -34,7 +34,7 @@ import torch
 
 from conftest import REPO_ROOT, subprocess_env
 from distkit.lessons import failure
-from distkit.machine import process_alive as alive, process_tree as tree
+from distkit.host.facts import process_alive as alive, process_tree as tree
 
 pytestmark = [pytest.mark.slow]
 
@@ -269,7 +269,7 @@ def test_torchrun_restart_continues_from_the_newest_checkpoint_by_itself(tmp_pat
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "--max-restarts", "2", "-m", "distkit", "train", *args]
     # on torchrun's default shared store: each attempt's process group meets under a prefix
-    # of its own (distkit.supervise.attempt_store; before, a restarted group on that store
+    # of its own (distkit.launch.supervise.attempt_store; before, a restarted group on that store
     # failed to connect in 2 of 3 full-suite runs on the 2-core VM); ten in a row:
     # benchmarks/torchrun_restarts.py
     run_env = {k: v for k, v in env().items() if k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"}

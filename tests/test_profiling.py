@@ -1,4 +1,4 @@
-"""distkit.profiling: Timers and profilers on engines whose costs are known (sleeps), the
+"""distkit.observe.profiling: Timers and profilers on engines whose costs are known (sleeps), the
 cross-rank table from real gloo processes, the data-bound diagnosis, CSV, and
 ``distkit train --profile``."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from ignite.engine import Engine, Events
 from ignite.handlers import Timer
 
-from distkit import profiling
+from distkit.observe import profiling
 
 
 class SleepyData:

@@ -9,7 +9,7 @@ import pytest
 from distkit.lessons import scaling
 from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.models import get_model
+from distkit.builtin.models import get_model
 
 
 def test_plan_runs_each_configuration_once_even_if_it_serves_two_curves():

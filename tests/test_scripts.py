@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, checkout_copy, subprocess_env
-from distkit.machine import free_port, threads_per_process
+from distkit.host.facts import free_port, threads_per_process
 from distkit.lessons.multinode import slurm_env
 
 SCRIPTS = REPO_ROOT / "scripts"
@@ -189,7 +189,7 @@ DRIVER = textwrap.dedent('''\
     versions = "import importlib.metadata as md, json; print('VERSIONS', json.dumps({{p: md.version(p) for p in {kept!r}}}))"
     train = """
     from distkit.config import Config
-    from distkit.launch import run
+    from distkit.launch.entry import run
     res = run(Config(nproc_per_node=2, epochs=1, dataset="synthetic", dataset_size=256, output_dir="runs"))
     print("TRAINED", res["world_size"], res["final"]["val_accuracy"], res["versions"]["torch"])
     """

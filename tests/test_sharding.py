@@ -210,7 +210,7 @@ def _loader_worker(local_rank):
     out = {
         # the loop forgets set_epoch: nothing in the check calls it for the loop
         "forgot": collect_loader_indices(auto, epochs=3),
-        # the loop calls it, as distkit.training does on every EPOCH_STARTED
+        # the loop calls it, as distkit.train.training does on every EPOCH_STARTED
         "calls": collect_loader_indices(auto, epochs=3, on_epoch=auto.sampler.set_epoch),
         # a plain DataLoader: no DistributedSampler, every rank reads everything
         "unsharded": collect_loader_indices(DataLoader(data, batch_size=10, shuffle=True), epochs=2),
@@ -285,7 +285,7 @@ def docstring_example(doc: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("module", ["distkit.sharding", "distkit.runner"])
+@pytest.mark.parametrize("module", ["distkit.sharding", "distkit.launch.runner"])
 def test_docstring_example_runs_as_a_script_under_spawn(tmp_path, module):
     import importlib
     import subprocess
@@ -309,7 +309,7 @@ def test_docstring_example_runs_as_a_script_under_spawn(tmp_path, module):
 def test_quiet_ignite_logs_restores_levels():
     import logging
 
-    from distkit.machine import IGNITE_LOGGERS, quiet_ignite_logs
+    from distkit.host.facts import IGNITE_LOGGERS, quiet_ignite_logs
 
     before = {n: logging.getLogger(n).level for n in IGNITE_LOGGERS}
     with quiet_ignite_logs():
@@ -319,7 +319,7 @@ def test_quiet_ignite_logs_restores_levels():
 
 QUIET_THEN_LOUD = """
 import torch, ignite.distributed as idist
-from distkit.machine import quiet_ignite_logs
+from distkit.host.facts import quiet_ignite_logs
 data = torch.utils.data.TensorDataset(torch.arange(8.0))
 with quiet_ignite_logs():
     idist.auto_dataloader(data, batch_size=4)   # hidden
@@ -344,7 +344,7 @@ def test_ignite_logs_again_after_the_block():
 def test_machine_doctests_pass():
     import doctest
 
-    import distkit.machine
+    import distkit.host.facts
 
-    result = doctest.testmod(distkit.machine)
+    result = doctest.testmod(distkit.host.facts)
     assert result.attempted >= 4 and result.failed == 0

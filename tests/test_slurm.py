@@ -98,7 +98,7 @@ def test_a_plain_pytorch_script_under_srun(slurm_cluster, tmp_path):
     """tests/foreign/multigpu_torchrun.py (written like pytorch/examples' DDP tutorial:
     its own init_process_group, reading RANK / LOCAL_RANK) unchanged: srun runs it through
     `distkit launch` (SLURM's variables mapped to torchrun's, one rank per task, no nested
-    spawn), exit 0: the rank ends as distkit.script_worker.leave says, without the gloo
+    spawn), exit 0: the rank ends as distkit.launch.script_worker.leave says, without the gloo
     abort at exit that plain runs of this script show (the template's SCRIPT line is
     checked by test_foreign_code.py::test_templates_launch_a_script_when_asked)."""
     import torch

@@ -74,7 +74,7 @@ def test_python_c_training_trains_alike_at_1_and_2_threads_per_process():
 
 def test_a_function_spawned_processes_cannot_import_is_refused_before_start(monkeypatch):
     from distkit.errors import DistkitError
-    from distkit.launch import check_spawned_can_import
+    from distkit.launch.entry import check_spawned_can_import
 
     def training(local_rank):
         pass
@@ -95,10 +95,10 @@ def test_after_the_kernel_touched_cuda_an_importable_function_is_spawned_and_a_c
     here before), and refuses in one line naming the function when it cannot. This VM has
     no CUDA, so the parent's CUDA state and the notebook kernel are stood in for; the
     processes are real. scripts/gpu_check.sh runs notebook 07 on a real GPU."""
-    import distkit.supervise as launch  # where the process-start core decides fork or spawn
+    import distkit.launch.supervise as launch  # where the process-start core decides fork or spawn
     from distkit.errors import DistkitError
     from distkit.lessons.collectives import process_info
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
 
     monkeypatch.setattr(launch.torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(launch.torch.cuda, "is_initialized", lambda: True)
@@ -137,7 +137,7 @@ def test_gloo_workers_see_no_gpu_and_the_launcher_keeps_its_own(start_method, mo
     included: on a 1-GPU machine local rank 1 failed with "invalid device ordinal" (12 of
     the 14 notebooks, on an H200). The kit's gloo workers are CPU processes; the launching
     process's own variables are back as they were when the launch ends."""
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what a user may have set: kept here
     monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)

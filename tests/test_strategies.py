@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distkit.launch import run
+from distkit.launch.entry import run
 
 ACCURACY_TOLERANCE = 0.02  # |fsdp - ddp| validation accuracy after the same 2 epochs
 
@@ -88,8 +88,8 @@ def test_unknown_strategy_is_refused(run_cli):
 def _fsdp_units(local_rank):
     from torch.distributed.fsdp import FSDPModule
 
-    from distkit.models import GPT
-    from distkit.strategies import prepare_model
+    from distkit.builtin.models import GPT
+    from distkit.train.strategies import prepare_model
 
     model = prepare_model(GPT(11, 8, n_layer=2, n_head=2, d_model=8), "fsdp")
     return sorted(name for name, m in model.named_modules() if isinstance(m, FSDPModule))
@@ -98,7 +98,7 @@ def _fsdp_units(local_rank):
 def test_fsdp_shards_a_model_with_blocks_one_block_per_unit():
     """The GPT's blocks are units whole (their eight layers gathered at once); the layers
     outside them, one unit each; the root drives the hooks."""
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
 
     units = run_per_rank(_fsdp_units, 2, "gloo", start_method="fork")
     assert units[0] == units[1] == ["", "blocks.0", "blocks.1", "head", "ln_f", "pos_emb", "tok_emb"]

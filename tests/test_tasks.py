@@ -85,7 +85,7 @@ def test_a_malformed_task_is_refused_in_one_line(kwargs, words):
 
 def test_builtin_registry_covers_every_dataset_and_model_and_builds_the_same_model():
     from distkit.config import DATASETS, MODELS
-    from distkit.models import get_model
+    from distkit.builtin.models import get_model
 
     images = {(d, m) for d in DATASETS for m in MODELS if "text" != d and "gpt" != m}
     assert set(BUILTIN_TASKS) == images | {("text", "gpt")}
@@ -165,14 +165,14 @@ def _checkpoint(path, model):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     torch.save({"trainer": {"iteration": 3, "epoch_length": 8, "max_epochs": 2},
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "lr_scheduler": {}}, path)
-    from distkit.checkpoint import write_checksum
+    from distkit.checkpoint.saver import write_checksum
 
     write_checksum(path, 3)
     return path
 
 
 def test_a_checkpoint_of_another_task_is_refused_in_one_line(course, tmp_path, run_cli):
-    from distkit.models import get_model
+    from distkit.builtin.models import get_model
 
     cnn = _checkpoint(tmp_path / "cnn.pt", get_model("cnn"))
     out = run_cli("train", "--task", "course_mod:task", "--resume-from", cnn,
@@ -182,7 +182,7 @@ def test_a_checkpoint_of_another_task_is_refused_in_one_line(course, tmp_path, r
     assert "holds weights for another model than the task 'course_mod:task'" in lines[0]
     assert "--task course_mod:task" in lines[0]
     # and the other way round, in process: the built-in task refuses the course's weights
-    from distkit.checkpoint import check_checkpoint_fits
+    from distkit.checkpoint.saver import check_checkpoint_fits
 
     mlp = _checkpoint(tmp_path / "course.pt", resolve_task("course_mod:task").model(Config()))
     with pytest.raises(DistkitError) as e:

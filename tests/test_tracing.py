@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from distkit import tracing
+from distkit.observe import tracing
 
 PHASES_OF_THE_KITS_STEP = ("data wait", "forward", "backward", "optimizer step")
 
@@ -117,7 +117,7 @@ def test_tracing_off_makes_no_profiler_and_no_ranges():
     import torch
 
     from distkit import Config
-    from distkit.training import create_trainer
+    from distkit.train.training import create_trainer
 
     seen = []
     model = torch.nn.Linear(2, 1)

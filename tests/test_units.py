@@ -12,11 +12,11 @@ import torch
 
 from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.launch import describe_process_failure
-from distkit.preflight import default_nproc, preflight, resolve_backend
-from distkit.checkpoint import make_run_dir
-from distkit.machine import check_port_free, free_port, threads_per_process
-from distkit.training import create_lr_scheduler, peak_lr
+from distkit.launch.entry import describe_process_failure
+from distkit.launch.preflight import default_nproc, preflight, resolve_backend
+from distkit.checkpoint.saver import make_run_dir
+from distkit.host.facts import check_port_free, free_port, threads_per_process
+from distkit.train.training import create_lr_scheduler, peak_lr
 
 
 def test_auto_backend_on_this_cpu_machine_is_gloo_with_two_processes():
@@ -37,7 +37,7 @@ def test_preflight_fills_in_backend_processes_and_a_free_port():
 def test_launch_checks_need_no_training_settings():
     """launch_function and run_per_rank have no global batch: the launch checks do not
     ask for one (a batch of 64 does not divide by 3 processes)."""
-    from distkit.preflight import check_launch
+    from distkit.launch.preflight import check_launch
 
     launch = check_launch(Config(backend="gloo", nproc_per_node=3).validate_processes(),
                           spawning=True)
@@ -116,7 +116,7 @@ def test_process_failures_become_one_line_naming_the_rank():
 
 
 def test_learning_curves_figure():
-    from distkit.plots import learning_curves
+    from distkit.observe.plots import learning_curves
 
     hist = [{"epoch": e, "train_loss": 1 / e, "val_loss": 1 / e, "val_accuracy": 1 - 1 / e}
             for e in (1, 2, 3)]
@@ -140,7 +140,7 @@ def test_early_stopping_and_best_model_judge_the_evaluators_metrics(tmp_path):
     work whatever order the trainer's epoch handlers run in."""
     import os
 
-    from distkit.training import training
+    from distkit.train.training import training
 
     cfg = Config(backend="none", model="mlp", epochs=4, progress_bar=False,
                  output_dir=str(tmp_path), early_stopping_patience=1,
@@ -156,7 +156,7 @@ def test_early_stopping_and_best_model_judge_the_evaluators_metrics(tmp_path):
 
 def test_the_summary_of_a_run_that_ended_inside_its_first_epoch_has_no_nan():
     # --max-iters 8 on a 12-step epoch: no epoch ended, so there is no time per epoch
-    from distkit.reporting import run_summary
+    from distkit.observe.reporting import run_summary
 
     text = run_summary({"backend": "gloo", "world_size": 2, "nnodes": 1, "device": "cpu",
                         "final": None, "epochs_completed": 0, "iterations": 8,

@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from distkit.data import EvenValidationBatches
+from distkit.builtin.data import EvenValidationBatches
 
 VAL = 101
 
@@ -20,7 +20,7 @@ import torch.nn as nn
 from ignite.metrics import Accuracy, Metric
 from ignite.metrics.metric import reinit__is_reduced, sync_all_reduce
 from distkit import Task
-from distkit.data import synthetic_dataset
+from distkit.builtin.data import synthetic_dataset
 
 
 class SampleCount(Metric):
@@ -74,7 +74,7 @@ def test_even_validation_batches_cover_every_sample_once_in_equal_batch_counts()
 def reference_metrics(task, checkpoint_path):
     """The final checkpoint evaluated in this one process, with plain torch."""
     from distkit import Config
-    from distkit.checkpoint import load_checkpoint
+    from distkit.checkpoint.saver import load_checkpoint
 
     model = task.model(Config())
     model.load_state_dict(load_checkpoint(checkpoint_path)["model"])
@@ -97,7 +97,7 @@ def test_101_validation_samples_counted_once_at_1_2_and_3_processes(tmp_path, mo
     monkeypatch.syspath_prepend(str(tmp_path))
     import oddval
 
-    from distkit.launch import run
+    from distkit.launch.entry import run
 
     for world in (1, 2, 3):
         res = run(fast_config(nproc_per_node=world, epochs=1, batch_size=30,

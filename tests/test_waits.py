@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import subprocess_env
-from distkit.machine import free_port
+from distkit.host.facts import free_port
 
 TIMEOUT = 10
 # Start-up (imports, preflight) before a node begins to wait: seconds on the 2-core VM
@@ -115,7 +115,7 @@ def test_node_0_whose_other_node_never_comes(tmp_path):
 def no_host_address() -> str | None:
     """An address where no host answers (a TCP connect neither connects nor is refused),
     or None: some sandboxes answer every outside address themselves."""
-    from distkit.rendezvous import reach_port
+    from distkit.launch.rendezvous import reach_port
 
     for addr in ("198.51.100.7", "203.0.113.7", "192.0.2.7", "10.255.255.7"):
         if reach_port(addr, 29500, 2.0) == "no answer":
@@ -136,7 +136,7 @@ def test_an_address_where_no_host_answers(tmp_path):
 
 
 def test_reach_port_tells_refused_from_connected():
-    from distkit.rendezvous import reach_port
+    from distkit.launch.rendezvous import reach_port
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -232,7 +232,7 @@ def test_under_torchrun_a_node_that_never_comes_is_torchruns_wait(tmp_path, rend
 
 
 def test_layouts_that_differ_are_named_with_both_values():
-    from distkit.rendezvous import layout_difference
+    from distkit.launch.rendezvous import layout_difference
 
     same = {"nnodes": 2, "nproc_per_node": 2}
     assert layout_difference({0: same, 1: dict(same)}) is None
@@ -250,7 +250,7 @@ def test_attempt_store_is_a_prefix_per_torchrun_restart_on_one_node_only():
 
     import torch.distributed as dist
 
-    from distkit.supervise import attempt_store
+    from distkit.launch.supervise import attempt_store
 
     server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=10), wait_for_workers=False)
     env = {"TORCHELASTIC_USE_AGENT_STORE": "True", "MASTER_ADDR": "127.0.0.1",

@@ -3,7 +3,7 @@ by scripts/make_xla_env.sh) on XLA:CPU (``PJRT_DEVICE=CPU``), one replica: multi
 XLA deadlocks on CPU inside torch-xla itself, so that part is only shown on a real TPU
 (notebook 03).
 
-- the failures distkit.compat repairs exist in these versions (``DISTKIT_NO_COMPAT=1``)
+- the failures distkit.compat.shims repairs exist in these versions (``DISTKIT_NO_COMPAT=1``)
   and are gone with the shims;
 - ``distkit train --backend xla-tpu --nproc-per-node 1`` trains and writes results;
 - the evidence behind notebook 03's pitfalls.
@@ -54,7 +54,7 @@ def last_json(stdout: str) -> dict:
 
 SHIMS_BEFORE_AND_AFTER = """
     import json, torch, torch_xla
-    import distkit.compat as compat            # DISTKIT_NO_COMPAT=1: nothing applied yet
+    import distkit.compat.shims as compat            # DISTKIT_NO_COMPAT=1: nothing applied yet
     import ignite.distributed as idist
     import torch_xla.core.xla_model as xm
     import torch_xla.runtime as xr
@@ -133,11 +133,11 @@ def test_distkit_train_runs_on_xla_and_learns(xla_python, tmp_path):
 def test_import_distkit_applies_every_shim_and_the_pitfalls_show(xla_python, tmp_path):
     code = """
         import json, distkit, ignite.distributed as idist, torch_xla
-        from distkit.runner import run_per_rank
-        from distkit.compat import APPLIED
+        from distkit.launch.runner import run_per_rank
+        from distkit.compat.shims import APPLIED
         from distkit.config import Config
         from distkit.errors import DistkitError
-        from distkit.preflight import default_nproc, preflight
+        from distkit.launch.preflight import default_nproc, preflight
         from distkit.lessons import xla_pitfalls as xp
         out = {"applied": APPLIED, "rank": idist.get_rank(), "backend": idist.backend(),
                "runtime_started": torch_xla._XLAC._xla_runtime_is_initialized(),
@@ -168,7 +168,7 @@ def test_import_distkit_applies_every_shim_and_the_pitfalls_show(xla_python, tmp
     assert out["weights"]["after_auto_model"] == out["weights"]["before_auto_model"]
     # create_supervised_trainer + auto_optim: two gradient reductions per step; distkit's: one
     assert out["reductions"]["create_supervised_trainer"] == 2.0
-    assert out["reductions"]["distkit.training.create_trainer"] == 1.0
+    assert out["reductions"]["distkit.train.training.create_trainer"] == 1.0
     # MpDeviceLoader: the step's graph runs while "fetching data"
     # (a timing: on XLA:CPU the share swung from 0.34 to 0.92 between runs while the plain
     # loader's stayed near 0.02, so assert the direction with a wide margin)

@@ -5,7 +5,7 @@
   (``DISTKIT_EXERCISES=solutions``), or any folder of ``NN_topic.py`` files
   (``DISTKIT_EXERCISES=/path/to/folder``).
 - :func:`run_ranks` runs a check function in 2 real processes joined by the gloo backend,
-  through distkit's one process runner (:func:`distkit.runner.run_per_rank`, which uses
+  through distkit's one process runner (:func:`distkit.launch.runner.run_per_rank`, which uses
   ``idist.Parallel``), and returns what each rank returned.
 - :func:`run_layouts` runs a check function in every layout a learner's code meets: 1
   process with no process group at all, 2 and 3 processes on one node, and 2 "nodes" of 2
@@ -152,7 +152,7 @@ def start_method() -> str:
 def run_ranks(target, *args, nproc: int = NPROC) -> list:
     """Run ``target(*args)`` on ``nproc`` gloo ranks; return the list of their return values
     (index = rank). A learner error on any rank becomes one :class:`ExerciseFailure`."""
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
 
     # ignite logs every auto_* call at INFO level; the learner only needs to see failures
     # (and their own prints).

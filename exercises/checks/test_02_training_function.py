@@ -22,7 +22,7 @@ import functools
 
 import pytest
 import torch
-from distkit.data import synthetic_dataset
+from distkit.builtin.data import synthetic_dataset
 from torch.utils.data.distributed import DistributedSampler
 
 import harness

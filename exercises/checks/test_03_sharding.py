@@ -1,7 +1,7 @@
 """Checks for exercise 03: the shards of 2 ranks over 3 epochs."""
 import pytest
 import torch
-from distkit.data import IndexedDataset, synthetic_dataset
+from distkit.builtin.data import IndexedDataset, synthetic_dataset
 
 import harness
 

@@ -8,8 +8,8 @@ import os
 import pytest
 import torch
 import torch.nn as nn
-from distkit.data import synthetic_dataset
-from distkit.training import Trainer
+from distkit.builtin.data import synthetic_dataset
+from distkit.train.training import Trainer
 from ignite.engine import Events, supervised_training_step
 
 import harness

@@ -59,7 +59,7 @@ def random_shapes(seed, count=3):
 
 
 def gpt(layers, heads, d, T):
-    from distkit.models import GPT
+    from distkit.builtin.models import GPT
 
     torch.manual_seed(0)
     return GPT(VOCAB, T, n_layer=layers, n_head=heads, d_model=d)
@@ -179,7 +179,7 @@ def timed_step_ms(layers, heads, d, T, sequences) -> float:
 def test_mfu_equals_the_reference():
     import random
 
-    from distkit.throughput import matmul_flops_per_second
+    from distkit.observe.throughput import matmul_flops_per_second
 
     ex, ref = harness.load("14"), harness.load_reference("14")
     seed = harness.check_seed()

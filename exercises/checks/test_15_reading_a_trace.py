@@ -327,7 +327,7 @@ def traced_rank(folder):
 
 @pytest.fixture(scope="module")
 def real_trace(tmp_path_factory):
-    from distkit import tracing
+    from distkit.observe import tracing
 
     for attempt in range(3):
         folder = tmp_path_factory.mktemp("traces")

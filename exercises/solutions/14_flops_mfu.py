@@ -4,7 +4,7 @@ How fast is a run *for its model*? Tokens per second depend on the model's size;
 **model FLOPs utilisation** does not: the floating-point operations the model's
 arithmetic needs per second at the measured speed, divided by what the machine can do
 (its peak FLOP/s). ``distkit train --dataset text --model gpt`` reports it; here you
-compute it yourself, for the kit's GPT (:class:`distkit.models.GPT`).
+compute it yourself, for the kit's GPT (:class:`distkit.builtin.models.GPT`).
 
 Count what a training step of the whole run computes:
 

@@ -23,7 +23,7 @@ MODELS = ("cnn", "mlp", "resnet18", "gpt")
 TEXT_DATASETS, TEXT_MODELS = ("text",), ("gpt",)  # sequences of tokens; the rest are images
 DATASET_DEFAULTS = {
     # The GPT on 2 CPU cores: ~100 steps of 32 blocks (4096 characters) a step, one pass
-    # over the text, at AdamW's usual lr for a model this small (distkit.text.adamw).
+    # over the text, at AdamW's usual lr for a model this small (distkit.builtin.text.adamw).
     "text": {"epochs": 1, "batch_size": 32, "lr": 3e-3},
 }
 """Settings ``distkit train`` uses for a dataset when its flag is not given."""
@@ -99,14 +99,14 @@ class Config:
     profile: bool = False
     trace: bool = False
     """torch.profiler on every rank for a few steps after a warm-up; per-rank traces, one
-    merged Chrome trace and its drawing in ``<run dir>/trace/`` (see ``distkit.tracing``)."""
+    merged Chrome trace and its drawing in ``<run dir>/trace/`` (see ``distkit.observe.tracing``)."""
     progress_bar: bool = True
     """Show ignite's progress bar where someone watches it: stdout a terminal or a notebook.
     Elsewhere (CI logs, SLURM output files) one line per epoch instead."""
     verbose: bool = False
     """Let ignite's INFO lines through (launcher parameters, data loaders, model wrapping)."""
     logger: str = "none"
-    """Experiment tracker, on rank 0: none, tensorboard or mlflow (see ``distkit.tracking``)."""
+    """Experiment tracker, on rank 0: none, tensorboard or mlflow (see ``distkit.observe.tracking``)."""
     output_dir: str = "runs"
     """Parent folder: every run gets a fresh sub-folder, never overwriting another run."""
     checkpoint_every: int = 0

@@ -8,7 +8,7 @@ Four tools, each usable from a notebook, a course or ``distkit shard-check``:
   ``DistributedSampler`` it inserted, ``pin_memory``.
 - :func:`collect_indices` runs on every rank: it iterates a loader built by
   ``auto_dataloader`` over any map-style dataset (wrapped in
-  :class:`distkit.data.IndexedDataset`, so every batch carries its sample indices) and
+  :class:`distkit.builtin.data.IndexedDataset`, so every batch carries its sample indices) and
   gathers every rank's indices with ``idist.all_gather``.
 - :func:`collect_loader_indices` does the same for a ``DataLoader`` you built, checked as
   it is: its own sampler, batch size and ``drop_last``, and ``set_epoch`` called only if
@@ -25,7 +25,7 @@ must be importable, hence the ``__main__`` guard)::
     import torch
     from torch.utils.data import TensorDataset
 
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
     from distkit.sharding import collect_indices, collect_loader_indices, format_report, shard_report
 
     def check(local_rank):
@@ -53,7 +53,7 @@ import ignite.distributed as idist
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
-from distkit.data import IndexedDataset
+from distkit.builtin.data import IndexedDataset
 
 
 # --------------------------------------------------------------------------------------
@@ -247,11 +247,11 @@ def _shuffles(sampler) -> bool | None:
 
 def run_on_ranks(fn, nproc_per_node: int, *args, backend: str = "gloo", timeout_s: float = 120.0,
                  start_method: str | None = None, **kwargs):
-    """``distkit.runner.run_per_rank(...)[0]``: rank 0's return value, which is all the
+    """``distkit.launch.runner.run_per_rank(...)[0]``: rank 0's return value, which is all the
     sharding checks need (their record is the same on every rank). Processes start as
     ``run_per_rank`` says: forked under IPython, so ``fn`` may be defined in a notebook
     cell; spawned from a script, so ``fn`` must be importable."""
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
 
     return run_per_rank(fn, nproc_per_node, backend, *args, start_method=start_method,
                         timeout_s=timeout_s, **kwargs)[0]

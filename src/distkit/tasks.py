@@ -2,7 +2,7 @@
 
 A task says which data, which model, which loss, which metrics, and which validation
 metric decides "better" (early stopping and the best-model checkpoint follow it). It says
-nothing about ranks, devices, samplers or DDP: :func:`distkit.training.training` adds
+nothing about ranks, devices, samplers or DDP: :func:`distkit.train.training.training` adds
 those, the same way for every task.
 
 A course brings its own task in a module of its own (``course.py``)::
@@ -135,7 +135,7 @@ class Task:
       ``LRScheduler``), ``StepLR``/``MultiStepLR``/``ExponentialLR``/
       ``CosineAnnealingLR``/``PolynomialLR`` once per epoch (at its end, after
       validation); any other class needs ``scheduler_step`` (below). Every one is
-      checkpointed and resumed (:mod:`distkit.schedules`).
+      checkpointed and resumed (:mod:`distkit.train.schedules`).
     - ``scheduler_step``: ``None`` (default: as the scheduler's class says),
       ``"iteration"`` or ``"epoch"``: how often the task's own ``lr_scheduler`` steps.
       Needed for a torch scheduler whose class can count either (``LambdaLR``,
@@ -160,7 +160,7 @@ class Task:
     Example::
 
         >>> import torch.nn as nn
-        >>> from distkit.data import get_datasets
+        >>> from distkit.builtin.data import get_datasets
         >>> from distkit.tasks import Task
         >>> def mlp(config):
         ...     return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
@@ -379,17 +379,17 @@ def _kind_name(kind) -> str:
             str: "a string"}.get(kind, f"a {kind.__name__}")
 
 
-# --- the built-in tasks: every dataset of distkit.data x every model of distkit.models ----
+# --- the built-in tasks: every dataset of distkit.builtin.data x every model of distkit.builtin.models ----
 
 def _builtin_datasets(dataset: str, config):
-    from distkit.data import get_datasets
+    from distkit.builtin.data import get_datasets
 
     return get_datasets(dataclasses.replace(config, dataset=dataset), **_gpt_sizes(config, "block_size"))
 
 
 def _builtin_model(dataset: str, model: str, config):
-    from distkit.data import dataset_info
-    from distkit.models import get_model
+    from distkit.builtin.data import dataset_info
+    from distkit.builtin.models import get_model
 
     return get_model(model, **{**dataset_info(dataset), **_gpt_sizes(config)})
 
@@ -399,7 +399,7 @@ def _gpt_sizes(config, *only) -> dict:
     name = (getattr(config, "task_settings", None) or {}).get("size")
     if name is None:
         return {}
-    from distkit.models import gpt_size
+    from distkit.builtin.models import gpt_size
 
     sizes = gpt_size(name)
     return {k: v for k, v in sizes.items() if not only or k in only}
@@ -409,12 +409,12 @@ def builtin_task(dataset: str, model: str) -> Task:
     """The task for ``--dataset dataset --model model``: classification, cross-entropy,
     accuracy, early stopping on the validation loss (as ``distkit train`` always did).
     ``text`` x ``gpt``: next-character prediction (cross entropy and accuracy over every
-    position, AdamW, a sampled line at the end; :mod:`distkit.text`)."""
+    position, AdamW, a sampled line at the end; :mod:`distkit.builtin.text`)."""
     datasets, net = partial(_builtin_datasets, dataset), partial(_builtin_model, dataset, model)
     if dataset == "text":
-        from distkit import text
+        from distkit.builtin import text
 
-        # --set size=gpt2-small: GPT-2 small's shape (distkit.models.GPT_SIZES)
+        # --set size=gpt2-small: GPT-2 small's shape (distkit.builtin.models.GPT_SIZES)
         return Task(datasets=datasets, model=net, loss=text.TokenCrossEntropy,
                     metrics=text.token_metrics, optimizer=text.adamw, name=f"{dataset}/{model}",
                     summary=text.text_summary, lr_scheduler="kit", settings={"size": "default"})

@@ -26,7 +26,7 @@ same number of threads. Each side runs ``warmup`` times first (discarded); then 
 drift on a busy machine hits every side alike. A side's result is its median over the
 rounds; a ratio is the median of the rounds' ratios (:mod:`.method`).
 
-The core (``distkit.training`` and friends) never imports this package.
+The core (``distkit.train.training`` and friends) never imports this package.
 
 From Python::
 

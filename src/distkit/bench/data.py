@@ -14,9 +14,9 @@ from torch.utils.data import DataLoader, Dataset
 from distkit.bench.method import Settings, interleaved, summarize, timed, torch_threads
 from distkit.bench.sides import KitRun
 from distkit.config import Config
-from distkit.data import TensorImageDataset, synthetic_dataset
-from distkit.machine import threads_per_process
-from distkit.models import get_model
+from distkit.builtin.data import TensorImageDataset, synthetic_dataset
+from distkit.host.facts import threads_per_process
+from distkit.builtin.models import get_model
 
 class Augmented(Dataset):
     """The CIFAR-10 training augmentation (random 32x32 crop of a 4-pixel padded image,

@@ -10,7 +10,7 @@ import torch
 from distkit.bench.method import TARGETS, Settings, compare, interleaved, summarize
 from distkit.bench.sides import KitRun, handwritten_epochs, handwritten_setup, linear_decay
 from distkit.config import Config
-from distkit.training import initialize
+from distkit.train.training import initialize
 
 def measure_gpu(settings: Settings, force: bool = False) -> dict:
     """Images/s of the CIFAR-shaped ResNet-18 with bf16 autocast and channels_last, kit

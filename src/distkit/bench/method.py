@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from distkit.machine import threads_per_process
+from distkit.host.facts import threads_per_process
 
 # The kit may cost at most this fraction of the hand-written loop's samples/s.
 TARGETS = {"overhead": 0.03, "ddp": 0.03, "gpu": 0.05}

@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader
 from distkit.bench.method import (TARGETS, Settings, compare, interleaved, paired_extra_us, summarize,
                                   timed, torch_threads)
 from distkit.bench.sides import KitRun, bench_config, handwritten_epochs, handwritten_setup, linear_decay
-from distkit.data import get_dataflow
-from distkit.machine import threads_per_process
-from distkit.training import initialize
+from distkit.builtin.data import get_dataflow
+from distkit.host.facts import threads_per_process
+from distkit.train.training import initialize
 
 def _overhead_sides(config, runs, variants=True):
     """The sides of the overhead measurement, on the kit's own loader's tensors."""

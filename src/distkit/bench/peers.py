@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 
-from distkit.machine import free_port
+from distkit.host.facts import free_port
 
 CONTENDERS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "contenders")
 BASELINE = "hand-written (torchrun)"

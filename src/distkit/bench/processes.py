@@ -20,13 +20,13 @@ from distkit.bench.method import (TARGETS, Settings, compare, interleaved, paire
                                   timed, torch_threads)
 from distkit.bench.sides import KitRun, bench_config, handwritten_epochs, handwritten_setup, linear_decay
 from distkit.config import Config
-from distkit.data import get_dataflow, synthetic_dataset
+from distkit.builtin.data import get_dataflow, synthetic_dataset
 from distkit.errors import DistkitError
-from distkit.machine import threads_per_process
+from distkit.host.facts import threads_per_process
 from distkit.lessons.scaling import gradient_bytes, measure_step_costs
-from distkit.models import MLP, get_model
-from distkit.runner import run_per_rank
-from distkit.training import initialize
+from distkit.builtin.models import MLP, get_model
+from distkit.launch.runner import run_per_rank
+from distkit.train.training import initialize
 
 POOL_TIMEOUT_S = 900  # bound on any collective and on any wait for the process pool
 
@@ -174,7 +174,7 @@ def _pool_worker(local_rank, job):
 
 class ProcessPool:
     """``world_size`` gloo processes started by the kit's one process runner
-    (:func:`distkit.runner.run_per_rank`, in a thread) and kept alive, so that their
+    (:func:`distkit.launch.runner.run_per_rank`, in a thread) and kept alive, so that their
     variants can take turns, round by round, with the world-size-1 sides that run in this
     process: this process sends a variant's name and waits (without using CPU) for its
     result.
@@ -194,7 +194,7 @@ class ProcessPool:
         job = {"settings": settings, "threads": threads, "cores": cores, "tasks": tuple(tasks),
                "commands": self.commands, "results": self.results}
         previous = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = str(threads)  # as distkit.launch.run does
+        os.environ["OMP_NUM_THREADS"] = str(threads)  # as distkit.launch.entry.run does
         self.thread = threading.Thread(target=self._run, args=(job,), daemon=True)
         self.thread.start()
         try:

@@ -13,7 +13,7 @@ from datetime import datetime
 from distkit.bench import MEASUREMENTS
 from distkit.bench.method import MODES, TARGETS, load_average, machine
 from distkit.errors import DistkitError
-from distkit.reporting import versions
+from distkit.observe.reporting import versions
 
 def run_benchmarks(mode: str = "quick", output_dir: str | None = "benchmarks/results",
                    only=MEASUREMENTS, note: str = "", threads: int | None = None,
@@ -108,7 +108,7 @@ def write_outputs(results: dict, output_dir: str) -> dict:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    from distkit.plots import benchmark_chart
+    from distkit.observe.plots import benchmark_chart
 
     _check_output_dir(output_dir)
     base = os.path.join(output_dir, f"bench-{results['mode']}")

@@ -9,12 +9,12 @@ import torch.nn as nn
 from ignite.engine import Events
 
 from distkit.config import Config
-from distkit.models import get_model
-from distkit.training import at_most_every, attach_step_handlers, create_lr_scheduler, create_trainer
+from distkit.builtin.models import get_model
+from distkit.train.training import at_most_every, attach_step_handlers, create_lr_scheduler, create_trainer
 
 
 class KitRun:
-    """The kit's trainer with the handlers that ``distkit.training.training`` attaches
+    """The kit's trainer with the handlers that ``distkit.train.training.training`` attaches
     to every step or epoch of training: ``create_trainer`` (a ``DeterministicEngine``
     whose step is forward, backward, optimizer step and ``loss.item()``, and the epoch's
     mean loss), the lr schedule of ``create_lr_scheduler`` at every
@@ -77,9 +77,9 @@ def handwritten_epochs(model, optimizer, criterion, loader, epochs=1, scheduler=
 
 def handwritten_setup(config, device, ddp=False):
     """Model, optimizer and loss written out by hand: the same model class, seed and
-    hyper-parameters as ``distkit.training.initialize``; ``ddp=True`` wraps the model in
+    hyper-parameters as ``distkit.train.training.initialize``; ``ddp=True`` wraps the model in
     ``DistributedDataParallel`` on the default process group."""
-    from distkit.data import dataset_info
+    from distkit.builtin.data import dataset_info
 
     torch.manual_seed(config.seed)
     model = get_model(config.model, **dataset_info(config.dataset)).to(device)

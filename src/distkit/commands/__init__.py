@@ -111,7 +111,7 @@ def main(argv=None) -> None:
     if args.command is None:  # bare `distkit`: say what there is, as --help does
         parser.print_help()
         sys.exit(0)
-    from distkit.signals import Preempted
+    from distkit.train.signals import Preempted
 
     try:
         code = args._module.main(args)

@@ -49,9 +49,9 @@ def torch_build(torch) -> dict:
 def network_interface(environ=os.environ) -> str:
     """The interface a multi-node run would bind gloo (nccl) to from here: the one that
     routes to ``MASTER_ADDR`` if set, else to the default route, as the launcher picks it
-    (:func:`distkit.machine.socket_interface`)."""
+    (:func:`distkit.host.facts.socket_interface`)."""
     from distkit.errors import DistkitError
-    from distkit.machine import socket_interface
+    from distkit.host.facts import socket_interface
 
     backend = "nccl" if environ.get("NCCL_SOCKET_IFNAME") and not environ.get("GLOO_SOCKET_IFNAME") \
         else "gloo"
@@ -74,9 +74,9 @@ def report() -> dict:
     import torch
 
     import distkit
-    from distkit.compat import APPLIED
-    from distkit.preflight import default_nproc, resolve_backend
-    from distkit.machine import threads_per_process, tpu_available
+    from distkit.compat.shims import APPLIED
+    from distkit.launch.preflight import default_nproc, resolve_backend
+    from distkit.host.facts import threads_per_process, tpu_available
 
     gpus = [{"name": torch.cuda.get_device_name(i),
              "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}

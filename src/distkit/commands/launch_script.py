@@ -1,6 +1,6 @@
 """``distkit launch``: run any script that makes its own process group (torchrun-style:
 it reads RANK, LOCAL_RANK, WORLD_SIZE) on N ranks, with the kit's supervision; see
-:mod:`distkit.script_launch`."""
+:mod:`distkit.launch.script`."""
 from __future__ import annotations
 
 import argparse
@@ -54,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args) -> int:
     import sys
 
-    from distkit.script_launch import ScriptStopped, launch_script
+    from distkit.launch.script import ScriptStopped, launch_script
 
     try:
         return launch_script(args.script, args.args, nproc_per_node=args.nproc_per_node,

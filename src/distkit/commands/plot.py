@@ -22,12 +22,12 @@ def main(args) -> int:
     if not os.path.isfile(results):
         raise DistkitError(f"{results!r} does not exist: pass a run folder (<--output-dir>/<run>) "
                            "of a run that finished")
-    from distkit.reporting import draw_learning_curves
+    from distkit.observe.reporting import draw_learning_curves
 
     try:
         path = draw_learning_curves(args.run_dir)
     except OSError as e:
-        from distkit.checkpoint import disk_error
+        from distkit.checkpoint.saver import disk_error
 
         raise disk_error(e, args.run_dir) from None
     except ValueError as e:  # results.json that is not JSON

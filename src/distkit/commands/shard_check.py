@@ -124,7 +124,7 @@ def resolve(spec: str, flag: str):
     if flag == "--dataset" and isinstance(obj, Dataset):
         made = obj
     elif callable(obj) and not isinstance(obj, (DataLoader, Dataset)):
-        from distkit.machine import quiet_ignite_logs
+        from distkit.host.facts import quiet_ignite_logs
 
         try:
             with quiet_ignite_logs():
@@ -152,7 +152,7 @@ def _start_method() -> str | None:
 
 
 def main(args) -> int:
-    from distkit.launch import describe_process_failure
+    from distkit.launch.entry import describe_process_failure
     from distkit.sharding import (check_dataset, check_loader, check_shards, format_report,
                                   format_settings, run_on_ranks, shard_report)
 

@@ -132,9 +132,9 @@ def parse_settings(pairs) -> dict:
 def main(args) -> int:
     import torch
 
-    from distkit.launch import run
-    from distkit.machine import world_layout
-    from distkit.reporting import run_summary
+    from distkit.launch.entry import run
+    from distkit.host.facts import world_layout
+    from distkit.observe.reporting import run_summary
 
     # This process only launches (or, joined to torchrun, trains and sets its own count):
     # on one thread it never starts an OpenMP pool, so its workers fork safely at any count.
@@ -143,7 +143,7 @@ def main(args) -> int:
     # under torchrun / SLURM every rank gets rank 0's results: one summary, from rank 0
     if results is not None and world_layout().rank == 0:
         if results.get("profile"):
-            from distkit.profiling import write_csv
+            from distkit.observe.profiling import write_csv
 
             write_csv(results["profile"], f"{results['run_dir']}/profile.csv")
         print(run_summary(results))

@@ -8,7 +8,7 @@
 Example::
 
     from distkit.lessons.collectives import process_info
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
     seen = run_per_rank(process_info, nproc_per_node=2)
     assert [s["rank"] for s in seen] == [0, 1]
 """

@@ -1,11 +1,11 @@
 """Surviving failure: kill a rank on purpose (finding the checkpoint to resume from is
-:mod:`distkit.checkpoint`'s job).
+:mod:`distkit.checkpoint.saver`'s job).
 
 A rank that dies mid-run must end the whole job quickly, with a message naming it, and a
 restarted job must lose at most the iterations since the last checkpoint:
 
 - Resuming (``--resume-from latest``) and atomic checkpoint writes are explained in
-  :mod:`distkit.checkpoint`.
+  :mod:`distkit.checkpoint.saver`.
 - :func:`worker_pids` and :func:`kill_rank` find the process of a given rank under
   ``distkit train`` (``idist.Parallel``) or torchrun, so a test or a notebook can SIGKILL
   it from outside, as a crash would (Linux only: reads ``/proc``).
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from distkit.errors import DistkitError
 
-from distkit.checkpoint import checkpoint_iteration, checksum_problem, find_checkpoints, latest_checkpoint  # noqa: F401  (re-exported for notebooks)
+from distkit.checkpoint.saver import checkpoint_iteration, checksum_problem, find_checkpoints, latest_checkpoint  # noqa: F401  (re-exported for notebooks)
 
 
 # --- killing a rank on purpose (Linux: /proc) -------------------------------------------

@@ -169,11 +169,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import ignite.distributed as idist
 
-    from distkit.machine import CPU_ONLY_ENVIRONMENT, cpu_only_processes
+    from distkit.host.facts import CPU_ONLY_ENVIRONMENT, cpu_only_processes
 
     if args.nnodes is None:  # torchrun / srun started this process: join the launch
         before = launcher_env()
-        os.environ.update(CPU_ONLY_ENVIRONMENT)  # gloo ranks are CPU processes (distkit.machine)
+        os.environ.update(CPU_ONLY_ENVIRONMENT)  # gloo ranks are CPU processes (distkit.host.facts)
         idist.initialize("gloo")
         print(describe_process("torchrun/srun: " if before else "no launcher: "), flush=True)
         idist.finalize()

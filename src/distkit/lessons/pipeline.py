@@ -13,7 +13,7 @@ import time
 import torch
 import torch.nn as nn
 
-from distkit.tracing import spans
+from distkit.observe.tracing import spans
 
 BUSY: list[tuple[float, float]] = []
 """(start, end) of every forward and backward of a :class:`Timed` layer in this process."""

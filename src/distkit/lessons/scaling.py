@@ -45,7 +45,7 @@ import ignite.distributed as idist
 import torch
 
 from distkit.config import Config
-from distkit.data import dataset_info
+from distkit.builtin.data import dataset_info
 from distkit.errors import DistkitError
 
 STRONG, WEAK = "strong", "weak"
@@ -125,7 +125,7 @@ def measure_step_costs(config: Config, per_process_batch: int, repeats: int = 20
 
     from torch.nn.parallel import DistributedDataParallel
 
-    from distkit.training import initialize
+    from distkit.train.training import initialize
 
     model, optimizer, criterion = initialize(config)
     info = dataset_info(config.dataset)
@@ -189,7 +189,7 @@ def _world_size_worker(local_rank: int, base: Config, jobs: list, repeats: int, 
                        threads: int, cost_repeats: int) -> list | None:
     """One process of one world size: every job x repeat through the unchanged
     ``training`` function, then the step costs. Returns the rows on rank 0."""
-    from distkit.training import training
+    from distkit.train.training import training
 
     logging.disable(logging.INFO)  # ignite's INFO lines, once per run: keep the output short
     rows = []
@@ -209,9 +209,9 @@ def _world_size_worker(local_rank: int, base: Config, jobs: list, repeats: int, 
 
 def run_world_size(base: Config, jobs: list, repeats: int = 2, warmup_epochs: float = 1.0,
                    threads: int = 1, cost_repeats: int = 20, backend: str = "gloo") -> list[dict]:
-    """Start ``jobs[0].world_size`` processes once (:func:`distkit.runner.run_per_rank`)
+    """Start ``jobs[0].world_size`` processes once (:func:`distkit.launch.runner.run_per_rank`)
     and run all jobs in them; return rank 0's rows."""
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
 
     n = jobs[0].world_size
     assert all(j.world_size == n for j in jobs)
@@ -242,7 +242,7 @@ def scaling_study(base: Config, world_sizes=(1, 2, 4), strong_batch: int = 64, w
                                warmup_epochs, threads, cost_repeats, backend)
     runs = [r for r in rows if r["kind"] == "run"]
     costs = [r for r in rows if r["kind"] == "cost"]
-    from distkit.reporting import versions
+    from distkit.observe.reporting import versions
 
     return {"runs": runs, "costs": costs, "summary": summarize(runs),
             "machine": {"cores": cores(), "threads_per_process": threads, "backend": backend,

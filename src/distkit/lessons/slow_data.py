@@ -23,9 +23,9 @@ import ignite.distributed as idist
 from ignite.engine import Events
 from torch.utils.data import Dataset, Subset
 
-from distkit import profiling
+from distkit.observe import profiling
 from distkit.config import Config
-from distkit.data import digits_dataset, split
+from distkit.builtin.data import digits_dataset, split
 from distkit.sharding import describe_loader
 
 
@@ -67,7 +67,7 @@ def profile_pipeline(local_rank, delay_s: float = 0.002, batch_size: int = 64, e
     ``loader_options``: see :func:`loader_kwargs`."""
     from ignite.handlers import ProgressBar
 
-    from distkit.training import create_trainer, initialize
+    from distkit.train.training import create_trainer, initialize
 
     config = Config(dataset="digits", epochs=epochs, batch_size=batch_size, progress_bar=progress_bar)
     train_set, _ = split(digits_dataset(), seed=config.seed)

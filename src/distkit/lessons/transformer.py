@@ -5,7 +5,7 @@ The ``torch.distributed`` calls that are the lesson (``init_device_mesh``,
 ``parallelize_module`` with its ``ColwiseParallel`` / ``RowwiseParallel`` /
 ``SequenceParallel`` plan, ``CommDebugMode``; the ring attention's ``isend`` / ``irecv``)
 are typed in the notebooks; the block they split is the kit's own
-:class:`distkit.models.Block`. Nothing here knows about ranks.
+:class:`distkit.builtin.models.Block`. Nothing here knows about ranks.
 """
 from __future__ import annotations
 

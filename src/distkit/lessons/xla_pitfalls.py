@@ -1,6 +1,6 @@
 """The three XLA pitfalls of notebook 03, each as a function that produces its evidence.
 
-Run them in every rank (``distkit.runner.run_per_rank(fn, n, backend)``);
+Run them in every rank (``distkit.launch.runner.run_per_rank(fn, n, backend)``);
 :func:`initial_weights` runs on any backend, the other two need an XLA device.
 
 1. :func:`initial_weights`: replicas must start from identical weights. On gloo/nccl,
@@ -31,8 +31,8 @@ from ignite.engine import Engine, Events, create_supervised_trainer
 from ignite.utils import manual_seed
 
 from distkit.config import Config
-from distkit.data import synthetic_dataset
-from distkit.models import get_model
+from distkit.builtin.data import synthetic_dataset
+from distkit.builtin.models import get_model
 
 
 def _checksum(model: nn.Module) -> float:
@@ -67,7 +67,7 @@ def gradient_reductions_per_step(local_rank: int, iterations: int = 3) -> dict:
     The count wraps the real function (it still runs); it is restored afterwards."""
     import torch_xla.core.xla_model as xm
 
-    from distkit.training import create_trainer
+    from distkit.train.training import create_trainer
 
     calls = [0]
     original = xm.reduce_gradients
@@ -79,7 +79,7 @@ def gradient_reductions_per_step(local_rank: int, iterations: int = 3) -> dict:
     result = {"rank": idist.get_rank(), "optimizer": None}
     xm.reduce_gradients = counted  # xm.optimizer_step looks it up here at every call
     try:
-        for name in ("create_supervised_trainer", "distkit.training.create_trainer"):
+        for name in ("create_supervised_trainer", "distkit.train.training.create_trainer"):
             model, optimizer, criterion, loader = _tiny_setup()
             result["optimizer"] = f"{type(optimizer).__module__}.{type(optimizer).__qualname__}"
             if name == "create_supervised_trainer":

@@ -1,12 +1,12 @@
 """What every contender script shares: the task and the record it leaves.
 
 The task is the kit's default: scikit-learn's digits (the same fixed split as
-``distkit.data.split``), the kit's ``SmallCNN`` with the same seed, SGD (lr 0.05,
+``distkit.builtin.data.split``), the kit's ``SmallCNN`` with the same seed, SGD (lr 0.05,
 momentum 0.9, weight decay 1e-4) with the lr decaying linearly to 0 over the run, a
 ``DistributedSampler`` reshuffled every epoch, the GLOBAL batch split over the
 processes, validation accuracy after every epoch. Each process uses cores / processes
 torch threads, the kit's rule. A script imports only torch, scikit-learn, its own
-framework and ``distkit.models`` (plain ``nn.Module`` code).
+framework and ``distkit.builtin.models`` (plain ``nn.Module`` code).
 
 Rank 0 writes ``--out``: the Unix time its first optimizer step ended, every epoch's
 training time (validation excluded), the samples per epoch, the final accuracy.
@@ -51,7 +51,7 @@ def datasets(seed: int = 0):
 
 
 def model(seed: int = 0):
-    from distkit.models import SmallCNN
+    from distkit.builtin.models import SmallCNN
 
     torch.manual_seed(seed)
     return SmallCNN()
@@ -90,7 +90,7 @@ def leave() -> None:
     """Exit 0 without Python's finalization, output flushed. A gloo DDP script can abort
     at exit after it succeeded (its group's worker thread needs the GIL while
     ``Py_FinalizeEx`` runs: std::terminate, SIGABRT); the reasons are in
-    ``distkit.script_worker.leave``. A contender that aborted was a failed attempt, and the
+    ``distkit.launch.script_worker.leave``. A contender that aborted was a failed attempt, and the
     tiny benchmark lost both attempts of the hand-written loop to it once in CI."""
     import sys
 

@@ -1,6 +1,6 @@
 """Profiler traces of every rank, merged into one timeline: who did what, when.
 
-ignite's profilers (:mod:`distkit.profiling`) give each event's mean time. A trace gives
+ignite's profilers (:mod:`distkit.observe.profiling`) give each event's mean time. A trace gives
 *when*: the gradient all-reduce running while the backward still computes, a rank that
 makes the others wait. This module runs ``torch.profiler`` on every rank for a few steps
 after a warm-up, marks the kit's phases with ``record_function`` ranges, and merges the

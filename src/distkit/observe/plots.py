@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 def learning_curves(results_list, labels=None):
     """Train loss, validation loss and the validation score per epoch, one line per run.
 
-    ``results_list``: results dicts as returned by ``distkit.launch.run``. The third panel
+    ``results_list``: results dicts as returned by ``distkit.launch.entry.run``. The third panel
     shows the task's score metric (accuracy for the built-in tasks; for a score on the
     loss, the task's first other metric)."""
     metric, loss_name = _curve_metric(results_list[0]) if results_list else ("accuracy", None)
@@ -92,10 +92,10 @@ def sharding_map(record, max_epochs: int = 3):
 
 
 def profiler_bars(summary, top: int = 8):
-    """From ``distkit.profiling.summarize``. Left: the costliest handlers (total seconds
+    """From ``distkit.observe.profiling.summarize``. Left: the costliest handlers (total seconds
     per rank: bar = mean over ranks, whisker = min..max). Right: data wait vs compute on
     each rank (stacked)."""
-    from distkit.profiling import handler_rows, row
+    from distkit.observe.profiling import handler_rows, row
 
     rows = handler_rows(summary)[:top]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 0.6 + 0.4 * max(len(rows), 4)),
@@ -128,7 +128,7 @@ def profiler_bars(summary, top: int = 8):
 def data_vs_compute(summaries, labels):
     """Several profiled runs side by side (e.g. before and after fixing the data
     pipeline): seconds per rank waiting for data and computing (mean over ranks)."""
-    from distkit.profiling import row
+    from distkit.observe.profiling import row
 
     fig, ax = plt.subplots(figsize=(1.5 + 2.2 * len(summaries), 3.4))
     d = [row(s, "data (fetch a batch)")["mean_s"] for s in summaries]

@@ -1,7 +1,7 @@
 """The built-in text task's parts (``--dataset text --model gpt``): its loss, metrics,
 optimizer and the line of text it samples at the end. :mod:`distkit.tasks` assembles them
-into a :class:`~distkit.tasks.Task`; the data is :func:`distkit.data.text_datasets`, the
-model :class:`distkit.models.GPT`. Nothing here knows about ranks.
+into a :class:`~distkit.tasks.Task`; the data is :func:`distkit.builtin.data.text_datasets`, the
+model :class:`distkit.builtin.models.GPT`. Nothing here knows about ranks.
 
 A GPT predicts a token at every position: logits ``(B, T, V)`` against targets
 ``(B, T)``. The loss and the accuracy flatten both to ``(B*T, V)`` and ``(B*T,)``, so
@@ -69,6 +69,6 @@ def sample_text(model, vocab, prompt: str = "\n", max_chars: int = 80, temperatu
 
 def text_summary(model, config) -> dict:
     """What the text task adds to a run's results: one sampled line."""
-    from distkit.data import text_vocab
+    from distkit.builtin.data import text_vocab
 
     return {"sample": sample_text(model, text_vocab(), seed=config.seed)}

@@ -1,16 +1,16 @@
 """One rank of ``distkit launch``: run the user's script as ``python script.py`` would, and
 turn an exception it raises into one line.
 
-``python -m distkit.script_worker SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the
+``python -m distkit.launch.script_worker SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the
 script with ``runpy`` as ``__main__`` (``sys.argv`` and ``sys.path[0]`` as Python sets
 them for a script, so its imports, its ``if __name__ == "__main__":`` and the pickling of
-its classes work as usual). The launcher (:mod:`distkit.script_launch`) sets the
+its classes work as usual). The launcher (:mod:`distkit.launch.script`) sets the
 torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...) and
 ``DISTKIT_SCRIPT_REPORTS``, a folder where a rank whose script raises writes:
 
 - ``rank<R>.txt``: the full traceback;
 - ``rank<R>.line``: one line: the exception's type, its first line and the ``file:line``
-  in the user's script where it was raised (:func:`distkit.failures.cause`), and the
+  in the user's script where it was raised (:func:`distkit.observe.failures.cause`), and the
   traceback's path. The launcher prints it.
 
 Before the script runs, ``DISTKIT_TIMEOUT`` (the launcher's ``--timeout``, 120 s by
@@ -19,7 +19,7 @@ script makes without a ``timeout=`` of its own (:func:`bound_waits`): its
 ``init_process_group`` rendezvous and every collective on its groups then end in an
 exception, reported in one line, instead of waiting forever on a rank that never comes.
 ``DISTKIT_TRACE`` set (``--trace``): the rank is profiled
-(:mod:`distkit.script_tracing`), its trace written before the rank leaves.
+(:mod:`distkit.observe.script_tracing`), its trace written before the rank leaves.
 
 The exit status is the script's: 0, its ``sys.exit`` code, 1 when it raised, 130 after
 Ctrl-C (the launcher has said so in one line). The worker ends when its launcher dies
@@ -33,7 +33,7 @@ import signal
 import sys
 import traceback
 
-from distkit.failures import cause, write_traceback
+from distkit.observe.failures import cause, write_traceback
 
 
 def _end_with_parent(launcher_pid: int | None) -> None:
@@ -87,7 +87,7 @@ def bound_waits(timeout_s: float) -> None:
 
 def main(argv: list[str]) -> int:
     if not argv or argv == ["-m"]:
-        sys.stderr.write("usage: python -m distkit.script_worker SCRIPT [ARGS...] | -m MODULE [ARGS...]\n")
+        sys.stderr.write("usage: python -m distkit.launch.script_worker SCRIPT [ARGS...] | -m MODULE [ARGS...]\n")
         return 2
     launcher = os.environ.get("DISTKIT_LAUNCHER_PID")
     _end_with_parent(int(launcher) if launcher else None)
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
         bound_waits(float(os.environ["DISTKIT_TIMEOUT"]))
     tracer = None
     if os.environ.get("DISTKIT_TRACE"):
-        from distkit.script_tracing import start_from_environment
+        from distkit.observe.script_tracing import start_from_environment
 
         tracer = start_from_environment()
     code = _run(argv)

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from distkit.errors import DistkitError
-from distkit.machine import world_layout
+from distkit.host.facts import world_layout
 
 CHECKPOINT_PREFIX = "training"
 LATEST = "latest"
@@ -116,7 +116,7 @@ def write_checksum(path, iteration: int | None = None) -> str:
     the checkpoint itself is in place::
 
         >>> import tempfile, torch
-        >>> from distkit.checkpoint import write_checksum, verify_checksum
+        >>> from distkit.checkpoint.saver import write_checksum, verify_checksum
         >>> path = tempfile.mkdtemp() + "/training_checkpoint_7.pt"
         >>> torch.save({"w": torch.ones(2)}, path)
         >>> _ = write_checksum(path)

@@ -9,16 +9,16 @@ launcher sets, for every rank, what torchrun sets: ``RANK``, ``WORLD_SIZE``,
 ``ROLE_RANK``, ``ROLE_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``,
 ``TORCHELASTIC_ERROR_FILE`` (for ``@record``), and ``OMP_NUM_THREADS`` (this machine's
 cores divided by its ranks, unless you set it); for gloo runs it hides the GPUs
-(``CUDA_VISIBLE_DEVICES=""``, as every gloo launch of the kit: :data:`distkit.machine.
+(``CUDA_VISIBLE_DEVICES=""``, as every gloo launch of the kit: :data:`distkit.host.facts.
 CPU_ONLY_ENVIRONMENT`). Then it starts one process per rank and supervises them:
 
 - a rank that raises: one line naming the rank, the exception's type and first line and
   the ``file:line`` in the script; its full traceback in a file whose path the line
-  gives (:mod:`distkit.script_worker`); the other ranks are stopped; exit 1;
+  gives (:mod:`distkit.launch.script_worker`); the other ranks are stopped; exit 1;
 - a rank killed by a signal or exiting non-zero: one line naming it and how;
 - ``timeout_s`` (``--timeout``, 120 s by default, as ``distkit train --timeout``): the
   default timeout of every process group the script makes without its own ``timeout=``
-  (:func:`distkit.script_worker.bound_waits`): the rendezvous in ``init_process_group``
+  (:func:`distkit.launch.script_worker.bound_waits`): the rendezvous in ``init_process_group``
   and every collective then end in an exception, which is reported in one line, instead
   of waiting forever (torch's own default: 30 minutes);
 - ``end_timeout_s`` (``--end-timeout``): once a rank has ended, the others must end
@@ -36,7 +36,7 @@ derives them) and runs the script once, as this task's rank. Inside torchrun
 (``WORLD_SIZE`` set) it runs the script once with torchrun's variables.
 
 ``trace=True`` (``--trace``, one node): every rank is profiled for a few optimizer steps
-(:mod:`distkit.script_tracing`); the launcher merges the ranks' traces into one and
+(:mod:`distkit.observe.script_tracing`); the launcher merges the ranks' traces into one and
 draws it, as ``distkit train --trace`` does, into ``<output_dir>/<time>-<backend>-
 <N>procs/trace/``, names the files in that folder's ``results.json`` (``"trace"``) and
 in one line at the end.
@@ -60,7 +60,7 @@ import time
 from dataclasses import dataclass, field
 
 from distkit.errors import DistkitError
-from distkit.machine import (CPU_ONLY_ENVIRONMENT, check_address_resolves, check_port_free,
+from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, check_address_resolves, check_port_free,
                              free_port, in_ipython, socket_interface, threads_per_process)
 
 CPU_DEFAULT_NPROC = 2
@@ -265,7 +265,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     run_dir = _trace_run_dir(ranks, output_dir) if trace else None
     folder = tempfile.mkdtemp(prefix="distkit-launch-")
     target = ["-m", script] if module else [script]
-    command = [sys.executable, "-m", "distkit.script_worker", *target, *map(str, args)]
+    command = [sys.executable, "-m", "distkit.launch.script_worker", *target, *map(str, args)]
     relay = not _has_real_stdout()
     procs, threads = {}, []
     previous_term = None
@@ -315,7 +315,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
 
 def _trace_run_dir(ranks: Ranks, output_dir: str) -> str:
     """The launch's run folder for ``--trace``, checked and made before any rank starts."""
-    from distkit.checkpoint import check_output_dir, make_run_dir
+    from distkit.checkpoint.saver import check_output_dir, make_run_dir
 
     if ranks.mode != "spawn" or ranks.nnodes > 1:
         where = {"torchrun": "inside torchrun", "slurm": "inside an srun step"}.get(
@@ -331,7 +331,7 @@ def _trace_run_dir(ranks: Ranks, output_dir: str) -> str:
 
 
 def _finish_trace(run_dir: str, ranks: Ranks, script: str, args) -> None:
-    from distkit.script_tracing import collect, record
+    from distkit.observe.script_tracing import collect, record
 
     paths, line = collect(run_dir, ranks.world_size, script)
     if paths is None:
@@ -414,7 +414,7 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
                 sys.stderr.write(f"distkit: error: {line}\n")
             sys.stderr.flush()
             if ranks.mode == "torchrun":  # torchrun's summary names it as the root cause
-                from distkit.failures import write_error_file
+                from distkit.observe.failures import write_error_file
 
                 write_error_file(f"distkit: error: {lines[0]}")
             error = DistkitError(lines[0])

@@ -1,6 +1,6 @@
 """Stopping is part of training: every rank stops at the same iteration, with a checkpoint.
 
-A stop signal (:mod:`distkit.signals`) reaches the ranks at different moments: the
+A stop signal (:mod:`distkit.train.signals`) reaches the ranks at different moments: the
 launcher forwards it one process after another, torchrun's agent likewise, and a user may
 ``kill`` one rank only. Each rank's flag is therefore reduced over the ranks (one
 all-reduce of one number, the signal's, MAX) and all act on the result, which is the same
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import ignite.distributed as idist
 from ignite.engine import Events
 
-from distkit import signals
+from distkit.train import signals
 
 
 CHECK_EVERY = 10

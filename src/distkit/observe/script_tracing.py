@@ -4,8 +4,8 @@ A script under ``distkit launch`` has its own loop, so nothing of the kit's runs
 its steps. What every training script does call is ``optimizer.step()``: torch lets a
 hook run after *every* optimizer's step (``torch.optim.optimizer.
 register_optimizer_step_post_hook``), and that hook advances the profiler's schedule
-(:data:`distkit.tracing.WAIT`, ``WARMUP``, ``ACTIVE``: 2 steps skipped, 1 warm-up, 3
-recorded). In each rank (:mod:`distkit.script_worker`), while the profiler runs:
+(:data:`distkit.observe.tracing.WAIT`, ``WARMUP``, ``ACTIVE``: 2 steps skipped, 1 warm-up, 3
+recorded). In each rank (:mod:`distkit.launch.script_worker`), while the profiler runs:
 
 - a *step* is one ``optimizer.step()`` (of any optimizer: a script with two optimizers
   records half as many iterations). The step's boundary falls at the start of the next
@@ -16,7 +16,7 @@ recorded). In each rank (:mod:`distkit.script_worker`), while the profiler runs:
   (``torch.autograd.backward``, which ``loss.backward()`` calls) and ``optimizer step``
   (torch's global optimizer step hooks); the script's own ``record_function`` ranges
   are in the trace as well;
-- at the first recorded step, :func:`distkit.tracing.clock_sync` plays ping-pong over
+- at the first recorded step, :func:`distkit.observe.tracing.clock_sync` plays ping-pong over
   the script's default process group (made by the script's ``init_process_group``) so
   the launcher can align the ranks' clocks. It assumes every rank steps its optimizer
   as often as the others (DDP's lockstep); a rank that does not is bounded by the
@@ -28,7 +28,7 @@ recorded). In each rank (:mod:`distkit.script_worker`), while the profiler runs:
   the latest before the worker's ``leave()``, which skips Python's finalization.
 
 The launcher (:func:`collect`) then merges the ranks' files with
-:func:`distkit.tracing.write`, the same merge, clock alignment and drawing as
+:func:`distkit.observe.tracing.write`, the same merge, clock alignment and drawing as
 ``distkit train --trace``.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import threading
 
-from distkit import tracing
+from distkit.observe import tracing
 
 TRACE_FOLDER = "DISTKIT_TRACE"
 """The environment variable that turns tracing on in a rank: the folder to write into."""
@@ -179,7 +179,7 @@ def start_from_environment() -> ScriptTracer | None:
 # --- in the launcher, after every rank has ended ------------------------------------------
 
 def collect(run_dir: str, world_size: int, script: str) -> tuple[dict | None, str]:
-    """Merge and draw the ranks' traces in ``<run_dir>/trace`` (:func:`distkit.tracing.
+    """Merge and draw the ranks' traces in ``<run_dir>/trace`` (:func:`distkit.observe.tracing.
     write`); return ``(paths or None, the one line to print)``. Nothing is written when
     no rank recorded a step."""
     folder = os.path.join(run_dir, "trace")
@@ -219,7 +219,7 @@ def _read_int(path: str) -> int | None:
 def record(run_dir: str, script: str, args, world_size: int, paths: dict | None) -> None:
     """``<run_dir>/results.json`` of a launch: the script, its arguments, the world size,
     and ``"trace"`` as ``distkit train --trace`` names it (None: nothing recorded)."""
-    from distkit.checkpoint import write_results
+    from distkit.checkpoint.saver import write_results
 
     write_results(run_dir, {"script": script, "args": list(map(str, args)),
                             "world_size": world_size, "trace": paths})

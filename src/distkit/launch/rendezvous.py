@@ -18,7 +18,7 @@ The launchers meet before any process group: node 0's launcher serves the run's 
 (:func:`host_master_store`) and every other node's launcher joins it
 (:func:`wait_for_master`) with its ``--nnodes`` and ``--nproc-per-node``. Nodes with
 another ``--nproc-per-node`` compute different world sizes and would never form a group
-(so the workers' comparison of settings, :mod:`distkit.agreement`, is never reached); here
+(so the workers' comparison of settings, :mod:`distkit.train.agreement`, is never reached); here
 each node stops in one line naming the flag and both values. The workers then use node
 0's store as their rendezvous store (``TORCHELASTIC_USE_AGENT_STORE``, as torchrun's
 workers use its agent's). Node 0 says once that it waits for the others
@@ -270,7 +270,7 @@ def host_master_store(host: str, port: int, nnodes: int, nproc_per_node: int, ti
 
     Why here and not in the workers: nodes started with another ``--nproc-per-node``
     compute different world sizes and never form a process group, so the settings the
-    workers compare (:mod:`distkit.agreement`) never meet; each node only timed out,
+    workers compare (:mod:`distkit.train.agreement`) never meet; each node only timed out,
     naming no flag."""
     import json
     from datetime import timedelta

@@ -21,20 +21,22 @@ from ignite.handlers import Checkpoint, EarlyStopping, ProgressBar
 from ignite.utils import manual_seed
 from torch.utils.data import DataLoader
 
-from distkit import profiling, signals, stopping, throughput, tracing, tracking
-from distkit.agreement import check_replicas_identical, check_same_settings
-from distkit.checkpoint import (CHECKPOINT_PREFIX, RunSettings, checkpoint_iteration,
+from distkit.observe import profiling, throughput, tracing, tracking
+from distkit.train import signals, stopping
+from distkit.train.agreement import check_replicas_identical, check_same_settings
+from distkit.checkpoint.saver import (CHECKPOINT_PREFIX, RunSettings, checkpoint_iteration,
                                 checkpoint_saver, load_checkpoint, make_run_dir, resume_settings,
                                 to_save)
-from distkit.data import get_dataflow
-from distkit.machine import ranks_on_this_host, threads_per_process, world_layout
-from distkit.reporting import RunRecord, report, saved_path
-from distkit.strategies import (checkpoint_objects, full_state_dict_everywhere,
+from distkit.builtin.data import get_dataflow
+from distkit.host.facts import ranks_on_this_host, threads_per_process, world_layout
+from distkit.observe.reporting import RunRecord, report, saved_path
+from distkit.train.strategies import (checkpoint_objects, full_state_dict_everywhere,
                                  peak_memory_per_rank, prepare_model)
 from distkit.errors import DistkitError
-from distkit.schedules import (LrTrace, NoSchedule, create_lr_scheduler, peak_lr,  # noqa: F401
+from distkit.train.schedules import (LrTrace, NoSchedule, create_lr_scheduler, peak_lr,  # noqa: F401
                                schedule_kind, scheduler_name, scheduler_step, task_lr_scheduler)
 from distkit.tasks import Task, prepare_xy, resolve_task
+from distkit.train.effective import effective_config
 
 
 def initialize(config, task: Task | None = None):
@@ -52,7 +54,7 @@ def initialize(config, task: Task | None = None):
     """
     task = resolve_task(task if task is not None else config)
     manual_seed(config.seed)
-    # ddp: idist.auto_model; fsdp: fully_shard per layer (distkit.strategies)
+    # ddp: idist.auto_model; fsdp: fully_shard per layer (distkit.train.strategies)
     model = prepare_model(task.model(config), config.strategy)
     optimizer = idist.auto_optim(task.optimizer(model.parameters(), config))
     criterion = task.loss().to(idist.device())
@@ -433,11 +435,11 @@ def training(local_rank: int, config, task: Task | None = None,
     ``<run_dir>/results.json``), ``None`` on the other ranks. ``run_dir``: the run folder
     a launcher made for it (None: rank 0 makes one under ``config.output_dir``).
 
-    Launchers call it; to start it yourself use :func:`distkit.launch.run`, which spawns
+    Launchers call it; to start it yourself use :func:`distkit.launch.entry.run`, which spawns
     processes or joins torchrun/SLURM. In one plain process (no process group)::
 
         >>> from distkit import Config
-        >>> from distkit.training import training
+        >>> from distkit.train.training import training
         >>> cfg = Config(backend="none", model="mlp", epochs=1, progress_bar=False,
         ...              output_dir="runs/doc")
         >>> results = training(0, cfg)  # doctest: +ELLIPSIS
@@ -657,7 +659,7 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
         return saved_path(run_dir, "checkpoints", checkpoint)
 
     # a stop signal or --max-iters: every rank at the same iteration, after the epoch's
-    # validation and schedule step when that iteration ends an epoch (distkit.stopping)
+    # validation and schedule step when that iteration ends an epoch (distkit.train.stopping)
     stop = stopping.attach(trainer, save_now, config.max_iters)
 
     if config.resume_from:
@@ -704,7 +706,8 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
     if trace is not None:
         extras["trace"] = trace
     record = RunRecord(
-        run_dir=run_dir, config=config, task=task, history=history,
+        run_dir=run_dir, config=config, task=task, settings=effective_config(config, task),
+        history=history,
         iterations=trainer.state.iteration, samples_trained=trainer.state.samples * world_size,
         wall_time_s=wall, first_step_unix_s=getattr(trainer.state, "first_step_unix_s", None),
         peak_lr=peak_lr(config, world_size) if schedule_kind(task) == "kit" else None,
@@ -713,7 +716,7 @@ def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
         peak_memory_per_rank=memory, extras=extras)
     results = report(record) if rank == 0 else None  # rank 0 writes results.json and the plot
     if rank == 0:  # the tracker is optional: after results.json, a failure is a warning
-        from distkit.reporting import optional_output
+        from distkit.observe.reporting import optional_output
 
         optional_output(f"the --logger {config.logger} files", run_dir, lambda: tracker.close(profile))
     check_replicas_identical(digests)  # on every rank: replicas apart are an error, not a field

@@ -29,7 +29,7 @@ import re
 
 from distkit.config import PROCESS_FIELDS, Config, _label
 from distkit.errors import DistkitError
-from distkit.schedules import (check_lr_scheduler, dummy_optimizer, schedule_kind,
+from distkit.train.schedules import (check_lr_scheduler, dummy_optimizer, schedule_kind,
                                task_lr_scheduler)
 
 BUILTIN_ONLY = ("dataset", "model", "dataset_size")

@@ -1,12 +1,12 @@
 """What a finished run reports: ``results.json``, the learning curves, the summary lines.
 
-:func:`distkit.training.training` measures; this module writes it down. Training fills a
+:func:`distkit.train.training.training` measures; this module writes it down. Training fills a
 :class:`RunRecord` (what it measured, on every rank) and rank 0 hands it to
 :func:`report`, which turns it into the results dict (the same dict ``run`` returns and
 ``results.json`` holds), writes both files and returns the dict. :func:`run_summary` is
 the few lines ``distkit train`` prints from such a dict::
 
-    >>> from distkit.reporting import run_summary
+    >>> from distkit.observe.reporting import run_summary
     >>> print(run_summary({"backend": "gloo", "world_size": 2, "nnodes": 1, "device": "cpu",
     ...                    "final": {"val_accuracy": 0.95}, "epochs_completed": 3,
     ...                    "iterations": 48, "seconds_per_epoch": 1.5,
@@ -26,19 +26,20 @@ import ignite
 import ignite.distributed as idist
 import torch
 
-from distkit import profiling, throughput
-from distkit.checkpoint import write_results
-from distkit.effective import effective_config
+from distkit.observe import profiling, throughput
+from distkit.checkpoint.saver import write_results
 
 
 @dataclass
 class RunRecord:
-    """What one run of :func:`distkit.training.training` measured; :func:`report` turns it
+    """What one run of :func:`distkit.train.training.training` measured; :func:`report` turns it
     into the results dict."""
 
     run_dir: str
     config: object  # distkit.config.Config
     task: object  # distkit.tasks.Task
+    settings: dict
+    """The settings that acted on this run (``distkit.train.effective.effective_config``)."""
     history: list
     """One dict per validated epoch: epoch, train_loss, val_<metric>..., epoch_time_s, lr."""
     iterations: int
@@ -71,7 +72,7 @@ def results_of(record: RunRecord) -> dict:
         "device": str(idist.device()),
         "threads_per_process": torch.get_num_threads(),
         "run_dir": record.run_dir,
-        "config": effective_config(config, task),  # what acted on this run
+        "config": record.settings,  # what acted on this run
         "task": {"name": task.name, "score": list(task.score), "loss": type(task.loss()).__name__,
                  "metrics": [f"val_{name}" for name in task.metric_names()]},
         "peak_lr": record.peak_lr,
@@ -134,7 +135,7 @@ def optional_output(name: str, run_dir: str, write) -> bool:
     import errno
     import sys
 
-    from distkit.checkpoint import disk_error
+    from distkit.checkpoint.saver import disk_error
 
     try:
         write()
@@ -162,7 +163,7 @@ def draw_learning_curves(run_dir: str, results: dict | None = None) -> str:
 
     import matplotlib.pyplot as plt
 
-    from distkit.plots import learning_curves
+    from distkit.observe.plots import learning_curves
 
     if results is None:
         with open(os.path.join(run_dir, "results.json")) as f:
@@ -190,7 +191,7 @@ def saved_path(run_dir: str, folder: str, checkpoint) -> str | None:
 
 def run_summary(results: dict) -> str:
     """The few lines `distkit train` prints at the end of a run, from its results dict
-    (what :func:`distkit.training.training` returns on rank 0 and writes to results.json)."""
+    (what :func:`distkit.train.training.training` returns on rank 0 and writes to results.json)."""
     f = results["final"] or {}
     metrics = "  ".join(f"{k[4:]} {v:.4f}" for k, v in f.items()
                         if k.startswith("val_") and isinstance(v, float)) or "none"

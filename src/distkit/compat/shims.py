@@ -135,7 +135,7 @@ def patch_rank_and_world_size(model_cls, xla_model, runtime) -> bool:
             return _replacement()
 
         method_via_runtime.__name__ = method_name
-        method_via_runtime.__doc__ = f"distkit.compat: torch_xla.runtime.{new}() (xla_model.{old} was removed)"
+        method_via_runtime.__doc__ = f"distkit.compat.shims: torch_xla.runtime.{new}() (xla_model.{old} was removed)"
         setattr(model_cls, method_name, _mark(method_via_runtime))
         patched = True
     return patched
@@ -156,7 +156,7 @@ def patch_optimizer_init(wrapper_cls) -> bool:
         super(type(self), self).__init__(optimizer.param_groups)
         self.wrapped_optimizer = optimizer
 
-    __init__.__doc__ = "distkit.compat: explicit super(); see distkit.compat's docstring"
+    __init__.__doc__ = "distkit.compat.shims: explicit super(); see distkit.compat.shims's docstring"
     wrapper_cls.__init__ = _mark(__init__)
     return True
 

@@ -144,7 +144,7 @@ def default_folder() -> str:
 
 class Reporter:
     """What a worker needs to report its failure: the run folder the launcher made (if
-    any; an exception raised inside :func:`distkit.training.training` carries its own as
+    any; an exception raised inside :func:`distkit.train.training.training` carries its own as
     ``distkit_run_dir``, which is how torchrun's ranks and node 1 know it), a folder for
     runs without one, ``verbose`` (print the traceback too) and the launch's
     ``timeout_s`` (named when a peer is lost)."""
@@ -162,7 +162,7 @@ class Reporter:
     def checkpoint_words(run_dir: str | None) -> str:
         if not run_dir:
             return ""
-        from distkit.checkpoint import latest_checkpoint_in
+        from distkit.checkpoint.saver import latest_checkpoint_in
 
         newest = latest_checkpoint_in(run_dir) if os.path.isdir(run_dir) else None
         return (f"; last complete checkpoint: {newest}" if newest

@@ -18,7 +18,7 @@ nor ignite (those that need ignite import it inside the function), so the comman
 
 Example::
 
-    >>> from distkit.machine import free_port, threads_per_process
+    >>> from distkit.host.facts import free_port, threads_per_process
     >>> 1024 <= free_port() <= 65535
     True
     >>> threads_per_process(1) >= threads_per_process(2) >= 1
@@ -297,7 +297,7 @@ class quiet_ignite_logs:
     first cell) it stays in force for the session::
 
         >>> import logging
-        >>> from distkit.machine import quiet_ignite_logs
+        >>> from distkit.host.facts import quiet_ignite_logs
         >>> parallel = logging.getLogger("ignite.distributed.launcher.Parallel")
         >>> parallel.setLevel(logging.INFO)  # as ignite's setup_logger leaves it
         >>> with quiet_ignite_logs():

@@ -52,7 +52,7 @@ def cifar_resnet18(in_channels: int = 3, num_classes: int = 10, image_size: int 
 
 def get_model(name: str, in_channels: int = 1, num_classes: int = 10, image_size: int = 8,
               **sizes):
-    """The model ``name`` for a dataset's shape (:func:`distkit.data.dataset_info`). The
+    """The model ``name`` for a dataset's shape (:func:`distkit.builtin.data.dataset_info`). The
     image models take ``in_channels``, ``num_classes``, ``image_size``; ``gpt`` takes
     ``vocab_size`` and ``block_size``."""
     if name == "gpt":

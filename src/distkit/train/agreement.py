@@ -88,7 +88,7 @@ def distkit_version() -> str:
 
 
 def _checkpoint_identity(path: str) -> str:
-    from distkit.checkpoint import read_checksum
+    from distkit.checkpoint.saver import read_checksum
 
     record = read_checksum(path)
     return f"sha256:{record['sha256'][:16]}" if record else f"file {os.path.basename(path)}"

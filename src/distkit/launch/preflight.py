@@ -6,13 +6,13 @@ seconds, with nothing started and nothing half-written.
 
 Two kinds of check, kept apart: :func:`check_launch` (backend, process count, address,
 port; it returns the :class:`Launch` the process-start core runs) and
-:func:`check_training` (strategy, memory, batch, checkpoint, download). ``distkit.launch``
-runs both before :func:`~distkit.launch.run` starts or joins processes, only the first
-for :func:`~distkit.launch.launch_function` and ``run_per_rank``; notebooks call
+:func:`check_training` (strategy, memory, batch, checkpoint, download). ``distkit.launch.entry``
+runs both before :func:`~distkit.launch.entry.run` starts or joins processes, only the first
+for :func:`~distkit.launch.entry.launch_function` and ``run_per_rank``; notebooks call
 :func:`preflight` to show a refusal::
 
     >>> from distkit.config import Config
-    >>> from distkit.preflight import preflight
+    >>> from distkit.launch.preflight import preflight
     >>> cfg, launch = preflight(Config(backend="gloo"), spawning=True)
     >>> cfg.backend, cfg.nproc_per_node, launch.world_size, launch.master_port is not None
     ('gloo', 2, 2, True)
@@ -28,12 +28,12 @@ from dataclasses import dataclass
 import ignite.distributed as idist
 import torch
 
-from distkit.checkpoint import check_checkpoint_fits, resolve_resume_from
-from distkit.compat import pjrt_nprocs, xla_local_device_count
+from distkit.checkpoint.saver import check_checkpoint_fits, resolve_resume_from
+from distkit.compat.shims import pjrt_nprocs, xla_local_device_count
 from distkit.config import check_strategy
-from distkit.data import VAL_SIZE, fetch_torchvision
+from distkit.builtin.data import VAL_SIZE, fetch_torchvision
 from distkit.errors import DistkitError
-from distkit.machine import (available_memory, check_address_resolves, check_port_free, free_port,
+from distkit.host.facts import (available_memory, check_address_resolves, check_port_free, free_port,
                              in_ipython, inside_launch, launched_externally, local_world_size,
                              check_not_sbatch_without_srun, world_layout,
                              tpu_available)
@@ -102,7 +102,7 @@ def check_synthetic_fits_in_memory(config, processes: int | None) -> None:
 @dataclass
 class Launch:
     """How the processes of a run start, settled by :func:`check_launch` before any does:
-    what the process-start core of :mod:`distkit.launch` needs, and nothing of training."""
+    what the process-start core of :mod:`distkit.launch.entry` needs, and nothing of training."""
 
     backend: str
     """Resolved: nccl, xla-tpu, gloo or none (never auto)."""

@@ -101,7 +101,7 @@ def task_lr_scheduler(task, config, optimizer, epoch_length: int):
 
         >>> import torch
         >>> from distkit import Config, Task
-        >>> from distkit.data import get_datasets
+        >>> from distkit.builtin.data import get_datasets
         >>> def adam(params, config):
         ...     return torch.optim.Adam(params, lr=1e-3)
         >>> task = Task(datasets=get_datasets, model=torch.nn.Linear, optimizer=adam)

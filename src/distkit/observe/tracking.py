@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 
 from distkit.config import check_logger_installed
-from distkit.machine import set_ignite_verbosity
+from distkit.host.facts import set_ignite_verbosity
 
 
 # --------------------------------------------------------------------------------------
@@ -86,7 +86,7 @@ class Tracker:
         values["profile/data_share"] = profile.get("data_share")
         values = {k: float(v) for k, v in values.items() if isinstance(v, numbers.Number)}
         if self.kind == "tensorboard":
-            from distkit.profiling import format_summary
+            from distkit.observe.profiling import format_summary
 
             for tag, value in values.items():
                 self.logger.writer.add_scalar(tag, value, step)

@@ -3,7 +3,7 @@
 SIGTERM is what SLURM (``scancel``, preemption, the time limit) and Kubernetes send before
 SIGKILL; ``sbatch --signal=B:USR1@60`` asks for SIGUSR1 a minute before the time limit.
 Either one, in a training process, sets a flag (:func:`install`); at the next iteration
-boundary every rank agrees to stop (:mod:`distkit.stopping`: one all-reduce, so all stop
+boundary every rank agrees to stop (:mod:`distkit.train.stopping`: one all-reduce, so all stop
 at the same iteration), saves a checkpoint and raises :class:`Preempted`, whose line names
 the signal, the checkpoint and the command that resumes; the process exits with
 ``128 + signal`` (143 for SIGTERM), as the shell's "killed by SIGTERM" would.

@@ -1,6 +1,6 @@
 """Starting the processes of a launch and watching them: the process-start core behind
-:func:`distkit.launch.run`, :func:`distkit.launch.launch_function` and
-:func:`distkit.runner.run_per_rank`.
+:func:`distkit.launch.entry.run`, :func:`distkit.launch.entry.launch_function` and
+:func:`distkit.launch.runner.run_per_rank`.
 
 - :func:`start`: spawn (or fork, where safe: :func:`prepare_fork`) ``nproc_per_node``
   workers with ``idist.Parallel``, each in a session of its own that ends with the
@@ -8,8 +8,8 @@
 - Supervision: a rank that raises, dies or is stopped (SIGSTOP) becomes one line naming
   it (:func:`describe_process_failure`, :class:`StoppedRankWatchdog`); Ctrl-C stops every
   worker (:func:`stop_workers`); SIGTERM / SIGUSR1 to the launcher are passed on to the
-  workers, which stop at the same iteration with a checkpoint (:mod:`distkit.signals`,
-  :mod:`distkit.stopping`), and the launch ends with :class:`~distkit.signals.Preempted`.
+  workers, which stop at the same iteration with a checkpoint (:mod:`distkit.train.signals`,
+  :mod:`distkit.train.stopping`), and the launch ends with :class:`~distkit.train.signals.Preempted`.
 """
 from __future__ import annotations
 
@@ -29,15 +29,15 @@ from datetime import timedelta
 import ignite.distributed as idist
 import torch
 
-from distkit import signals
-from distkit.checkpoint import latest_checkpoint_in, remove_run_dir_if_empty
+from distkit.train import signals
+from distkit.checkpoint.saver import latest_checkpoint_in, remove_run_dir_if_empty
 from distkit.errors import DistkitError
-from distkit.failures import RankFailed, Reporter, first_on_this_node, report_from_worker, run_reporting
-from distkit.machine import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython,
+from distkit.observe.failures import RankFailed, Reporter, first_on_this_node, report_from_worker, run_reporting
+from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython,
                              process_state, restore_environment, set_ignite_verbosity, socket_interface,
                              threads_per_process, world_layout)
-from distkit.preflight import Launch
-from distkit.rendezvous import host_master_store, node0_waiting_line, wait_for_master
+from distkit.launch.preflight import Launch
+from distkit.launch.rendezvous import host_master_store, node0_waiting_line, wait_for_master
 
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
@@ -52,8 +52,8 @@ def prepare_fork(launch: Launch, start_method: str | None = None) -> Launch:
 def start(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = None,
           start_method: str | None = None):
     """The one process-start core: ``run``, ``launch_function`` and
-    ``distkit.runner.run_per_rank`` are thin callers of it. ``fn(local_rank, *args)`` on
-    every rank of ``launch`` (:func:`distkit.preflight.check_launch` made it): collectives
+    ``distkit.launch.runner.run_per_rank`` are thin callers of it. ``fn(local_rank, *args)`` on
+    every rank of ``launch`` (:func:`distkit.launch.preflight.check_launch` made it): collectives
     bounded by ``launch.timeout_s``, a failed rank reported in one line by ``reporter``.
 
     - joining torchrun / SLURM (``launch.spawning`` False): this process is one rank;
@@ -86,7 +86,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
            start_method: str | None = None) -> None:
     """``fn(local_rank, *args)`` in ``launch.nproc_per_node`` spawned processes of this
     node; a failed rank becomes one line naming it (``reporter``: where a rank that
-    raises writes its traceback, see :mod:`distkit.failures`)."""
+    raises writes its traceback, see :mod:`distkit.observe.failures`)."""
     config = launch  # the process fields, under the names Config gives them
     # Spawned processes inherit this: one thread pool per process, never oversubscribed.
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads(config)))
@@ -130,7 +130,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     try:
         if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
             # every wait bounded and said: the launchers meet at node 0's store, with the
-            # same layout, before any process starts (distkit.rendezvous)
+            # same layout, before any process starts (distkit.launch.rendezvous)
             if config.node_rank:
                 wait_for_master(config.master_addr, config.master_port, config.timeout_s,
                                 config.node_rank, nnodes=config.nnodes,
@@ -225,7 +225,7 @@ class bounded_wait:
 class ForwardStopSignals:
     """While the workers run: SIGTERM / SIGUSR1 to the launcher are remembered
     (``signum``) and passed on to every worker, which stops at the next iteration with a
-    checkpoint (:mod:`distkit.stopping`); the launcher waits for them. SLURM's ``scancel``
+    checkpoint (:mod:`distkit.train.stopping`); the launcher waits for them. SLURM's ``scancel``
     signals the launcher only when the job's processes are not in one step, Kubernetes
     the container's first process: the workers, in sessions of their own, hear it from
     here."""
@@ -255,7 +255,7 @@ class ForwardStopSignals:
 
 def _own_session(local_rank, reporter, fn, *args):
     """``fn(local_rank, *args)`` in a session of its own that ends with the launcher; an
-    exception it raises becomes one line (``distkit.failures.run_reporting``).
+    exception it raises becomes one line (``distkit.observe.failures.run_reporting``).
 
     Why a session: torchrun starts its workers so (``start_new_session``), and with the
     kernel's autogroup scheduling (on by default) the processes of one session share
@@ -468,7 +468,7 @@ def first_unimportable(objects):
 def bind_to_interface_of_master(config, master_addr) -> dict | None:
     """Set ``GLOO_SOCKET_IFNAME`` (``NCCL_SOCKET_IFNAME``) in this process to the
     interface that routes to the master, unless the user set it
-    (:func:`distkit.machine.socket_interface`); before any process group is made.
+    (:func:`distkit.host.facts.socket_interface`); before any process group is made.
     Returns the previous values, to put back with :func:`restore_environment`."""
     pick = socket_interface(config.backend, master_addr)
     if pick is None or pick["set_by"] == "you":
@@ -484,7 +484,7 @@ def bind_to_interface_of_master(config, master_addr) -> dict | None:
 def _join(launch: Launch, reporter: Reporter, fn, *args):
     """Join a torchrun / SLURM launch: this process is one rank; spawn nothing. A rank
     that raises prints one line (the first of its node) and records it for torchrun's
-    summary (:func:`distkit.failures.report_from_worker`)."""
+    summary (:func:`distkit.observe.failures.report_from_worker`)."""
     layout = world_layout()  # read before ignite sets torchrun's variables from SLURM's
     several_nodes = layout.nnodes > 1
     if several_nodes:
@@ -575,7 +575,7 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int,
             f"{launch.master_port} within --timeout {launch.timeout_s:g} s (rank {rank} waited "
             f"for the others): start all {launch.nnodes} nodes within --timeout of each other, with "
             "the same --nnodes, --nproc-per-node, --master-addr and --master-port")
-    if launch is not None and launch.nnodes > 1 and "distkit.failures.RankFailed" not in text and \
+    if launch is not None and launch.nnodes > 1 and "distkit.observe.failures.RankFailed" not in text and \
             re.search(r"torch\.distributed\.Dist(Network|Store)Error", text):
         # raised before training started: while the process group formed
         first = next((ln for ln in text.splitlines() if "torch.distributed.Dist" in ln), "").strip()

@@ -3,7 +3,7 @@ papers report them.
 
 MFU = the FLOP/s the model's arithmetic needs at the measured speed / the machine's peak
 FLOP/s. The model's FLOPs per token come from the model itself
-(:meth:`distkit.models.GPT.flops_per_token`: ``6 N + 12 L T d``); the peak is either given
+(:meth:`distkit.builtin.models.GPT.flops_per_token`: ``6 N + 12 L T d``); the peak is either given
 (``--peak-flops``) or measured once at the start of a run: every process multiplies two
 large matrices at the same time, and their FLOP/s are summed. A measured peak is what
 this machine reaches with these processes and threads, so MFU against it is higher than
@@ -89,7 +89,7 @@ class StepClock:
 
 def attach(trainer, model, config) -> StepClock | None:
     """A :class:`StepClock` on ``trainer`` if the model counts its FLOPs (has
-    ``flops_per_token()`` and ``block_size``, as :class:`~distkit.models.GPT`), else
+    ``flops_per_token()`` and ``block_size``, as :class:`~distkit.builtin.models.GPT`), else
     ``None``. Measures the peak unless ``config.peak_flops`` gives it (a collective)."""
     raw = getattr(model, "module", model)  # DDP keeps the user's model in .module
     if not (hasattr(raw, "flops_per_token") and hasattr(raw, "block_size")):

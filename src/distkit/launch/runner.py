@@ -6,12 +6,12 @@ timeout, and returns the list of per-rank return values (index = rank). Notebook
 lessons, ``distkit shard-check`` and the exercise checks all use it.
 
 The port, the thread rule and the quieting of ignite's INFO lines come from
-:mod:`distkit.machine`.
+:mod:`distkit.host.facts`.
 
 Example (a script: under spawn ``fn`` must be importable, hence the ``__main__`` guard)::
 
     import ignite.distributed as idist
-    from distkit.runner import run_per_rank
+    from distkit.launch.runner import run_per_rank
 
     def whoami(local_rank):
         return idist.get_rank(), idist.get_world_size()
@@ -28,10 +28,10 @@ import tempfile
 import ignite.distributed as idist
 
 from distkit.config import Config
-from distkit.failures import Reporter, default_folder
-from distkit.launch import pinned, prepare_fork, start
-from distkit.machine import quiet_ignite_logs
-from distkit.preflight import check_launch
+from distkit.observe.failures import Reporter, default_folder
+from distkit.launch.entry import pinned, prepare_fork, start
+from distkit.host.facts import quiet_ignite_logs
+from distkit.launch.preflight import check_launch
 
 
 def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
@@ -40,7 +40,7 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
     this machine and return the list of what each rank returned (index = rank).
 
     Returned values must pickle. Processes start as every launcher of the kit starts them
-    (:func:`distkit.supervise.start`): checked first (backend, port), threads pinned to each
+    (:func:`distkit.launch.supervise.start`): checked first (backend, port), threads pinned to each
     process's share of the cores, collectives bounded by ``timeout_s``, a failed rank
     reported in one line. They are forked where that is safe or under IPython (ignite's
     default there), so ``fn`` may be defined in a notebook cell; elsewhere they may be

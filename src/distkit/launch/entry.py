@@ -20,26 +20,26 @@ import ignite.distributed as idist
 import torch
 import torch.distributed as dist
 
-from distkit import signals
-from distkit.checkpoint import check_output_dir, make_run_dir
+from distkit.train import signals
+from distkit.checkpoint.saver import check_output_dir, make_run_dir
 from distkit.config import Config
-from distkit.effective import check_settings
+from distkit.train.effective import check_settings
 from distkit.errors import DistkitError
-from distkit.failures import Reporter, default_folder, for_function_callers
-from distkit.machine import inside_launch, launched_externally, ranks_on_this_host, threads_per_process
-from distkit.preflight import check_launch, check_picklable, preflight
-# The process-start core and its supervision live in distkit.supervise; these names stay
+from distkit.observe.failures import Reporter, default_folder, for_function_callers
+from distkit.host.facts import inside_launch, launched_externally, ranks_on_this_host, threads_per_process
+from distkit.launch.preflight import check_launch, check_picklable, preflight
+# The process-start core and its supervision live in distkit.launch.supervise; these names stay
 # importable from here, where courses and notebooks found them.
-from distkit.supervise import (_fork_is_safe, check_spawned_can_import,  # noqa: F401
+from distkit.launch.supervise import (_fork_is_safe, check_spawned_can_import,  # noqa: F401
                                describe_process_failure, first_unimportable, fork_threads,
                                openmp_pool_forks_cleanly, prepare_fork, start, stop_workers)
-from distkit.script_launch import call_with_kits_group
+from distkit.launch.script import call_with_kits_group
 from distkit.tasks import resolve_task
-from distkit.training import training
+from distkit.train.training import training
 
 
 def run(config, task=None) -> dict | None:
-    """Run :func:`distkit.training.training` on ``task`` (default: ``config.task``, else
+    """Run :func:`distkit.train.training.training` on ``task`` (default: ``config.task``, else
     the built-in task of ``config.dataset`` x ``config.model``) as the config says: spawn
     ``nproc_per_node`` processes, or join the torchrun / SLURM launch this process is part
     of. Returns rank 0's results (on every rank of a torchrun / SLURM launch).

@@ -56,13 +56,6 @@ from distkit.errors import DistkitError
 SCORE_MODES = ("min", "max")
 
 
-def accuracy_metrics() -> dict:
-    """The default metrics: ``{"accuracy": ignite.metrics.Accuracy()}``."""
-    from ignite.metrics import Accuracy
-
-    return {"accuracy": Accuracy()}
-
-
 def cross_entropy():
     """The default loss: ``nn.CrossEntropyLoss()``."""
     import torch.nn as nn

@@ -149,13 +149,6 @@ def _in_child(target, timeout_s: float, *args) -> list[str]:
     return data.decode(errors="replace").splitlines()
 
 
-def answers_as_store(host: str, port: int, timeout_s: float) -> bool:
-    """True if ``host:port`` answers as a torch.distributed TCPStore within ``timeout_s``.
-    The client runs in a forked child that is killed at the deadline: against a program
-    that accepts the connection and never replies, torch's client waits past its timeout."""
-    return "store" in _in_child(_join_as_node, timeout_s + 2, host, port, timeout_s, None)
-
-
 def wait_for_master(host: str, port: int, timeout_s: float, node_rank: int, say=None,
                     nnodes: int | None = None, nproc_per_node: int | None = None) -> None:
     """Wait, at most ``timeout_s``, until ``host:port`` answers as a torch store; say once

@@ -143,15 +143,6 @@ def torchrun_node(node_rank: int, nnodes: int, port: int, args: list, nproc_per_
             "-m", module, *map(str, args)]
 
 
-def parallel_node(node_rank: int, nnodes: int, port: int, args: list, nproc_per_node: int = 1,
-                  addr: str = "127.0.0.1") -> list[str]:
-    """``distkit train`` on one node, spawning its processes with
-    ``idist.Parallel(nnodes=..., node_rank=...)``."""
-    return [sys.executable, "-m", "distkit", "train", "--nnodes", str(nnodes), "--node-rank", str(node_rank),
-            "--nproc-per-node", str(nproc_per_node), "--master-addr", addr, "--master-port", str(port),
-            *map(str, args)]
-
-
 def log_tail(output: str, lines: int = 8, drop=("INFO", "\t")) -> str:
     """The last ``lines`` lines of a node's log, without ignite's INFO chatter."""
     kept = [ln for ln in output.splitlines() if ln.strip() and not any(d in ln[:60] for d in drop)]

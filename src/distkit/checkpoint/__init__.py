@@ -3,7 +3,7 @@ writes to."""
 
 
 def __getattr__(name):
-    # `distkit.checkpoint` was one module before it became a room: its names stay reachable here
+    # `from distkit.checkpoint import NAME` is public (docs/architecture.md, "Public names")
     if name.startswith("__"):
         raise AttributeError(name)
     import importlib

@@ -3,7 +3,7 @@ needed, and the facts about TPUs they rely on."""
 
 
 def __getattr__(name):
-    # `distkit.compat` was one module before it became a room: its names stay reachable here
+    # `from distkit.compat import NAME` is public (docs/architecture.md, "Public names")
     if name.startswith("__"):
         raise AttributeError(name)
     import importlib

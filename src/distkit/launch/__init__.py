@@ -3,7 +3,7 @@ before a run may start, the one process supervisor, rendezvous, ``distkit launch
 
 
 def __getattr__(name):
-    # `distkit.launch` was one module before it became a room: its names stay reachable here
+    # `from distkit.launch import NAME` is public (docs/architecture.md, "Public names")
     if name.startswith("__"):
         raise AttributeError(name)
     import importlib

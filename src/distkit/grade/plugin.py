@@ -1,0 +1,182 @@
+"""The pytest plugin ``distkit grade`` loads into the checks it runs in a sandbox
+(``pytest -p distkit.grade.plugin``). It runs in the learner's process, so it trusts
+nothing learnt after the learner's code could run:
+
+- Before any exercise file is imported (at ``pytest_configure``) it reads, from a pipe the
+  grader wrote and closed, a key made for this run and the reference solutions (they are
+  not on the sandbox's disk), then closes the pipe.
+- It writes every verdict on a second pipe to the grader, each line signed with the key
+  (HMAC-SHA256): ``collected N``, then ``passed``/``failed`` per check, then ``done``. The
+  grader counts an exercise only when every collected check has a signed ``passed`` and
+  nothing signed says otherwise; an exit status, or lines the learner writes, count for
+  nothing.
+- After each check it compares the check's modules (harness, conftest, the test module,
+  ``pytest.fail``) with what they were before the check ran: a file that patched the
+  check is reported ``tampered``.
+- The reference solutions are loaded under names of their own, outside ``sys.modules``,
+  and each of their functions notes who calls it: called from the learner's file (or
+  from no check at all, e.g. a thread the learner started) it is reported ``borrowed``
+  at once, on the pipe, where the learner cannot take it back.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import sys
+import types
+
+import pytest
+
+FDS_ENV = "DISTKIT_GRADE_FDS"
+MAX_DETAIL = 3000  # one os.write below PIPE_BUF (4096 bytes) is never interleaved
+
+
+def _open_channel():
+    """Read the key and the references, close the grader's pipe; return ``emit`` (which
+    holds the key and the write end in its closure) and the references."""
+    read_fd, write_fd = (int(x) for x in os.environ.pop(FDS_ENV).split(","))
+    chunks = []
+    while True:
+        chunk = os.read(read_fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_fd)
+    given = json.loads(b"".join(chunks))
+    key, write, new_mac, sha256 = bytes.fromhex(given["key"]), os.write, hmac.new, hashlib.sha256
+
+    def emit(kind: str, nodeid: str = "", detail: str = "") -> None:
+        text = " ".join(str(detail).split("\t"))[:MAX_DETAIL].replace("\\", "\\\\").replace("\n", "\\n")
+        line = f"{kind}\t{nodeid}\t{text}"
+        mac = new_mac(key, line.encode(), sha256).hexdigest()
+        write(write_fd, f"{line}\t{mac}\n".encode())
+
+    return emit, given["references"]
+
+
+def sign(key: bytes, line: str) -> str:
+    """The grader's side of ``emit``: the MAC a genuine line carries."""
+    return hmac.new(key, line.encode(), hashlib.sha256).hexdigest()
+
+
+class _State:
+    emit = None
+    references: dict = {}
+    current = ""
+    snapshot: dict = {}
+    reference_cache: dict = {}
+
+
+def pytest_configure(config):
+    if FDS_ENV in os.environ and _State.emit is None:
+        _State.emit, _State.references = _open_channel()
+
+
+def pytest_collection_finish(session):
+    if _State.emit is None:
+        return
+    import harness
+
+    harness.REFERENCE_SOURCE = _load_reference
+    modules = [harness, sys.modules[__name__]] + [m for n, m in sys.modules.items()
+                                                   if n == "conftest" or n.endswith(".conftest")]
+    modules += list({id(item.module): item.module for item in session.items}.values())
+    _State.snapshot = {m.__name__: (m, _fingerprint(m)) for m in modules}
+    _State.snapshot["pytest"] = (pytest, _fingerprint(pytest, ("fail", "skip", "raises", "approx")))
+    _State.emit("collected", "", str(len(session.items)))
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_call(item):
+    if _State.emit is None:
+        return (yield)
+    _State.current = item.nodeid
+    try:
+        result = yield
+    except BaseException as error:
+        changed = _changed()
+        if changed:
+            _State.emit("tampered", item.nodeid, f"the file changed the check while it ran ({changed})")
+        _State.emit("failed", item.nodeid, _message(error))
+        raise
+    changed = _changed()
+    if changed:
+        _State.emit("tampered", item.nodeid, f"the file changed the check while it ran ({changed})")
+        pytest.fail(f"the file changed the check while it ran ({changed}): no marks", pytrace=False)
+    _State.emit("passed", item.nodeid)
+    return result
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _State.emit is not None:
+        _State.emit("done", "", str(int(exitstatus)))
+
+
+def _message(error: BaseException) -> str:
+    text = str(error).strip() or type(error).__name__
+    return text if type(error).__name__ in ("Failed", "Skipped") else f"{type(error).__name__}: {text}"
+
+
+def _fingerprint(module, names=None) -> dict:
+    return {name: (value, getattr(value, "__code__", None)) for name, value in list(vars(module).items())
+            if names is None or name in names}
+
+
+def _changed() -> str:
+    """'' when the check's modules are as they were, else the first name that changed."""
+    for name, (module, before) in _State.snapshot.items():
+        names = tuple(before) if name == "pytest" else None
+        now = _fingerprint(module, names)
+        for attr in set(before) | set(now):
+            old, new = before.get(attr, (None, None)), now.get(attr, (None, None))
+            if old[0] is not new[0] or old[1] is not new[1]:
+                return f"{name}.{attr}"
+    return ""
+
+
+def _load_reference(number: str) -> types.ModuleType:
+    """The reference of exercise ``number`` from the grader's pipe, once per process."""
+    cache = _State.reference_cache
+    if number in cache:
+        return cache[number]
+    import harness
+
+    name = f"distkit_reference_{number}_{secrets.token_hex(8)}"
+    module = types.ModuleType(name)
+    module.__file__ = f"<reference {number}>"
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    try:
+        exec(compile(_State.references[number], module.__file__, "exec"), module.__dict__)
+    finally:
+        del sys.modules[name]
+    checks = str(harness.EXERCISES_DIR / "checks")
+    for attr, value in list(vars(module).items()):
+        if isinstance(value, types.FunctionType) and value.__module__ == name:
+            setattr(module, attr, _guarded(value, checks, harness._in_exercise_file))
+    cache[number] = module
+    return module
+
+
+def _guarded(function, checks_dir: str, in_learner_file):
+    emit = _State.emit
+
+    def guarded(*args, **kwargs):
+        frame = sys._getframe(1)
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename.startswith(checks_dir):
+                break  # the check called it: the way it is meant to be used
+            if in_learner_file(filename):
+                frame = None
+                break
+            frame = frame.f_back
+        if frame is None:
+            emit("borrowed", _State.current, f"the learner's code called the reference's {function.__name__}()")
+            raise RuntimeError("the reference solution is not yours to call")
+        return function(*args, **kwargs)
+
+    guarded.__name__, guarded.__doc__ = function.__name__, function.__doc__
+    return guarded

@@ -224,7 +224,8 @@ def test_every_escape_of_a_hostile_learner_earns_nothing_and_is_contained(graded
     tests = json.loads((report / "hostile" / "results.json").read_text())["tests"]
     said = {t["name"][:2]: t["output"] for t in tests}
     assert "called the reference" in said["01"], said["01"]          # borrowing a loaded reference
-    assert "never started" in said["03"] or "stopped before" in said["03"], said["03"]  # os._exit(0)
+    assert [t["score"] for t in tests] == [0, 0, 0]
+    assert said["03"].startswith(("failed", "no verdict")), said["03"]  # os._exit(0) at import
     assert "changed the check" in said["06"], said["06"]              # patching the check
     assert "output cut at 1 MB" in said["01"]
     output = (report / "hostile" / "01.output.txt").read_text()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from distkit.errors import DistkitError
 
-FIRST_UID = 61000  # the sandboxes' uids when run as root: one per slot graded side by side
+FIRST_UID, UIDS = 61000, 1000  # the sandboxes' uids when run as root: one per sandbox running
 
 
 @dataclass
@@ -122,9 +122,34 @@ def run(inside: list[str], binds, hidden, env: dict, payload: bytes, limits: Lim
     """Run ``inside`` in a sandbox. ``payload`` is readable inside on one pipe, and what the
     command writes on the other comes back as ``records`` (their numbers are in
     ``$DISTKIT_GRADE_FDS``, "read,write")."""
-    uid = FIRST_UID + slot if os.geteuid() == 0 else None
-    if uid is not None:
-        _kill_uid(uid)  # whatever an earlier grader left on this slot
+    uid, lock = _claim_uid(slot) if os.geteuid() == 0 else (None, None)
+    try:
+        return _run(inside, binds, hidden, env, payload, limits, uid)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def _claim_uid(slot: int) -> tuple:
+    """A uid no other sandbox uses now (graders running side by side included): held by a
+    lock on a file named for it, until the sandbox ends."""
+    import fcntl
+    import tempfile
+
+    for uid in [FIRST_UID + (slot + i) % UIDS for i in range(UIDS)]:
+        fd = os.open(os.path.join(tempfile.gettempdir(), f"distkit-grade-uid-{uid}.lock"),
+                     os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        _kill_uid(uid)  # whatever a grader that was killed left under this uid
+        return uid, fd
+    raise DistkitError(f"all {UIDS} sandbox uids from {FIRST_UID} are in use: lower --jobs")
+
+
+def _run(inside, binds, hidden, env, payload, limits, uid) -> Outcome:
     to_read, to_write = os.pipe()
     from_read, from_write = os.pipe()
     env = {**env, "DISTKIT_GRADE_FDS": f"{to_read},{from_write}"}

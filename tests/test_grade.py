@@ -89,6 +89,20 @@ _try("read another learner", lambda: _read({other_file!r}))
 _try("write outside", lambda: open({outside!r} + "/escaped.txt", "w").write("x"))
 _try("write into another learner", lambda: open({other!r} + "/planted.py", "w").write("x"))
 _try("reach the host", lambda: socket.create_connection(("127.0.0.1", {port}), timeout=2).close())
+_try("take 8 GB of memory", lambda: bytearray(8 << 30))
+_try("fill the disk", lambda: open("/tmp/big", "wb").write(bytes(100 << 20)))
+def _threads():
+    import threading
+    stop, started = threading.Event(), []
+    try:
+        for _ in range(5000):
+            started.append(threading.Thread(target=stop.wait))
+            started[-1].start()
+    finally:
+        stop.set()
+        for thread in started:
+            thread.join()
+_try("start 5000 threads", _threads)
 subprocess.Popen([sys.executable, "-c", "import time; time.sleep(900)", MARKER], start_new_session=True)
 if os.fork() == 0:  # a double fork: the grandchild is nobody's child
     if os.fork() == 0:
@@ -230,10 +244,12 @@ def test_every_escape_of_a_hostile_learner_earns_nothing_and_is_contained(graded
     assert "output cut at 1 MB" in said["01"]
     output = (report / "hostile" / "01.output.txt").read_text()
     assert len(output.encode()) <= 1 << 20
-    contained = set(re.findall(rf"{MARKER} contained ([a-z ]+?) \w+Error", output))
+    contained = {re.sub(r"\d+", "#", what) for what in
+                 re.findall(rf"{MARKER} contained ([a-z0-9 ]+?) \w+Error", output)}
     assert not re.search(rf"{MARKER} ESCAPED", output), output[:2000]
     assert contained >= {"read solutions", "read solutions inside", "read another learner", "write outside",
-                         "write into another learner", "reach the host"}, output[:2000]
+                         "write into another learner", "reach the host", "take # GB of memory",
+                         "fill the disk", "start # threads"}, output[:2000]
     assert graded_class["listener"].accepted == 0
     assert not any(graded_class["outside"].iterdir())
     assert _tree_digest(graded_class["subs"] / "stubs") == graded_class["others"]
@@ -301,3 +317,30 @@ def test_only_signed_complete_records_pass():
     borrowed = good + line("borrowed", "a", "the learner's code called the reference's f()")
     assert verdict(borrowed.encode(), key) == ("failed", "the learner's code called the reference's f(): no marks")
     assert verdict(line("collected", "", "0").encode() + line("done", "", "5").encode(), key)[0] == "no verdict"
+
+
+def test_two_sandboxes_side_by_side_bind_the_same_port(tmp_path):
+    """Each sandbox has a loopback of its own: two learners' ranks on port 29500 at the same
+    moment never collide (nor meet the host's listener on it)."""
+    ensure_bwrap()
+    from concurrent.futures import ThreadPoolExecutor
+
+    from distkit.grade import sandbox
+
+    code = ("import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', 29500))\ns.listen()\n"
+            "c = socket.create_connection(('127.0.0.1', 29500))\ntime.sleep(2)\nprint('bound')\n")
+    env = {"PATH": "/usr/bin:/bin"}
+    with socket.socket() as host:
+        host.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            host.bind(("127.0.0.1", 29500))  # the host holds it too, where it can
+        except OSError:
+            pass
+        started = time.monotonic()
+        with ThreadPoolExecutor(2) as pool:
+            runs = list(pool.map(lambda slot: sandbox.run([sys.executable, "-I", "-c", code], [], [], env, b"",
+                                                          sandbox.Limits(timeout_s=60), slot), (0, 1)))
+    for outcome in runs:
+        assert outcome.returncode == 0 and "bound" in outcome.output, outcome
+        wall = time.monotonic() - started
+    assert wall < runs[0].seconds + runs[1].seconds  # they overlapped, each holding the port 2 s

@@ -245,7 +245,7 @@ def test_every_escape_of_a_hostile_learner_earns_nothing_and_is_contained(graded
     output = (report / "hostile" / "01.output.txt").read_text()
     assert len(output.encode()) <= 1 << 20
     contained = {re.sub(r"\d+", "#", what) for what in
-                 re.findall(rf"{MARKER} contained ([a-z0-9 ]+?) \w+Error", output)}
+                 re.findall(rf"{MARKER} contained ([A-Za-z0-9 ]+?) \w+Error", output)}
     assert not re.search(rf"{MARKER} ESCAPED", output), output[:2000]
     assert contained >= {"read solutions", "read solutions inside", "read another learner", "write outside",
                          "write into another learner", "reach the host", "take # GB of memory",
@@ -344,3 +344,27 @@ def test_two_sandboxes_side_by_side_bind_the_same_port(tmp_path):
         assert outcome.returncode == 0 and "bound" in outcome.output, outcome
         wall = time.monotonic() - started
     assert wall < runs[0].seconds + runs[1].seconds  # they overlapped, each holding the port 2 s
+
+
+def test_reports_count_each_mistake_once_whatever_its_numbers(tmp_path):
+    from distkit.grade import reports
+    from distkit.grade.runner import Result
+
+    results = [
+        Result("ana", "01", NAMES["01"], "failed", "rank 1 returned 5.0, the SUM over the 2 ranks: divide", 3.0),
+        Result("ana", "03", NAMES["03"], "passed", "all 3 checks passed", 4.0),
+        Result("bo", "01", NAMES["01"], "failed", "rank 0 returned 7.5, the SUM over the 3 ranks: divide", 2.0,
+               ["output cut at 1 MB"]),
+        Result("bo", "03", NAMES["03"], "missing", f"no file {NAMES['03']} was handed in"),
+        Result("Zoë Å", "01", NAMES["01"], "passed", "all 4 checks passed", 5.0),
+        Result("Zoë Å", "03", NAMES["03"], "stopped", "stopped after 300 s: ...", 300.0, ["stopped after 300 s"]),
+    ]
+    reports.write_all(results, ["01", "03"], tmp_path)
+    assert (tmp_path / "grades.csv").read_text(encoding="utf-8").splitlines() == [
+        "learner,ex01,ex03,total", "ana,0,1,1", "bo,0,0,0", "Zoë Å,1,0,1"]
+    rows = list(csv.reader(open(tmp_path / "summary.csv", encoding="utf-8")))[1:]
+    assert rows[0] == ["01", "2", "rank # returned #, the SUM over the # ranks: divide", "2"], rows
+    assert {row[2] for row in rows[1:]} == {"missing", "stopped after # s: ..."}
+    bo = json.loads((tmp_path / "bo" / "results.json").read_text())
+    assert bo["score"] == 0 and "(output cut at 1 MB)" in bo["tests"][0]["output"]
+    assert "stopped after 300 s" in (tmp_path / "Zoë Å" / "report.html").read_text()

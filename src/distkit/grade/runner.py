@@ -169,7 +169,8 @@ def _binds(kit: Kit, submission: Path) -> list:
 def _environment() -> dict:
     env = {"PATH": f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin", "HOME": "/tmp",
            "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
-           "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "GLOO_SOCKET_IFNAME": "lo", "DISTKIT_EXERCISES": f"{INSIDE}/submission"}
+           "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg", "GLOO_SOCKET_IFNAME": "lo",  # its own loopback
+           "DISTKIT_EXERCISES": f"{INSIDE}/submission"}
     if os.environ.get("PYTHONPATH"):
         env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return env

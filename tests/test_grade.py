@@ -113,13 +113,24 @@ sys.stdout.write("flood " * 400_000)  # 2.4 MB
 sys.stdout.flush()
 
 def average_across_ranks(value):
-    """borrow the reference the check loaded, wherever it is"""
+    """borrow the reference's result from the check's frame, or the reference the check loaded"""
     import gc, types
     import harness
-    for obj in gc.get_objects():
-        if isinstance(obj, types.ModuleType) and obj.__name__.startswith("distkit_reference_01"):
-            return obj.average_across_ranks(value)
-    return harness.load_reference("01").average_across_ranks(value)
+    try:
+        return sys._getframe(1).f_locals["want"]
+    except Exception:
+        pass
+    try:
+        return harness.load_reference("01").average_across_ranks(value)
+    except Exception:
+        pass
+    try:
+        for obj in gc.get_objects():
+            if isinstance(obj, types.ModuleType) and obj.__name__.startswith("distkit_reference_01"):
+                return obj.average_across_ranks(value)
+    except Exception:
+        pass
+    return 0.0
 '''
 
 EXIT_AT_IMPORT = "import os\nos._exit(0)\n"
@@ -238,6 +249,8 @@ def test_every_escape_of_a_hostile_learner_earns_nothing_and_is_contained(graded
     tests = json.loads((report / "hostile" / "results.json").read_text())["tests"]
     said = {t["name"][:2]: t["output"] for t in tests}
     assert "called the reference" in said["01"], said["01"]          # borrowing a loaded reference
+    assert "looked into the check's memory (sys._getframe)" in said["01"], said["01"]  # its locals
+    assert "looked into the check's memory (gc.get_objects)" in said["01"], said["01"]
     assert [t["score"] for t in tests] == [0, 0, 0]
     assert said["03"].startswith(("failed", "no verdict")), said["03"]  # os._exit(0) at import
     assert "changed the check" in said["06"], said["06"]              # patching the check

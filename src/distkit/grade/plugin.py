@@ -16,7 +16,9 @@ nothing learnt after the learner's code could run:
 - The reference solutions are loaded under names of their own, outside ``sys.modules``,
   and each of their functions notes who calls it: called from the learner's file (or
   from no check at all, e.g. a thread the learner started) it is reported ``borrowed``
-  at once, on the pipe, where the learner cannot take it back.
+  at once, on the pipe, where the learner cannot take it back. An audit hook does the
+  same when the learner's lines ask Python for a frame (the check's locals) or for every
+  object (``gc``).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import json
 import os
 import secrets
 import sys
+import threading
 import types
 
 import pytest
@@ -81,6 +84,7 @@ def pytest_collection_finish(session):
     import harness
 
     harness.REFERENCE_SOURCE = _load_reference
+    _watch_memory(harness._in_exercise_file)
     modules = [harness, sys.modules[__name__]] + [m for n, m in sys.modules.items()
                                                    if n == "conftest" or n.endswith(".conftest")]
     modules += list({id(item.module): item.module for item in session.items}.values())
@@ -158,6 +162,39 @@ def _load_reference(number: str) -> types.ModuleType:
             setattr(module, attr, _guarded(value, checks, harness._in_exercise_file))
     cache[number] = module
     return module
+
+
+# Python's audit events that hand out frames or every object: how code finds what the
+# check holds (its frames' locals, the reference's module).
+_WATCHED = {"sys._getframe", "sys._current_frames", "sys.settrace", "sys.setprofile", "gc.get_objects",
+            "gc.get_referrers", "gc.get_referents"}
+_FRAME_ATTRIBUTES = {"tb_frame", "gi_frame", "cr_frame", "ag_frame"}
+
+
+def _watch_memory(in_learner_file) -> None:
+    """An audit hook (which no Python code can remove): the learner's own lines (or
+    ``inspect``'s, called by them) asking for a frame or for every object are reported
+    ``borrowed`` and refused. Called from a library, or from the check, it is let through."""
+    emit, busy = _State.emit, threading.local()
+
+    def hook(event, args):
+        if event not in _WATCHED and not (event == "object.__getattr__" and args[1] in _FRAME_ATTRIBUTES):
+            return
+        if getattr(busy, "on", False):
+            return
+        busy.on = True
+        try:
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_filename.endswith("inspect.py"):
+                frame = frame.f_back
+            if frame is None or not in_learner_file(frame.f_code.co_filename):
+                return
+        finally:
+            busy.on = False
+        emit("borrowed", _State.current, f"the learner's code looked into the check's memory ({event})")
+        raise RuntimeError("the check's memory is not yours to read")
+
+    sys.addaudithook(hook)
 
 
 def _guarded(function, checks_dir: str, in_learner_file):

@@ -197,10 +197,13 @@ def verdict(records: bytes, key: bytes) -> tuple:
             done = True
     if forged:
         return "failed", f"{forged} line(s) imitating the grader's verdict were written: no marks"
-    for kind in ("borrowed", "tampered", "failed"):
-        for found, detail in against:
-            if found == kind:
-                return "failed", (f"{detail}: no marks" if kind != "failed" else detail)
+    for kind in ("borrowed", "tampered"):
+        said = list(dict.fromkeys(detail for found, detail in against if found == kind))
+        if said:
+            return "failed", "; ".join(said) + ": no marks"
+    for found, detail in against:
+        if found == "failed":
+            return "failed", detail
     if collected is None:
         return "no verdict", "the check never started: the file ended the process or broke pytest"
     if collected and len(passed) == collected and done:

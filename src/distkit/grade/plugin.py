@@ -3,13 +3,15 @@
 nothing learnt after the learner's code could run:
 
 - Before any exercise file is imported (at ``pytest_configure``) it reads, from a pipe the
-  grader wrote and closed, a key made for this run and the reference solutions (they are
-  not on the sandbox's disk), then closes the pipe.
-- It writes every verdict on a second pipe to the grader, each line signed with the key
-  (HMAC-SHA256): ``collected N``, then ``passed``/``failed`` per check, then ``done``. The
-  grader counts an exercise only when every collected check has a signed ``passed`` and
-  nothing signed says otherwise; an exit status, or lines the learner writes, count for
-  nothing.
+  grader wrote and closed, two keys made for this run and the reference solutions (they
+  are not on the sandbox's disk), then closes the pipe.
+- It writes every verdict on a second pipe to the grader, each line signed (HMAC-SHA256):
+  what earns marks (``collected N``, ``passed`` per check, ``done``) with one key, held
+  only in the closures of hooks it registers (no module's globals); what costs marks
+  (``failed``, ``tampered``, ``borrowed``) with the other, which the guards below need.
+  The grader counts an exercise only when every collected check has a genuine ``passed``
+  and nothing genuine says otherwise; an exit status, or lines the learner writes, count
+  for nothing, and a line that does not verify voids the exercise.
 - After each check it compares the check's modules (harness, conftest, the test module,
   ``pytest.fail``) with what they were before the check ran: a file that patched the
   check is reported ``tampered``.
@@ -37,9 +39,13 @@ FDS_ENV = "DISTKIT_GRADE_FDS"
 MAX_DETAIL = 3000  # one os.write below PIPE_BUF (4096 bytes) is never interleaved
 
 
+VERDICT_KINDS = ("collected", "passed", "done")      # what earns marks: signed with one key
+AGAINST_KINDS = ("failed", "tampered", "borrowed")   # what costs them: signed with another
+
+
 def _open_channel():
-    """Read the key and the references, close the grader's pipe; return ``emit`` (which
-    holds the key and the write end in its closure) and the references."""
+    """Read the keys and the references, close the grader's pipe; return the two emitters
+    (each holds its key and the write end in its closure) and the references."""
     read_fd, write_fd = (int(x) for x in os.environ.pop(FDS_ENV).split(","))
     chunks = []
     while True:
@@ -49,15 +55,19 @@ def _open_channel():
         chunks.append(chunk)
     os.close(read_fd)
     given = json.loads(b"".join(chunks))
-    key, write, new_mac, sha256 = bytes.fromhex(given["key"]), os.write, hmac.new, hashlib.sha256
+    write, new_mac, sha256 = os.write, hmac.new, hashlib.sha256
 
-    def emit(kind: str, nodeid: str = "", detail: str = "") -> None:
-        text = " ".join(str(detail).split("\t"))[:MAX_DETAIL].replace("\\", "\\\\").replace("\n", "\\n")
-        line = f"{kind}\t{nodeid}\t{text}"
-        mac = new_mac(key, line.encode(), sha256).hexdigest()
-        write(write_fd, f"{line}\t{mac}\n".encode())
+    def emitter(key: bytes, kinds: tuple):
+        def emit(kind: str, nodeid: str = "", detail: str = "") -> None:
+            if kind not in kinds:
+                raise ValueError(f"{kind} is not for this emitter")
+            text = " ".join(str(detail).split("\t"))[:MAX_DETAIL].replace("\\", "\\\\").replace("\n", "\\n")
+            line = f"{kind}\t{nodeid}\t{text}"
+            write(write_fd, f"{line}\t{new_mac(key, line.encode(), sha256).hexdigest()}\n".encode())
+        return emit
 
-    return emit, given["references"]
+    verdict_key, against_key = (bytes.fromhex(k) for k in given["keys"])
+    return emitter(verdict_key, VERDICT_KINDS), emitter(against_key, AGAINST_KINDS), given["references"]
 
 
 def sign(key: bytes, line: str) -> str:
@@ -66,7 +76,7 @@ def sign(key: bytes, line: str) -> str:
 
 
 class _State:
-    emit = None
+    against = None   # the emitter of records that cost the learner: harmless in their hands
     references: dict = {}
     current = ""
     snapshot: dict = {}
@@ -74,49 +84,53 @@ class _State:
 
 
 def pytest_configure(config):
-    if FDS_ENV in os.environ and _State.emit is None:
-        _State.emit, _State.references = _open_channel()
+    if FDS_ENV in os.environ and _State.against is None:
+        verdicts, _State.against, _State.references = _open_channel()
+        # The emitter of what earns marks lives only in these hooks' closures, in no
+        # module's globals, where an exercise file could import it.
+        config.pluginmanager.register(_verdict_hooks(verdicts), "distkit-grade-verdicts")
 
 
-def pytest_collection_finish(session):
-    if _State.emit is None:
-        return
-    import harness
+def _verdict_hooks(emit) -> types.SimpleNamespace:
+    def pytest_collection_finish(session):
+        import harness
 
-    harness.REFERENCE_SOURCE = _load_reference
-    _watch_memory(harness._in_exercise_file)
-    modules = [harness, sys.modules[__name__]] + [m for n, m in sys.modules.items()
-                                                   if n == "conftest" or n.endswith(".conftest")]
-    modules += list({id(item.module): item.module for item in session.items}.values())
-    _State.snapshot = {m.__name__: (m, _fingerprint(m)) for m in modules}
-    _State.snapshot["pytest"] = (pytest, _fingerprint(pytest, ("fail", "skip", "raises", "approx")))
-    _State.emit("collected", "", str(len(session.items)))
+        harness.REFERENCE_SOURCE = _load_reference
+        _watch_memory(harness._in_exercise_file)
+        modules = [harness, sys.modules[__name__]] + [m for n, m in sys.modules.items()
+                                                       if n == "conftest" or n.endswith(".conftest")]
+        modules += list({id(item.module): item.module for item in session.items}.values())
+        _State.snapshot = {m.__name__: (m, _fingerprint(m)) for m in modules}
+        _State.snapshot["pytest"] = (pytest, _fingerprint(pytest, ("fail", "skip", "raises", "approx")))
+        emit("collected", "", str(len(session.items)))
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_call(item):
+        _State.current = item.nodeid
+        try:
+            result = yield
+        except BaseException as error:
+            _tampered(item)
+            _State.against("failed", item.nodeid, _message(error))
+            raise
+        if _tampered(item):
+            pytest.fail("the file changed the check while it ran: no marks", pytrace=False)
+        emit("passed", item.nodeid)
+        return result
+
+    def pytest_sessionfinish(session, exitstatus):
+        emit("done", "", str(int(exitstatus)))
+
+    return types.SimpleNamespace(pytest_collection_finish=pytest_collection_finish,
+                                 pytest_runtest_call=pytest_runtest_call,
+                                 pytest_sessionfinish=pytest_sessionfinish)
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_call(item):
-    if _State.emit is None:
-        return (yield)
-    _State.current = item.nodeid
-    try:
-        result = yield
-    except BaseException as error:
-        changed = _changed()
-        if changed:
-            _State.emit("tampered", item.nodeid, f"the file changed the check while it ran ({changed})")
-        _State.emit("failed", item.nodeid, _message(error))
-        raise
+def _tampered(item) -> bool:
     changed = _changed()
     if changed:
-        _State.emit("tampered", item.nodeid, f"the file changed the check while it ran ({changed})")
-        pytest.fail(f"the file changed the check while it ran ({changed}): no marks", pytrace=False)
-    _State.emit("passed", item.nodeid)
-    return result
-
-
-def pytest_sessionfinish(session, exitstatus):
-    if _State.emit is not None:
-        _State.emit("done", "", str(int(exitstatus)))
+        _State.against("tampered", item.nodeid, f"the file changed the check while it ran ({changed})")
+    return bool(changed)
 
 
 def _message(error: BaseException) -> str:
@@ -175,7 +189,7 @@ def _watch_memory(in_learner_file) -> None:
     """An audit hook (which no Python code can remove): the learner's own lines (or
     ``inspect``'s, called by them) asking for a frame or for every object are reported
     ``borrowed`` and refused. Called from a library, or from the check, it is let through."""
-    emit, busy = _State.emit, threading.local()
+    emit, busy = _State.against, threading.local()
 
     def hook(event, args):
         if event not in _WATCHED and not (event == "object.__getattr__" and args[1] in _FRAME_ATTRIBUTES):
@@ -198,7 +212,7 @@ def _watch_memory(in_learner_file) -> None:
 
 
 def _guarded(function, checks_dir: str, in_learner_file):
-    emit = _State.emit
+    emit = _State.against
 
     def guarded(*args, **kwargs):
         frame = sys._getframe(1)

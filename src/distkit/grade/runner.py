@@ -24,7 +24,7 @@ from pathlib import Path
 
 from distkit.errors import DistkitError
 from distkit.grade import sandbox
-from distkit.grade.plugin import sign
+from distkit.grade.plugin import VERDICT_KINDS, sign
 
 MAX_FILE_BYTES = 1 << 20
 MAX_ZIP_BYTES = 50 << 20
@@ -140,15 +140,17 @@ def grade_one(kit: Kit, learner: str, number: str, path: Path | None, limits: sa
     shutil.rmtree(scratch, ignore_errors=True)
     (scratch / "submission").mkdir(parents=True)
     shutil.copyfile(path, scratch / "submission" / name)
-    key = secrets.token_bytes(32)
+    keys = (secrets.token_bytes(32), secrets.token_bytes(32))
     references = {number: (kit.folder / "solutions" / name).read_text()}
-    payload = json.dumps({"key": key.hex(), "references": references}).encode()
+    payload = json.dumps({"keys": [k.hex() for k in keys], "references": references}).encode()
     outcome = sandbox.run(_pytest_command(number), _binds(kit, scratch / "submission"),
                           list(hidden), _environment(), payload, limits, slot)
-    status, message = verdict(outcome.records, key)
+    status, message = verdict(outcome.records, keys)
     notes = containments(outcome, limits)
     if outcome.timed_out:
         status, message = "stopped", f"stopped after {limits.timeout_s:.0f} s: {message}"
+    elif status == "passed" and outcome.returncode != 0:
+        status, message = "no verdict", f"every check passed, but pytest ended with code {outcome.returncode}"
     elif status == "no verdict":
         message = f"{message}\n{_tail(outcome.output)}"
     shutil.rmtree(scratch, ignore_errors=True)
@@ -176,12 +178,14 @@ def _environment() -> dict:
     return env
 
 
-def verdict(records: bytes, key: bytes) -> tuple:
+def verdict(records: bytes, keys: tuple) -> tuple:
     """``(status, message)`` from the plugin's records: passed only when every collected
-    check has a genuine ``passed`` line, nothing genuine says otherwise, and none is forged."""
+    check has a genuine ``passed`` line, nothing genuine says otherwise, and none is forged.
+    ``keys``: the key of what earns marks, then the key of what costs them."""
     collected, passed, against, forged, done = None, set(), [], 0, False
     for raw in records.decode("utf-8", "replace").splitlines():
         line, _, mac = raw.rpartition("\t")
+        key = keys[0] if line.split("\t")[0] in VERDICT_KINDS else keys[1]
         if not hmac.compare_digest(sign(key, line), mac) or line.count("\t") != 2:
             forged += 1
             continue

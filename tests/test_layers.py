@@ -25,7 +25,7 @@ LAYERS = (
     ("train",),
     ("launch",),
     ("sharding",),
-    ("lessons", "commands", "bench", "__main__", "__init__"),
+    ("lessons", "commands", "bench", "grade", "__main__", "__init__"),
 )
 LAYER_OF = {name: i for i, names in enumerate(LAYERS) for name in names}
 

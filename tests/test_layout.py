@@ -1,5 +1,5 @@
 """The package's shape is its architecture: arrows point one way (DESIGN.md, issue 10).
-The core never imports ``distkit.lessons``, ``distkit.commands`` or ``distkit.bench``;
+The core never imports ``distkit.lessons``, ``distkit.commands``, ``distkit.bench`` or ``distkit.grade``;
 notebooks and exercises import library code, never a command-line module."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ SRC = REPO_ROOT / "src" / "distkit"
 CORE_ROOMS = ("host", "compat", "builtin", "checkpoint", "observe", "train", "launch")
 CORE = sorted([p for p in SRC.glob("*.py") if p.name != "__main__.py"]  # __main__ is the CLI's door
               + [p for room in CORE_ROOMS for p in (SRC / room).rglob("*.py")])
-NOT_FOR_CORE = ("distkit.lessons", "distkit.commands", "distkit.bench")
+NOT_FOR_CORE = ("distkit.lessons", "distkit.commands", "distkit.bench", "distkit.grade")
 
 
 def imported_modules(source: str) -> set[str]:

@@ -16,7 +16,7 @@ import re
 import sys
 
 from distkit import __version__
-from distkit.commands import bench, check, doctor, launch_script, plot, shard_check, train
+from distkit.commands import bench, check, doctor, grade, launch_script, plot, shard_check, train
 from distkit.errors import DistkitError
 
 # name -> (module, one-line help)
@@ -28,6 +28,7 @@ COMMANDS = {
     "bench": (bench, "measure what the kit costs vs hand-written loops, scaling, data loading"),
     "shard-check": (shard_check, "check which process sees which sample: overlap, coverage, padding"),
     "check": (check, "check your exercise files (exercises/), or show a hint or a solution"),
+    "grade": (grade, "grade a class's exercise files, each in a sandbox: a gradebook CSV and reports"),
     "plot": (plot, "redraw a run's learning curves from its results.json"),
 }
 

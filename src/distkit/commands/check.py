@@ -51,7 +51,7 @@ def find_exercises_dir(given: str | None = None) -> Path:
         return path
     here = Path.cwd().resolve()
     candidates = [d / "exercises" for d in (here, *here.parents)]
-    candidates.append(Path(__file__).resolve().parents[2] / "exercises")
+    candidates.append(Path(__file__).resolve().parents[3] / "exercises")  # src/distkit/commands/
     for path in candidates:
         if (path / "checks").is_dir():
             return path

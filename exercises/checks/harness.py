@@ -237,14 +237,6 @@ def _warm_for_fork() -> None:
     _WARM.append(True)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir, group=True) -> str:
     """Start every rank of every node, wait for them; '' when all ended well, else what
     went wrong. A rank that fails gets the others stopped within a few seconds. With
@@ -252,8 +244,10 @@ def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir, group=True) 
     import multiprocessing
     import time
 
+    from distkit.host.facts import free_port
+
     context = multiprocessing.get_context(start_method())
-    port, world = _free_port(), nnodes * nproc_per_node
+    port, world = free_port(), nnodes * nproc_per_node
     processes = []
     for node in range(nnodes):
         for local in range(nproc_per_node):

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from distkit.errors import DistkitError
-from distkit.host.facts import world_layout
+from distkit.host.layout import elastic, world_layout
 
 CHECKPOINT_PREFIX = "training"
 LATEST = "latest"
@@ -246,9 +246,9 @@ def resolve_resume_from(config):
             f"--resume-from latest: the newest loadable checkpoint under {config.output_dir!r} ({path}) ends "
             "a finished run, so there is nothing to resume: give a new job its own --output-dir")
     if world_layout().rank == 0:
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        restart = elastic().restart_count if elastic().run_id else None
         where = f"resuming from {path}" if path else "no checkpoint yet: starting from scratch"
-        print(f"--resume-from latest{f' (TORCHELASTIC_RESTART_COUNT={restart})' if restart else ''}: {where}",
+        print(f"--resume-from latest{f' (TORCHELASTIC_RESTART_COUNT={restart})' if restart is not None else ''}: {where}",
               flush=True)
         warning = restart_store_warning()
         if warning:
@@ -267,9 +267,8 @@ def restart_store_warning() -> str | None:
     attempt's group meets under a prefix of its own (``supervise.attempt_store``), 10 of 10
     restarts on the shared store in ``benchmarks/torchrun_restarts.py``; so the warning is
     for runs of several nodes only."""
-    several_nodes = os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE")
-    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and several_nodes and \
-            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    torchrun = elastic()
+    if torchrun.max_restarts > 0 and not torchrun.one_node and torchrun.agent_store:
         return ("torchrun --max-restarts with a store shared across restarts: a restart may fail "
                 "to reconnect; launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun "
                 "--rdzv-backend=c10d, as scripts/torchrun_nnodes.sh does")

@@ -7,10 +7,9 @@ nor ignite (those that need ignite import it inside the function), so the comman
 - ports and addresses: :func:`free_port`, :func:`check_port_free`,
   :func:`check_address_resolves`;
 - cores: :func:`threads_per_process` (this process's share), :func:`ranks_on_this_host`
-  (how many ranks share them), :func:`local_world_size`, :func:`available_memory`;
-- who started us: :func:`world_layout` (rank, world size, nodes from torchrun or
-  SLURM), :func:`launched_externally`, :func:`inside_launch`, :func:`in_ipython`,
-  :func:`tpu_available`;
+  (how many ranks share them), :func:`available_memory`;
+- this process's surroundings: :func:`in_ipython`, :func:`tpu_available` (who launched
+  it, from torchrun's and SLURM's variables: :mod:`distkit.host.layout`, their one reader);
 - ignite's log lines: :class:`quiet_ignite_logs`, :func:`set_ignite_verbosity`;
 - GPUs hidden from the processes a gloo launch starts: :func:`cpu_only_processes`;
 - processes, from ``/proc`` (Linux): :func:`process_state`, :func:`process_alive`,
@@ -28,12 +27,10 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import sys
 import threading
 from contextlib import contextmanager
-from typing import NamedTuple
 
 from distkit.errors import DistkitError
 
@@ -113,11 +110,6 @@ def ranks_on_this_host() -> int:
     return sum(name == me for name in (names if isinstance(names, list) else [names]))
 
 
-def local_world_size() -> int:
-    """The processes a torchrun / SLURM launch started on this node (1 outside one)."""
-    return world_layout().local_world_size
-
-
 def available_memory() -> int | None:
     """Bytes of memory available now (``MemAvailable``), None where it cannot be read."""
     try:
@@ -131,101 +123,8 @@ def available_memory() -> int | None:
 
 
 # --------------------------------------------------------------------------------------
-# Who started this process
+# Process state, the interpreter, the TPU
 # --------------------------------------------------------------------------------------
-
-
-class WorldLayout(NamedTuple):
-    """Where this process stands in the launch that started it (:func:`world_layout`)."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    nnodes: int
-    node_rank: int
-    launcher: str
-    """``"torchrun"`` (or any launcher that sets ``WORLD_SIZE``), ``"slurm"`` (an ``srun``
-    job step) or ``"none"`` (this process alone: rank 0 of 1)."""
-
-
-def _tasks_on_this_node(environ, ntasks: int, nnodes: int, node_rank: int) -> int:
-    """SLURM's tasks on this node: ``SLURM_NTASKS_PER_NODE`` if given, else this node's
-    entry of ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"``: 2 tasks on each of 3 nodes, then 1),
-    else the tasks spread evenly."""
-    if environ.get("SLURM_NTASKS_PER_NODE", "").isdigit():
-        return int(environ["SLURM_NTASKS_PER_NODE"])
-    counts = []
-    for part in environ.get("SLURM_STEP_TASKS_PER_NODE", environ.get("SLURM_TASKS_PER_NODE", "")).split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if m:
-            counts += [int(m.group(1))] * int(m.group(2) or 1)
-    if node_rank < len(counts):
-        return counts[node_rank]
-    return max(1, ntasks // max(1, nnodes))
-
-
-def world_layout(environ=os.environ) -> WorldLayout:
-    """Rank, local rank, world size and nodes of this process, from torchrun's variables
-    (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) or, in
-    an ``srun`` job step, from SLURM's (``SLURM_PROCID``, ``SLURM_LOCALID``,
-    ``SLURM_NTASKS``, ``SLURM_NNODES``, ``SLURM_NODEID``, ``SLURM_NTASKS_PER_NODE`` /
-    ``SLURM_TASKS_PER_NODE``); rank 0 of 1 outside any launch. The one reading of the
-    launch that preflight, resume checks and the summary share (``srun`` sets no
-    ``WORLD_SIZE``: a resume read 1 there and was refused)::
-
-        >>> world_layout({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3",
-        ...               "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_NNODES": "2",
-        ...               "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "2(x2)"})[:6]
-        (3, 1, 4, 2, 2, 1)
-    """
-    if "WORLD_SIZE" in environ:
-        world = int(environ["WORLD_SIZE"])
-        local_world = int(environ.get("LOCAL_WORLD_SIZE", world))
-        rank = int(environ.get("RANK", "0"))
-        nnodes = max(1, -(-world // max(1, local_world)))
-        node_rank = int(environ.get("GROUP_RANK", rank // max(1, local_world)))
-        return WorldLayout(rank, int(environ.get("LOCAL_RANK", "0")), world, local_world,
-                           nnodes, node_rank, "torchrun")
-    if in_slurm_step(environ):
-        world = int(environ.get("SLURM_NTASKS", environ.get("SLURM_NPROCS", "1")))
-        nnodes = int(environ.get("SLURM_NNODES", environ.get("SLURM_JOB_NUM_NODES", "1")))
-        node_rank = int(environ.get("SLURM_NODEID", "0"))
-        return WorldLayout(int(environ["SLURM_PROCID"]), int(environ.get("SLURM_LOCALID", "0")),
-                           world, _tasks_on_this_node(environ, world, nnodes, node_rank),
-                           nnodes, node_rank, "slurm")
-    return WorldLayout(0, 0, 1, 1, 1, 0, "none")
-
-
-def in_slurm_step(environ=os.environ) -> bool:
-    """True in a task that ``srun`` started (a job step), not in the batch script itself."""
-    return "SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ and \
-        ("SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ)
-
-
-def check_not_sbatch_without_srun(environ=os.environ) -> None:
-    """Refuse ``distkit train`` run straight from an ``sbatch`` script of several tasks,
-    without ``srun``: that one process would wait for the other tasks' rendezvous until
-    it timed out (121 s), and they were never started."""
-    if "SLURM_JOB_ID" not in environ or in_slurm_step(environ) or "WORLD_SIZE" in environ:
-        return
-    ntasks = int(environ.get("SLURM_NTASKS", environ.get("SLURM_NPROCS", "1")) or 1)
-    if ntasks > 1:
-        raise DistkitError(
-            f"this is SLURM job {environ['SLURM_JOB_ID']}'s batch script, not a job step: its "
-            f"{ntasks} tasks start only under srun: write `srun python -m distkit train ...` "
-            "in the sbatch script (as scripts/slurm.sbatch does)")
-
-
-def launched_externally() -> bool:
-    """True inside a torchrun / torch.distributed launch or a SLURM job step."""
-    return "WORLD_SIZE" in os.environ or "SLURM_JOB_ID" in os.environ
-
-
-def inside_launch() -> bool:
-    """True in a process that torchrun (WORLD_SIZE) or a several-task ``srun`` started:
-    spawning more processes there would start a second, conflicting job per process."""
-    return "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
 
 
 def process_state(pid: int) -> str | None:

@@ -26,7 +26,8 @@ from distkit.config import Config
 from distkit.train.effective import check_settings
 from distkit.errors import DistkitError
 from distkit.observe.failures import Reporter, default_folder, for_function_callers
-from distkit.host.facts import inside_launch, launched_externally, ranks_on_this_host, threads_per_process
+from distkit.host.facts import ranks_on_this_host, threads_per_process
+from distkit.host.layout import inside_launch, launched_externally
 from distkit.launch.preflight import check_launch, check_picklable, preflight
 # The process-start core and its supervision live in distkit.launch.supervise; these names stay
 # importable from here, where courses and notebooks found them.

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from distkit.errors import DistkitError
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, check_address_resolves, check_port_free,
                              free_port, in_ipython, socket_interface, threads_per_process)
+from distkit.host.layout import WorldLayout, slurm_cpus_per_task, world_layout
 
 CPU_DEFAULT_NPROC = 2
 DEFAULT_PORT = 29500  # torchrun's, for several nodes
@@ -101,42 +102,12 @@ class Ranks:
         return {k: str(v) for k, v in values.items()} | self.extra_env
 
 
-def in_srun_step(environ=os.environ) -> bool:
-    """True in a task that ``srun`` started (not the batch script of ``sbatch`` itself)."""
-    return "SLURM_PROCID" in environ and "SLURM_STEP_NUM_TASKS" in environ \
-        and "WORLD_SIZE" not in environ
-
-
-def tasks_on_node(environ=os.environ) -> int:
-    """This node's tasks in the step: ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1`` form)."""
-    spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
-    node = int(environ.get("SLURM_NODEID", "0"))
-    if spec:
-        counts = []
-        for part in spec.split(","):
-            m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-            if m:
-                counts += [int(m.group(1))] * int(m.group(2) or 1)
-        if node < len(counts):
-            return counts[node]
-    if environ.get("SLURM_NTASKS_PER_NODE"):
-        return int(environ["SLURM_NTASKS_PER_NODE"])
-    nnodes = int(environ.get("SLURM_STEP_NUM_NODES", environ.get("SLURM_NNODES", "1")))
-    return max(1, int(environ["SLURM_STEP_NUM_TASKS"]) // max(1, nnodes))
-
-
-def slurm_ranks(backend: str, environ=os.environ) -> Ranks:
-    """torchrun's variables from srun's, for this task."""
-    from ignite.distributed.comp_models.native import _expand_hostlist
-
-    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "localhost")
-    addr = environ.get("MASTER_ADDR") or _expand_hostlist(nodelist)[0]
-    job = environ.get("SLURM_JOB_ID", environ.get("SLURM_JOBID", "0"))
-    port = int(environ.get("MASTER_PORT") or 15000 + int(job[-4:] or 0))
-    nnodes = int(environ.get("SLURM_STEP_NUM_NODES", environ.get("SLURM_NNODES", "1")))
-    return Ranks("slurm", int(environ["SLURM_PROCID"]), [int(environ.get("SLURM_LOCALID", "0"))],
-                 int(environ["SLURM_STEP_NUM_TASKS"]), tasks_on_node(environ),
-                 int(environ.get("SLURM_NODEID", "0")), nnodes, addr, port, backend)
+def layout_ranks(layout: WorldLayout, backend: str) -> Ranks:
+    """The one rank torchrun or ``srun`` started here, with torchrun's variables for it
+    (under SLURM: the master on the step's first host, as ignite puts it)."""
+    return Ranks(layout.launcher, layout.rank, [layout.local_rank], layout.world_size,
+                 layout.local_world_size, layout.node_rank, layout.nnodes,
+                 layout.master_addr or "127.0.0.1", layout.master_port or DEFAULT_PORT, backend)
 
 
 def _backend(backend: str) -> tuple[str, int]:
@@ -160,22 +131,16 @@ def plan_ranks(nproc_per_node=None, nnodes=1, node_rank=None, master_addr=None, 
     """The ranks to start here, checked: one line for a wrong count, node, address or port."""
     from distkit.config import Config
 
-    backend, gpus = _backend(backend)
-    inside = "WORLD_SIZE" in environ or in_srun_step(environ)
-    if inside:
+    layout = world_layout(environ)  # a garbage launcher variable: one line, before torch loads
+    if layout.launcher != "none":
         if nproc_per_node not in (None, 1) or nnodes != 1:
-            who = "torchrun" if "WORLD_SIZE" in environ else "srun"
+            who = "torchrun" if layout.launcher == "torchrun" else "srun"
             raise DistkitError(
                 f"--nproc-per-node/--nnodes inside a {who} launch, which starts the processes "
                 f"itself: drop them ({who} sets the counts), and distkit launch runs the script "
                 "once per task")
-        if in_srun_step(environ):
-            return slurm_ranks(backend, environ)
-        return Ranks("torchrun", int(environ.get("RANK", "0")), [int(environ.get("LOCAL_RANK", "0"))],
-                     int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_WORLD_SIZE", "1")),
-                     int(environ.get("GROUP_RANK", "0")), int(environ.get("GROUP_WORLD_SIZE", "1")),
-                     environ.get("MASTER_ADDR", "127.0.0.1"),
-                     int(environ.get("MASTER_PORT", DEFAULT_PORT)), backend)
+        return layout_ranks(layout, _backend(backend)[0])
+    backend, gpus = _backend(backend)
     if nproc_per_node is None:
         nproc_per_node = gpus if backend == "nccl" else CPU_DEFAULT_NPROC
     Config(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
@@ -205,7 +170,7 @@ def _child_env(ranks: Ranks, local_rank: int, folder: str, verbose: bool) -> dic
     env = dict(os.environ)
     env.update(ranks.env(local_rank))
     if "OMP_NUM_THREADS" not in os.environ:  # yours wins, as under torchrun
-        cpus = os.environ.get("SLURM_CPUS_PER_TASK") if ranks.mode == "slurm" else None
+        cpus = slurm_cpus_per_task() if ranks.mode == "slurm" else None
         env["OMP_NUM_THREADS"] = cpus or str(threads_per_process(ranks.local_world_size))
     if ranks.backend == "gloo":
         env.update(CPU_ONLY_ENVIRONMENT)

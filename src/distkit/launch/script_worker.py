@@ -33,6 +33,7 @@ import signal
 import sys
 import traceback
 
+from distkit.host.layout import world_layout
 from distkit.observe.failures import cause, write_traceback
 
 
@@ -50,9 +51,9 @@ def _end_with_parent(launcher_pid: int | None) -> None:
 
 
 def _report(error: BaseException) -> None:
-    rank, local_rank = os.environ.get("RANK", "0"), os.environ.get("LOCAL_RANK", "0")
-    nnodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
-    node = f", node {os.environ.get('GROUP_RANK', '0')} of {nnodes}" if nnodes > 1 else ""
+    layout = world_layout()  # the launcher set it, checked
+    rank, local_rank = layout.rank, layout.local_rank
+    node = f", node {layout.node_rank} of {layout.nnodes}" if layout.nnodes > 1 else ""
     folder = os.environ.get("DISTKIT_SCRIPT_REPORTS")
     path = write_traceback(folder, int(rank), error) if folder else None
     where = f"; full traceback in {path}" if path else ""
@@ -103,7 +104,7 @@ def main(argv: list[str]) -> int:
         try:
             tracer.finish()  # before leave(): the trace is on disk when the rank ends
         except Exception as e:  # noqa: BLE001 - the script's own result stands
-            sys.stderr.write(f"distkit: rank {os.environ.get('RANK', '0')}: could not write "
+            sys.stderr.write(f"distkit: rank {world_layout().rank}: could not write "
                              f"its trace: {type(e).__name__}: {e}\n")
     return code
 

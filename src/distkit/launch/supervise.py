@@ -35,7 +35,8 @@ from distkit.errors import DistkitError
 from distkit.observe.failures import RankFailed, Reporter, first_on_this_node, report_from_worker, run_reporting
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython,
                              process_state, restore_environment, set_ignite_verbosity, socket_interface,
-                             threads_per_process, world_layout)
+                             threads_per_process)
+from distkit.host.layout import elastic, world_layout
 from distkit.launch.preflight import Launch
 from distkit.launch.rendezvous import host_master_store, node0_waiting_line, wait_for_master
 
@@ -204,10 +205,10 @@ class bounded_wait:
         if self._done.wait(self.seconds):
             return
         layout = world_layout()
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        restart = elastic().restart_count
         sys.stderr.write(
             f"distkit: error: rank {layout.rank} could not {self.what} within --timeout "
-            f"{self.seconds - 15:g} s (+15){f' after torchrun restart {restart}' if restart != '0' else ''}: "
+            f"{self.seconds - 15:g} s (+15){f' after torchrun restart {restart}' if restart else ''}: "
             "a rank of this launch did not start or cannot be reached; with torchrun "
             "--max-restarts on several nodes, launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
             "and --rdzv-backend=c10d (scripts/torchrun_nnodes.sh)\n")
@@ -489,7 +490,7 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
     several_nodes = layout.nnodes > 1
     if several_nodes:
         try:
-            bind_to_interface_of_master(launch, os.environ.get("MASTER_ADDR"))
+            bind_to_interface_of_master(launch, layout.master_addr)
         except DistkitError as e:  # the same on every rank of this node: one line per node
             raise report_from_worker(e) from None
     if launch.backend == "gloo":  # this process is the rank: hide the GPUs before ignite's set_device
@@ -501,10 +502,10 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
         else:  # ignite takes the process group from the context (idist's functions)
             import torch.distributed as dist
 
-            dist.init_process_group(launch.backend, store=store, rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]), **_timeout(launch))
+            dist.init_process_group(launch.backend, store=store, rank=layout.rank,
+                                    world_size=layout.world_size, **_timeout(launch))
             if launch.backend == "nccl":
-                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+                torch.cuda.set_device(layout.local_rank)
     try:
         return run_reporting(reporter, fn, idist.get_local_rank(), *args)
     except signals.Preempted as e:  # every rank stopped at one iteration: one line per node
@@ -546,15 +547,14 @@ def attempt_store(timeout_s: float, environ=os.environ):
     agent, but agents on several nodes may count restarts differently (one restarts for
     its failed worker, another because a node waits), and ranks with different prefixes
     would never meet."""
-    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_PORT" not in environ:
-        return None
-    if environ.get("LOCAL_WORLD_SIZE") != environ.get("WORLD_SIZE"):
+    torchrun = elastic(environ)
+    if not torchrun.agent_store or torchrun.store is None or not torchrun.one_node:
         return None
     import torch.distributed as dist
 
-    client = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]),
-                           int(environ["WORLD_SIZE"]), False, timedelta(seconds=timeout_s))
-    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    addr, port, world = torchrun.store
+    client = dist.TCPStore(addr, port, world, False, timedelta(seconds=timeout_s))
+    restart = torchrun.restart_count
     return dist.PrefixStore(f"distkit/attempt-{restart}", client)  # keys: distkit/attempt-N/...
 
 

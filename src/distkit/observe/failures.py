@@ -40,6 +40,7 @@ import time
 import traceback
 
 from distkit.errors import DistkitError
+from distkit.host.layout import elastic, slurm_job, slurm_step_key, world_layout
 
 TRACEBACKS = "tracebacks"  # the folder inside the run folder
 
@@ -136,9 +137,8 @@ def write_traceback(folder: str, rank: int, error: BaseException) -> str | None:
 def default_folder() -> str:
     """Where tracebacks go when the run has no folder: one per launch (torchrun's run id,
     the SLURM job, else this process), under the system's temporary folder."""
-    tag = (os.environ.get("TORCHELASTIC_RUN_ID") or
-           (f"slurm{os.environ['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in os.environ else None) or
-           f"{os.getpid()}-{int(time.time())}")
+    job = slurm_job()
+    tag = elastic().run_id or (f"slurm{job}" if job else None) or f"{os.getpid()}-{int(time.time())}"
     return os.path.join(tempfile.gettempdir(), f"distkit-{tag}", TRACEBACKS)
 
 
@@ -325,7 +325,7 @@ def _rank() -> int:
 
         return idist.get_rank()
     except Exception:
-        return int(os.environ.get("RANK", "0"))
+        return world_layout().rank
 
 
 # --- under torchrun / SLURM: the worker reports itself ---------------------------------
@@ -333,16 +333,15 @@ def _rank() -> int:
 def first_on_this_node() -> bool:
     """True for the first worker of this node (and this start of the job) to fail: only
     it prints, so a node prints one line however many of its ranks fail after it."""
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file and "TORCHELASTIC_RUN_ID" in os.environ:
+    torchrun = elastic()
+    error_file = torchrun.error_file
+    if error_file and torchrun.run_id:
         # .../attempt_<k>/<local rank>/error.json: the attempt's folder is this agent's
         # (this node's, this start's) own, and torchrun removes it at the end
         marker = os.path.join(os.path.dirname(os.path.dirname(error_file)), "distkit-reported")
         return _create_once(marker)
-    if "SLURM_JOB_ID" in os.environ:
-        key = (f"slurm{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_STEP_ID', '0')}-"
-               f"{os.environ.get('SLURM_NODEID', '0')}")
-    else:
+    key = slurm_step_key()
+    if key is None:
         return True
     return _create_once(os.path.join(tempfile.gettempdir(), f"distkit-failed-{os.getuid()}-{key}"))
 
@@ -361,8 +360,9 @@ def write_error_file(line: str) -> None:
     """Record ``line`` in torchrun's per-worker error file, in the format
     ``torch.distributed.elastic.multiprocessing.errors.record`` writes; torchrun's
     summary prints its ``py_callstack`` as the root cause's "traceback"."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path or "TORCHELASTIC_RUN_ID" not in os.environ:
+    torchrun = elastic()
+    path = torchrun.error_file
+    if not path or not torchrun.run_id:
         return
     # Written whole, then renamed into place: torchrun reads the file as soon as it sees a
     # worker fail, and it may SIGTERM this worker mid-write (a rank killed first); an

@@ -30,6 +30,7 @@ import os
 import socket
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 from distkit.errors import DistkitError
@@ -158,6 +159,52 @@ def process_tree(pid: int) -> list[int]:
             found.append(child)
             frontier.append(child)
     return found
+
+
+# The process that ends a rank whose launcher died: started then, in a session of its own,
+# so that it outlives the rank it stops; plain Python, nothing to import.
+REAPER = """
+import os, signal, sys, time
+grace, pids = float(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+def signal_all(sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+signal_all(signal.SIGTERM)
+deadline = time.monotonic() + grace
+while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+    time.sleep(0.1)
+signal_all(signal.SIGKILL)
+"""
+
+
+def end_with_parent(grace_s: float = 10.0, parent: int | None = None) -> None:
+    """Make this process (a rank) end when its launcher dies, whatever it does: a
+    daemon thread sees the launcher go (within half a second) and starts a reaper in a
+    session of its own, which sends SIGTERM to this process and every process it started
+    (children in sessions of their own included: they are listed first, while they are
+    still this process's), then SIGKILL to any left ``grace_s`` seconds later. So a rank
+    that ignores SIGTERM, and the children of a rank that does not, end too.
+    ``parent``: the launcher's pid (default: the parent now); a launcher that died before
+    the call is acted on at once. Linux only (``/proc``); elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = parent or os.getppid()
+    threading.Thread(target=_reap_after_parent, args=(parent, grace_s), daemon=True,
+                     name="distkit-end-with-parent").start()
+
+
+def _reap_after_parent(parent: int, grace_s: float) -> None:
+    import subprocess
+
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    pids = [*process_tree(os.getpid()), os.getpid()]
+    subprocess.Popen([sys.executable, "-c", REAPER, repr(float(grace_s)), *map(str, pids)],
+                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
 
 
 def in_ipython() -> bool:

@@ -181,9 +181,9 @@ def _slurm_layout(environ) -> WorldLayout:
     if not job.isdigit():
         raise LayoutError("SLURM_JOB_ID", f"SLURM_JOB_ID={job!r} is not a job number: "
                                           f"{_fix('SLURM_JOB_ID')}")
+    port = _port(environ, "MASTER_PORT", 15000 + int(job[-4:] or 0))  # checked before ignite loads
     return WorldLayout(rank, local_rank, world, local_world, nnodes, node_rank, "slurm",
-                       _address(environ, "MASTER_ADDR", None) or _first_host(environ),
-                       _port(environ, "MASTER_PORT", 15000 + int(job[-4:] or 0)))
+                       _address(environ, "MASTER_ADDR", None) or _first_host(environ), port)
 
 
 def _first_host(environ) -> str:

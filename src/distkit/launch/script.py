@@ -49,7 +49,6 @@ From Python (a notebook cell: the ranks' output is relayed to the cell)::
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -61,8 +60,10 @@ from dataclasses import dataclass, field
 
 from distkit.errors import DistkitError
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, check_address_resolves, check_port_free,
-                             free_port, in_ipython, socket_interface, threads_per_process)
+                             free_port, in_ipython, process_alive, process_tree, socket_interface,
+                             threads_per_process)
 from distkit.host.layout import WorldLayout, slurm_cpus_per_task, world_layout
+from distkit.observe.failures import read_records
 
 CPU_DEFAULT_NPROC = 2
 DEFAULT_PORT = 29500  # torchrun's, for several nodes
@@ -233,16 +234,17 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     command = [sys.executable, "-m", "distkit.launch.script_worker", *target, *map(str, args)]
     relay = not _has_real_stdout()
     procs, threads = {}, []
-    previous_term = None
+    previous = {}
     in_main = threading.current_thread() is threading.main_thread()
-    if in_main:
+    if in_main:  # SIGHUP (a closed terminal or ssh session) is a stop like SIGTERM
         def on_term(signum, frame):
-            raise _Terminated()
-        previous_term = signal.signal(signal.SIGTERM, on_term)
+            raise _Terminated(signum)
+        previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         for local_rank in ranks.local_ranks:
             env = _child_env(ranks, local_rank, folder, verbose)
             env["DISTKIT_TIMEOUT"] = repr(float(timeout_s))
+            env["DISTKIT_GRACE"] = repr(float(grace_s))  # a rank outliving the launcher: SIGKILL after
             if run_dir is not None:
                 env["DISTKIT_TRACE"] = os.path.join(run_dir, "trace")
             p = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True,
@@ -264,9 +266,11 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
         stopped = _stop(procs, signal.SIGINT, grace_s)
         raise KeyboardInterrupt(f"forwarded Ctrl-C (SIGINT) to {stopped} rank(s) of {script}; "
                                 "every rank has ended") from None
-    except _Terminated:
+    except _Terminated as e:
         stopped = _stop(procs, signal.SIGTERM, grace_s)
-        raise ScriptStopped(f"got SIGTERM: forwarded it to {stopped} rank(s) of "
+        got = signal.Signals(e.args[0]).name if e.args else "SIGTERM"
+        what = "it" if got == "SIGTERM" else "SIGTERM"
+        raise ScriptStopped(f"got {got}: forwarded {what} to {stopped} rank(s) of "
                             f"{script}; every rank has ended") from None
     finally:
         _stop(procs, signal.SIGKILL, 0)  # nothing left behind, whatever happened
@@ -274,8 +278,8 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
             t.join(2)
         if run_dir is not None:  # the launch failed: no merged trace, no empty folder left
             _drop_if_empty(run_dir)
-        if in_main and previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def _trace_run_dir(ranks: Ranks, output_dir: str) -> str:
@@ -323,8 +327,12 @@ def _stop(procs: dict, sig, grace_s: float) -> int:
     """Send ``sig`` to every rank still running, wait up to ``grace_s``, then SIGKILL;
     returns how many were running."""
     running = [p for _, p in procs.values() if p.poll() is None]
+    # what the ranks started, sessions of their own included (a group signal misses those),
+    # listed while they are still the ranks' children
+    started = {pid for p in running for pid in process_tree(p.pid)}
     for p in running:
         _signal_group(p, sig)
+    _signal_each(started, sig)
     deadline = time.monotonic() + grace_s
     for p in running:
         try:
@@ -335,23 +343,26 @@ def _stop(procs: dict, sig, grace_s: float) -> int:
         if p.poll() is None:
             _signal_group(p, signal.SIGKILL)
             p.wait()
+    _signal_each([pid for pid in started if process_alive(pid)], signal.SIGKILL)
     return len(running)
 
 
-def _describe(rank: int, local_rank: int, code: int, folder: str, ranks: Ranks) -> str:
-    path = os.path.join(folder, f"rank{rank}.line")
-    if os.path.exists(path):
-        with open(path) as f:
-            return f.read().strip()
+def _signal_each(pids, sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:  # gone already
+            pass
+
+
+def _describe(rank: int, local_rank: int, code: int, records: dict, ranks: Ranks) -> str:
+    if rank in records:
+        return records[rank].message
     node = f", node {ranks.node_rank} of {ranks.nnodes}" if ranks.nnodes > 1 else ""
     who = f"rank {rank} (local rank {local_rank}{node})"
     if code < 0:
         return f"{who} was killed by {signal.Signals(-code).name}"
     return f"{who} exited with code {code} (see its output above)"
-
-
-_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
-                        r"timed out", re.IGNORECASE)
 
 
 def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, script) -> int:
@@ -368,12 +379,11 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
         if failed:
             # the first failure: stop the others now (they would wait on it in a collective)
             _stop(procs, signal.SIGTERM, min(grace_s, 3.0))
-            lines = [_describe(r, procs[r][0], codes[r], folder, ranks) for r in failed]
+            records = read_records(folder)
             # first the rank that failed first; of ranks ended in one poll, a rank that lost
             # its peer after the one that raised
-            order = sorted(range(len(failed)), key=lambda i: (seen[failed[i]],
-                                                              bool(_PEER_LOST.search(lines[i]))))
-            lines = [lines[i] for i in order]
+            failed.sort(key=lambda r: (seen[r], r in records and records[r].kind == "lost"))
+            lines = [_describe(r, procs[r][0], codes[r], records, ranks) for r in failed]
             lines[0] += "; the other ranks were stopped"
             for line in lines:
                 sys.stderr.write(f"distkit: error: {line}\n")

@@ -9,9 +9,9 @@ torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...) and
 ``DISTKIT_SCRIPT_REPORTS``, a folder where a rank whose script raises writes:
 
 - ``rank<R>.txt``: the full traceback;
-- ``rank<R>.line``: one line: the exception's type, its first line and the ``file:line``
-  in the user's script where it was raised (:func:`distkit.observe.failures.cause`), and the
-  traceback's path. The launcher prints it.
+- ``rank<R>.json``: its failure record (:class:`distkit.observe.failures.FailureRecord`:
+  the exception's type, its first line, the ``file:line`` in the user's script where it
+  was raised, the traceback's path, and the one line the launcher prints).
 
 Before the script runs, ``DISTKIT_TIMEOUT`` (the launcher's ``--timeout``, 120 s by
 default, as ``distkit train``) becomes the default timeout of every process group the
@@ -23,7 +23,8 @@ exception, reported in one line, instead of waiting forever on a rank that never
 
 The exit status is the script's: 0, its ``sys.exit`` code, 1 when it raised, 130 after
 Ctrl-C (the launcher has said so in one line). The worker ends when its launcher dies
-(Linux: ``PR_SET_PDEATHSIG``), so no rank is left behind.
+(:func:`distkit.host.facts.end_with_parent`: SIGTERM at once, SIGKILL of the rank and
+everything it started after the launcher's ``--grace``), so no rank is left behind.
 """
 from __future__ import annotations
 
@@ -33,21 +34,9 @@ import signal
 import sys
 import traceback
 
+from distkit.host.facts import end_with_parent
 from distkit.host.layout import world_layout
-from distkit.observe.failures import cause, write_traceback
-
-
-def _end_with_parent(launcher_pid: int | None) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if launcher_pid and os.getppid() != launcher_pid:  # the launcher died before prctl
-        os.kill(os.getpid(), signal.SIGTERM)
+from distkit.observe.failures import cause, record_of, write_record, write_traceback
 
 
 def _report(error: BaseException) -> None:
@@ -58,14 +47,8 @@ def _report(error: BaseException) -> None:
     path = write_traceback(folder, int(rank), error) if folder else None
     where = f"; full traceback in {path}" if path else ""
     line = f"rank {rank} (local rank {local_rank}{node}) raised {cause(error)}{where}"
-    if folder:
-        try:
-            partial = os.path.join(folder, f"rank{rank}.line.partial")
-            with open(partial, "w") as f:
-                f.write(line)
-            os.replace(partial, os.path.join(folder, f"rank{rank}.line"))
-        except OSError:
-            pass
+    write_record(folder, record_of(error, rank, local_rank, line, traceback_path=path,
+                                   node=layout.node_rank))
     if os.environ.get("DISTKIT_VERBOSE") == "1" or not folder:
         sys.stderr.write("".join(traceback.format_exception(type(error), error,
                                                             error.__traceback__)))
@@ -91,7 +74,7 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: python -m distkit.launch.script_worker SCRIPT [ARGS...] | -m MODULE [ARGS...]\n")
         return 2
     launcher = os.environ.get("DISTKIT_LAUNCHER_PID")
-    _end_with_parent(int(launcher) if launcher else None)
+    end_with_parent(float(os.environ.get("DISTKIT_GRACE", "10")), int(launcher) if launcher else None)
     if os.environ.get("DISTKIT_TIMEOUT"):
         bound_waits(float(os.environ["DISTKIT_TIMEOUT"]))
     tracer = None

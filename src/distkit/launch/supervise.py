@@ -13,13 +13,13 @@
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import os
-import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from contextlib import nullcontext
@@ -32,8 +32,9 @@ import torch
 from distkit.train import signals
 from distkit.checkpoint.saver import latest_checkpoint_in, remove_run_dir_if_empty
 from distkit.errors import DistkitError
-from distkit.observe.failures import RankFailed, Reporter, first_on_this_node, report_from_worker, run_reporting
-from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython,
+from distkit.observe.failures import (RankFailed, Reporter, first_on_this_node, read_records,
+                                     report_from_worker, run_reporting)
+from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, end_with_parent, in_ipython,
                              process_state, restore_environment, set_ignite_verbosity, socket_interface,
                              threads_per_process)
 from distkit.host.layout import elastic, world_layout
@@ -128,6 +129,8 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
     forwarding = ForwardStopSignals(before)
+    # each rank's failure record, read back below: how a rank's cause crosses to here
+    reporter.records = tempfile.mkdtemp(prefix="distkit-records-")
     try:
         if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
             # every wait bounded and said: the launchers meet at node 0's store, with the
@@ -170,7 +173,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
                 "the job was ended. Resume with --resume-from latest (the newest checkpoint "
                 "under --output-dir)") from None
         failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node,
-                                           config)
+                                           config, read_records(reporter.records))
         if forwarding.signum and not isinstance(failure, signals.Preempted):
             # the signal came before the workers could stop at an iteration (start-up)
             newest = latest_checkpoint_in(run_dir) if run_dir else None
@@ -189,6 +192,8 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         restore_environment(interface)
         del master_store  # node 0's store closes with the run
         _discard_if_empty(run_dir)
+        shutil.rmtree(reporter.records, ignore_errors=True)
+        reporter.records = None
 
 
 class bounded_wait:
@@ -266,8 +271,9 @@ def _own_session(local_rank, reporter, fn, *args):
     launcher only, which stops the workers itself (``stop_workers``).
 
     Why "ends with the launcher": outside the launcher's session a worker no longer gets
-    the terminal's hang-up, so it asks the kernel (Linux) for SIGTERM when its parent
-    dies: a killed launcher leaves no orphan training on."""
+    the terminal's hang-up, so it ends itself, and what it started, when its parent dies
+    (:func:`distkit.host.facts.end_with_parent`): a killed launcher leaves no orphan
+    training on."""
     for signum in signals.STOP_SIGNALS:  # a forked worker inherits the launcher's forwarding
         signal.signal(signum, signal.SIG_DFL)  # (training installs its own stop flag)
     if hasattr(os, "setsid"):
@@ -275,21 +281,8 @@ def _own_session(local_rank, reporter, fn, *args):
             os.setsid()
         except OSError:  # already a session leader
             pass
-    _end_with_parent()
+    end_with_parent()
     return run_reporting(reporter, fn, local_rank, *args)
-
-
-def _end_with_parent() -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the launcher was already gone before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class StoppedRankWatchdog:
@@ -559,14 +552,20 @@ def attempt_store(timeout_s: float, environ=os.environ):
 
 
 def describe_process_failure(error: Exception, node_rank: int, nproc: int,
-                             launch=None) -> DistkitError | None:
+                             launch=None, records: dict | None = None) -> DistkitError | None:
     """Turn torch.multiprocessing's report of a dead or failed child into one line that
-    names the rank. ``launch`` (its nnodes, master address and port, timeout): a
-    rendezvous that timed out is said as such."""
+    names the rank, from the ranks' failure records (``records``, by rank: see
+    :func:`failure_from_records`). ``launch`` (its nnodes, master address and port,
+    timeout): a rendezvous that timed out is said as such."""
     index = getattr(error, "error_index", None)
     if index is None:
         return None
     rank = node_rank * nproc + index
+    found = failure_from_records(records or {}, rank, index)
+    if found is not None:
+        return found
+    # No record: the process failed before the kit's code ran in it (ignite's or torch's
+    # own start-up), or could not write one; what torch passed up is all there is.
     text = str(error)
     if launch is not None and launch.nnodes > 1 and "DistStoreError" in text and (
             ("wait timeout" in text and "/default_pg/" in text) or "waiting for clients" in text):
@@ -575,8 +574,8 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int,
             f"{launch.master_port} within --timeout {launch.timeout_s:g} s (rank {rank} waited "
             f"for the others): start all {launch.nnodes} nodes within --timeout of each other, with "
             "the same --nnodes, --nproc-per-node, --master-addr and --master-port")
-    if launch is not None and launch.nnodes > 1 and "distkit.observe.failures.RankFailed" not in text and \
-            re.search(r"torch\.distributed\.Dist(Network|Store)Error", text):
+    if launch is not None and launch.nnodes > 1 and any(
+            f"torch.distributed.Dist{kind}Error" in text for kind in ("Network", "Store")):
         # raised before training started: while the process group formed
         first = next((ln for ln in text.splitlines() if "torch.distributed.Dist" in ln), "").strip()
         return DistkitError(
@@ -600,14 +599,26 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int,
     after_frames = [ln for ln in text[frames[-1] + 1:] if ln.strip() and not ln.startswith(" ")] \
         if frames else []
     last = after_frames[0] if after_frames else (text[-1] if text else repr(error))
-    m = re.match(r"^distkit\.signals\.Preempted: (.*)$", last)
-    if m:  # the ranks stopped at a signal, with a checkpoint
-        return signals.Preempted.from_line(m.group(1))
-    m = re.match(r"^distkit\.failures\.RankFailed: (.*)$", last)
-    if m:  # the rank's own line: type, first line, file:line, traceback file
-        return DistkitError(m.group(1))
-    m = re.match(r"^distkit\.errors\.DistkitError: (.*)$", last)
-    if m:
-        return DistkitError(f"rank {rank}: {m.group(1)}")
+    refused = "distkit.errors.DistkitError: "
+    if last.startswith(refused):  # a check that ran before the kit's reporting (no record)
+        return DistkitError(f"rank {rank}: {last[len(refused):]}")
     return DistkitError(f"rank {rank} (local rank {index}) failed: {last}")
+
+
+def failure_from_records(records: dict, rank: int, local_rank: int) -> DistkitError | None:
+    """The failure of the run, from the ranks' own records (:class:`FailureRecord`, by
+    rank): ``rank`` is the process torch saw end first. A rank that only lost its peer
+    or timed out waiting is a witness: the first record of a rank that failed itself is
+    named instead, when there is one. None when ``rank`` left no record."""
+    record = records.get(rank)
+    if record is None:
+        return None
+    if record.kind == "lost":
+        causes = [r for r in records.values() if r.kind != "lost"]
+        record = min(causes, key=lambda r: r.time) if causes else record
+    if record.kind == "stopped":
+        return signals.Preempted(record.message, record.signum or signal.SIGTERM, record.last_checkpoint)
+    if record.kind == "refused":
+        return DistkitError(f"rank {record.rank}: {record.message}")
+    return DistkitError(record.message)
 

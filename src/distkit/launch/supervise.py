@@ -360,6 +360,33 @@ def interrupted_message(run_dir: str | None, stopped: int) -> str:
     return f"stopped {stopped} worker process(es); {kept}"
 
 
+def write_result(folder: str, rank: int, value, kind: str = "rank") -> None:
+    """What ``rank`` hands back to its launcher: ``folder/<kind><rank>.pkl``, written whole
+    then renamed (a launcher never reads half a file: a rank can be stopped mid-write
+    when another fails first). One file per rank: XLA cannot gather Python objects."""
+    import pickle
+
+    path = os.path.join(folder, f"{kind}{rank}.pkl")
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(value, f)
+    os.replace(path + ".tmp", path)
+
+
+_MISSING = object()
+
+
+def read_result(folder: str, rank: int, kind: str = "rank", missing=_MISSING):
+    """What :func:`write_result` left for ``rank``; ``missing`` where it left nothing
+    (by default that raises ``FileNotFoundError``)."""
+    import pickle
+
+    path = os.path.join(folder, f"{kind}{rank}.pkl")
+    if missing is not _MISSING and not os.path.exists(path):
+        return missing
+    with open(path, "rb") as f:
+        return pickle.load(f)
+
+
 def _discard_if_empty(run_dir) -> None:
     """A run that ended before writing anything of value leaves no folder behind."""
     if run_dir:

@@ -256,7 +256,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
                 t = threading.Thread(target=_relay, args=(p.stdout, sys.stdout), daemon=True)
                 t.start()
                 threads.append(t)
-        code = _supervise(procs, ranks, folder, end_timeout_s, grace_s, script)
+        code = _supervise(procs, ranks, folder, end_timeout_s, grace_s, script, timeout_s)
         shutil.rmtree(folder, ignore_errors=True)  # no failure: no traceback to keep
         if run_dir is not None:
             _finish_trace(run_dir, ranks, script, args)
@@ -365,7 +365,24 @@ def _describe(rank: int, local_rank: int, code: int, records: dict, ranks: Ranks
     return f"{who} exited with code {code} (see its output above)"
 
 
-def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, script) -> int:
+def timeout_note(records: dict, failed: list, running: list, timeout_s: float) -> str | None:
+    """When the ranks that failed timed out waiting on the others: where the bound came
+    from, and the ranks still running then. Those never came to the collective (busy, or
+    spinning in their own code): the cause, not the ranks that waited for them."""
+    waited = [r for r in failed if r in records and records[r].kind == "lost"
+              and "timed out" in records[r].first_line.lower()]
+    if not waited:
+        return None
+    note = (f"rank {', '.join(map(str, waited))} waited the bound of distkit launch's --timeout "
+            f"{timeout_s:g} s (raise --timeout for waits that are longer)")
+    if running and len(waited) == len(failed):
+        note += (f"; rank {', '.join(map(str, running))} was not waiting: still running its own "
+                 "code then (busy, or spinning in a loop): look there first")
+    return note
+
+
+def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, script,
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     first_end = None
     seen = {}  # rank -> the poll at which it was first seen ended
     polls = 0
@@ -384,9 +401,14 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
             # its peer after the one that raised
             failed.sort(key=lambda r: (seen[r], r in records and records[r].kind == "lost"))
             lines = [_describe(r, procs[r][0], codes[r], records, ranks) for r in failed]
+            if all(records.get(r) and records[r].kind == "refused" for r in failed):
+                lines = lines[:1]  # every rank refused alike: one line says it
             lines[0] += "; the other ranks were stopped"
             for line in lines:
                 sys.stderr.write(f"distkit: error: {line}\n")
+            note = timeout_note(records, failed, [r for r, c in codes.items() if c is None], timeout_s)
+            if note:
+                sys.stderr.write(f"distkit: {note}\n")
             sys.stderr.flush()
             if ranks.mode == "torchrun":  # torchrun's summary names it as the root cause
                 from distkit.observe.failures import write_error_file

@@ -36,6 +36,7 @@ import traceback
 
 from distkit.host.facts import end_with_parent
 from distkit.host.layout import world_layout
+from distkit.errors import DistkitError
 from distkit.observe.failures import cause, record_of, write_record, write_traceback
 
 
@@ -44,6 +45,9 @@ def _report(error: BaseException) -> None:
     rank, local_rank = layout.rank, layout.local_rank
     node = f", node {layout.node_rank} of {layout.nnodes}" if layout.nnodes > 1 else ""
     folder = os.environ.get("DISTKIT_SCRIPT_REPORTS")
+    if isinstance(error, DistkitError):  # the kit's own refusal: its line names the fix
+        write_record(folder, record_of(error, rank, local_rank, str(error), node=layout.node_rank))
+        return
     path = write_traceback(folder, int(rank), error) if folder else None
     where = f"; full traceback in {path}" if path else ""
     line = f"rank {rank} (local rank {local_rank}{node}) raised {cause(error)}{where}"
@@ -53,6 +57,30 @@ def _report(error: BaseException) -> None:
         sys.stderr.write("".join(traceback.format_exception(type(error), error,
                                                             error.__traceback__)))
         sys.stderr.flush()
+
+
+def refuse_own_processes(world_size: int) -> None:
+    """A script that starts its own processes (``torch.multiprocessing.spawn``,
+    ``idist.Parallel(nproc_per_node=N)``: both go through ``start_processes``) inside a
+    launch of several ranks would start N processes per rank, all fighting over one
+    master port: refuse it in one line where it starts them. In a launch of one rank it
+    runs as written."""
+    if world_size < 2:
+        return
+    import torch.multiprocessing as mp
+
+    spawn = sys.modules["torch.multiprocessing.spawn"]  # (mp.spawn is the function, not it)
+
+    def refuse(fn, args=(), nprocs=1, *rest, **kwargs):
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "the script"
+        raise DistkitError(
+            f"{script} starts {nprocs} processes of its own (torch.multiprocessing / "
+            f"idist.Parallel(nproc_per_node=...)), and distkit launch already started "
+            f"{world_size} ranks of it: run it once, `distkit launch --nproc-per-node 1 "
+            f"{script}` (or `python {script}`), or remove its own process start and let "
+            "distkit launch start the ranks")
+
+    mp.start_processes = spawn.start_processes = refuse
 
 
 def bound_waits(timeout_s: float) -> None:
@@ -77,6 +105,7 @@ def main(argv: list[str]) -> int:
     end_with_parent(float(os.environ.get("DISTKIT_GRACE", "10")), int(launcher) if launcher else None)
     if os.environ.get("DISTKIT_TIMEOUT"):
         bound_waits(float(os.environ["DISTKIT_TIMEOUT"]))
+    refuse_own_processes(world_layout().world_size)
     tracer = None
     if os.environ.get("DISTKIT_TRACE"):
         from distkit.observe.script_tracing import start_from_environment

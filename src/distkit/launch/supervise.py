@@ -92,35 +92,9 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     config = launch  # the process fields, under the names Config gives them
     # Spawned processes inherit this: one thread pool per process, never oversubscribed.
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads(config)))
-    spawn_kwargs = _timeout(launch)
-    if start_method is None and _fork_is_safe(config):
-        # Forked workers start with torch, ignite and the kit already imported: the
-        # workers were ready 3.5 s after the command started instead of 13.7 s with
-        # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
-        start_method = "fork"
-    if start_method is not None:
-        spawn_kwargs["start_method"] = start_method
-    forking = start_method == "fork" or (start_method is None and in_ipython())
-    if forking and torch.cuda.is_initialized():  # (never initialises CUDA itself)
-        # A forked child cannot use CUDA once this process has (on a GPU runtime, a
-        # notebook that trained in its kernel has). Spawned children start fresh: take
-        # them when nobody asked for fork and what they run can be imported.
-        unimportable = first_unimportable((fn, args))
-        if start_method is not None or unimportable is not None:
-            raise DistkitError(
-                "CUDA is already initialised in this process, and a forked child cannot use it"
-                + (f" ({getattr(unimportable, '__qualname__', unimportable)!r} is defined in this "
-                   "session, so it cannot be spawned instead)" if unimportable is not None else "")
-                + ": restart the kernel and start the processes before any cell touches the GPU, "
-                "or put the function in a module and import it from there")
-        start_method, forking = "spawn", False
-        spawn_kwargs["start_method"] = "spawn"
-    if not forking:  # ignite forks under IPython; elsewhere spawned workers import fn
-        check_spawned_can_import("the training function", (fn, args))
+    spawn_kwargs = {**_timeout(launch), **_start_method(config, fn, args, start_method)}
     interface, master_store = None, None
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
-    # torch's "Terminating process N via signal SIGTERM" when one worker ends first: the
-    # launcher's own line says what happened
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")
     spawn_level = spawn_log.level
     if not config.verbose:  # "Terminating process N via signal SIGTERM": the kit's line says it
@@ -132,23 +106,8 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     # each rank's failure record, read back below: how a rank's cause crosses to here
     reporter.records = tempfile.mkdtemp(prefix="distkit-records-")
     try:
-        if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
-            # every wait bounded and said: the launchers meet at node 0's store, with the
-            # same layout, before any process starts (distkit.launch.rendezvous)
-            if config.node_rank:
-                wait_for_master(config.master_addr, config.master_port, config.timeout_s,
-                                config.node_rank, nnodes=config.nnodes,
-                                nproc_per_node=config.nproc_per_node)
-            else:
-                print(node0_waiting_line(config.nnodes, config.master_addr, config.master_port,
-                                         config.timeout_s), flush=True)
-                master_store = host_master_store(config.master_addr, config.master_port,
-                                                 config.nnodes, config.nproc_per_node,
-                                                 config.timeout_s)
-            interface = bind_to_interface_of_master(config, config.master_addr) or {}  # inherited
-            # the workers' rendezvous store is node 0's launcher's (torch's env:// reads it)
-            interface.setdefault(AGENT_STORE, os.environ.get(AGENT_STORE))
-            os.environ[AGENT_STORE] = "True"
+        if config.nnodes > 1:
+            interface, master_store = _meet_other_nodes(config)
         with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
                 idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
                                nnodes=config.nnodes, node_rank=config.node_rank,
@@ -164,24 +123,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         raise KeyboardInterrupt(interrupted_message(run_dir, stopped)) from None
     except Exception as e:
         watchdog.finish()
-        first = (config.node_rank or 0) * config.nproc_per_node
-        if watchdog.stopped:
-            ranks = ", ".join(str(first + r) for r in watchdog.stopped)
-            raise DistkitError(
-                f"rank {ranks} stopped answering (its process was stopped: SIGSTOP, Ctrl-Z or a "
-                f"debugger); the other ranks gave up after --timeout {config.timeout_s:g} s and "
-                "the job was ended. Resume with --resume-from latest (the newest checkpoint "
-                "under --output-dir)") from None
-        failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node,
-                                           config, read_records(reporter.records))
-        if forwarding.signum and not isinstance(failure, signals.Preempted):
-            # the signal came before the workers could stop at an iteration (start-up)
-            newest = latest_checkpoint_in(run_dir) if run_dir else None
-            failure = signals.Preempted(
-                f"stopped by {signals.name(forwarding.signum)} before training reached an "
-                f"iteration it could stop at ({failure or type(e).__name__}); "
-                + (f"checkpoint: {newest}" if newest else "no checkpoint was written"),
-                forwarding.signum, newest)
+        failure = _spawn_failure(e, config, watchdog, forwarding, reporter, run_dir)
         if failure is None:
             raise
         raise failure from None
@@ -194,6 +136,78 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         _discard_if_empty(run_dir)
         shutil.rmtree(reporter.records, ignore_errors=True)
         reporter.records = None
+
+
+def _start_method(config, fn, args, start_method: str | None) -> dict:
+    """``{"start_method": ...}`` for ``idist.Parallel`` (empty: ignite's default), checked:
+    fork where it is safe, spawn where CUDA is already initialised here."""
+    if start_method is None and _fork_is_safe(config):
+        # Forked workers start with torch, ignite and the kit already imported: the
+        # workers were ready 3.5 s after the command started instead of 13.7 s with
+        # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
+        start_method = "fork"
+    forking = start_method == "fork" or (start_method is None and in_ipython())
+    if forking and torch.cuda.is_initialized():  # (never initialises CUDA itself)
+        # A forked child cannot use CUDA once this process has (on a GPU runtime, a
+        # notebook that trained in its kernel has). Spawned children start fresh: take
+        # them when nobody asked for fork and what they run can be imported.
+        unimportable = first_unimportable((fn, args))
+        if start_method is not None or unimportable is not None:
+            raise DistkitError(
+                "CUDA is already initialised in this process, and a forked child cannot use it"
+                + (f" ({getattr(unimportable, '__qualname__', unimportable)!r} is defined in this "
+                   "session, so it cannot be spawned instead)" if unimportable is not None else "")
+                + ": restart the kernel and start the processes before any cell touches the GPU, "
+                "or put the function in a module and import it from there")
+        start_method, forking = "spawn", False
+    if not forking:  # ignite forks under IPython; elsewhere spawned workers import fn
+        check_spawned_can_import("the training function", (fn, args))
+    return {} if start_method is None else {"start_method": start_method}
+
+
+def _meet_other_nodes(config) -> tuple[dict, object]:
+    """Before any process starts on a run of several nodes: the launchers meet at node 0's
+    store with the same layout (every wait bounded and said, :mod:`distkit.launch.rendezvous`),
+    and gloo is bound to the interface the other nodes reach. Returns the variables to
+    restore afterwards and node 0's store (None elsewhere), which lives as long as the run."""
+    master_store = None
+    if config.node_rank:
+        wait_for_master(config.master_addr, config.master_port, config.timeout_s,
+                        config.node_rank, nnodes=config.nnodes, nproc_per_node=config.nproc_per_node)
+    else:
+        print(node0_waiting_line(config.nnodes, config.master_addr, config.master_port,
+                                 config.timeout_s), flush=True)
+        master_store = host_master_store(config.master_addr, config.master_port, config.nnodes,
+                                         config.nproc_per_node, config.timeout_s)
+    interface = bind_to_interface_of_master(config, config.master_addr) or {}  # inherited
+    # the workers' rendezvous store is node 0's launcher's (torch's env:// reads it)
+    interface.setdefault(AGENT_STORE, os.environ.get(AGENT_STORE))
+    os.environ[AGENT_STORE] = "True"
+    return interface, master_store
+
+
+def _spawn_failure(e: Exception, config, watchdog, forwarding, reporter, run_dir) -> DistkitError | None:
+    """The one line for a spawned run that ended in ``e``: a stopped rank, the ranks'
+    failure records, or a stop signal that came before training could stop at an iteration."""
+    first = (config.node_rank or 0) * config.nproc_per_node
+    if watchdog.stopped:
+        ranks = ", ".join(str(first + r) for r in watchdog.stopped)
+        return DistkitError(
+            f"rank {ranks} stopped answering (its process was stopped: SIGSTOP, Ctrl-Z or a "
+            f"debugger); the other ranks gave up after --timeout {config.timeout_s:g} s and "
+            "the job was ended. Resume with --resume-from latest (the newest checkpoint "
+            "under --output-dir)")
+    failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node,
+                                       config, read_records(reporter.records))
+    if forwarding.signum and not isinstance(failure, signals.Preempted):
+        # the signal came before the workers could stop at an iteration (start-up)
+        newest = latest_checkpoint_in(run_dir) if run_dir else None
+        failure = signals.Preempted(
+            f"stopped by {signals.name(forwarding.signum)} before training reached an "
+            f"iteration it could stop at ({failure or type(e).__name__}); "
+            + (f"checkpoint: {newest}" if newest else "no checkpoint was written"),
+            forwarding.signum, newest)
+    return failure
 
 
 class bounded_wait:

@@ -201,15 +201,16 @@ def load_verified(path, **kwargs):
 
 
 def remove_run_dir_if_empty(run_dir) -> bool:
-    """Remove a run folder that holds nothing of value: no complete checkpoint and no
-    results (an empty ``checkpoints/`` or the temporary file of an interrupted save do
-    not count). Failures after start-up then leave no empty folders behind; a rank's
-    traceback (``tracebacks/``, whose path its failure line gives) is kept."""
+    """Remove a run folder that holds nothing of value: no complete checkpoint, no
+    results and no recorded trace (an empty ``checkpoints/`` or the temporary file of an
+    interrupted save do not count). Failures after start-up then leave no empty folders
+    behind; a rank's traceback (``tracebacks/``, whose path its failure line gives) is
+    kept. The one such rule for ``distkit train``'s and ``distkit launch --trace``'s runs."""
     import shutil
 
     path = Path(run_dir)
     if not path.is_dir() or latest_checkpoint_in(path) or (path / "results.json").exists() \
-            or any(path.glob("tracebacks/*.txt")):
+            or any(path.glob("tracebacks/*.txt")) or any(path.glob("trace/*.json")):
         return False
     shutil.rmtree(path, ignore_errors=True)
     return True

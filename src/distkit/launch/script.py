@@ -277,7 +277,9 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
         for t in threads:
             t.join(2)
         if run_dir is not None:  # the launch failed: no merged trace, no empty folder left
-            _drop_if_empty(run_dir)
+            from distkit.checkpoint.saver import remove_run_dir_if_empty
+
+            remove_run_dir_if_empty(run_dir)
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
@@ -308,12 +310,6 @@ def _finish_trace(run_dir: str, ranks: Ranks, script: str, args) -> None:
     else:
         record(run_dir, script, args, ranks.world_size, paths)
     print(line, flush=True)
-
-
-def _drop_if_empty(run_dir: str) -> None:
-    trace = os.path.join(run_dir, "trace")
-    if not (os.path.isdir(trace) and any(n.endswith(".json") for n in os.listdir(trace))):
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _signal_group(p, sig) -> None:

@@ -243,7 +243,7 @@ def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir, group=True) 
     import multiprocessing
     import time
 
-    from distkit.host.facts import free_port
+    from distkit.host.facts import free_port, stop_processes
 
     context = multiprocessing.get_context(start_method())
     port, world = free_port(), nnodes * nproc_per_node
@@ -268,10 +268,7 @@ def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir, group=True) 
             break
         time.sleep(0.05)
     hung = failed_at is None and any(p.is_alive() for p in processes)
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-        p.join(5)
+    stop_processes(processes, grace_s=5)
     if hung:
         return (f"{HUNG}: the check's processes were still running after "
                 f"{COLLECTIVE_TIMEOUT_S + 60:.0f} s and were stopped")

@@ -60,7 +60,7 @@ from dataclasses import dataclass, field
 
 from distkit.errors import DistkitError
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, check_address_resolves, check_port_free,
-                             free_port, in_ipython, process_alive, process_tree, socket_interface,
+                             free_port, in_ipython, socket_interface, stop_processes,
                              threads_per_process)
 from distkit.host.layout import WorldLayout, slurm_cpus_per_task, world_layout
 from distkit.observe.failures import read_records
@@ -312,43 +312,10 @@ def _finish_trace(run_dir: str, ranks: Ranks, script: str, args) -> None:
     print(line, flush=True)
 
 
-def _signal_group(p, sig) -> None:
-    try:
-        os.killpg(p.pid, sig)  # the rank and whatever it started (data-loader workers)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _stop(procs: dict, sig, grace_s: float) -> int:
-    """Send ``sig`` to every rank still running, wait up to ``grace_s``, then SIGKILL;
-    returns how many were running."""
-    running = [p for _, p in procs.values() if p.poll() is None]
-    # what the ranks started, sessions of their own included (a group signal misses those),
-    # listed while they are still the ranks' children
-    started = {pid for p in running for pid in process_tree(p.pid)}
-    for p in running:
-        _signal_group(p, sig)
-    _signal_each(started, sig)
-    deadline = time.monotonic() + grace_s
-    for p in running:
-        try:
-            p.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for p in running:
-        if p.poll() is None:
-            _signal_group(p, signal.SIGKILL)
-            p.wait()
-    _signal_each([pid for pid in started if process_alive(pid)], signal.SIGKILL)
-    return len(running)
-
-
-def _signal_each(pids, sig) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except OSError:  # gone already
-            pass
+    """Send ``sig`` to every rank still running and what it started, wait up to
+    ``grace_s``, then SIGKILL; returns how many were running."""
+    return stop_processes([p for _, p in procs.values()], sig, grace_s, group=True, tree=True)
 
 
 def _describe(rank: int, local_rank: int, code: int, records: dict, ranks: Ranks) -> str:

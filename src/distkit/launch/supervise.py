@@ -35,6 +35,7 @@ from distkit.errors import DistkitError
 from distkit.observe.failures import (RankFailed, Reporter, first_on_this_node, read_records,
                                      report_from_worker, run_reporting)
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, end_with_parent, in_ipython,
+                             stop_processes,
                              process_state, restore_environment, set_ignite_verbosity, socket_interface,
                              threads_per_process)
 from distkit.host.layout import elastic, world_layout
@@ -342,28 +343,9 @@ class StoppedRankWatchdog:
 
 
 def stop_workers(children, grace_s: float = 3.0) -> int:
-    """Stop these child processes (SIGTERM, then SIGKILL after ``grace_s``) and reap
-    them; a repeated Ctrl-C meanwhile is ignored, so the cleanup cannot be cut short.
-    Returns how many were running."""
-    children = [c for c in children if c.is_alive()]
-    if not children:
-        return 0
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
-    try:
-        for child in children:
-            child.terminate()
-        deadline = time.monotonic() + grace_s
-        for child in children:
-            child.join(max(0.0, deadline - time.monotonic()))
-        for child in children:
-            if child.is_alive():
-                child.kill()
-                child.join(2.0)
-    finally:
-        if in_main:
-            signal.signal(signal.SIGINT, previous)
-    return len(children)
+    """Stop these worker processes (SIGTERM, then SIGKILL after ``grace_s``) and reap
+    them (:func:`distkit.host.facts.stop_processes`). Returns how many were running."""
+    return stop_processes(children, signal.SIGTERM, grace_s)
 
 
 def interrupted_message(run_dir: str | None, stopped: int) -> str:

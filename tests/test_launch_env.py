@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
 from conftest import REPO_ROOT, subprocess_env, within_seconds
@@ -122,6 +122,7 @@ def slurm_env(draw):
 @settings(max_examples=200, deadline=None, print_blob=True)
 @given(torchrun_env())
 def test_a_torchrun_launch_is_read_as_set(env):
+    note(f"replay: DISTKIT_ENV_SEED={SEED} pytest tests/test_launch_env.py")
     layout = world_layout(env)
     assert (layout.rank, layout.local_rank, layout.world_size, layout.local_world_size,
             layout.node_rank, layout.nnodes, layout.master_port) == tuple(int(env[k]) for k in (
@@ -134,6 +135,7 @@ def test_a_torchrun_launch_is_read_as_set(env):
 @settings(max_examples=100, deadline=None, print_blob=True)
 @given(slurm_env())
 def test_a_slurm_step_is_read_as_set(env):
+    note(f"replay: DISTKIT_ENV_SEED={SEED} pytest tests/test_launch_env.py")
     layout = world_layout(env)
     assert (layout.rank, layout.local_rank, layout.world_size, layout.nnodes, layout.node_rank) == \
         tuple(int(env[k]) for k in ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_NNODES",
@@ -205,6 +207,7 @@ def assert_one_line_naming(message: str, name: str) -> None:
 @settings(max_examples=300, deadline=None, print_blob=True)
 @given(garbage_env())
 def test_garbage_is_refused_in_one_line_naming_the_variable(case):
+    note(f"replay: DISTKIT_ENV_SEED={SEED} pytest tests/test_launch_env.py")
     name, env = case
     with pytest.raises(LayoutError) as e:
         world_layout(env)
@@ -237,6 +240,7 @@ def run_command(args, env, cwd) -> tuple[subprocess.CompletedProcess, float]:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(case=garbage_env())
 def test_the_commands_refuse_garbage_in_one_line(command, case, tmp_path):
+    note(f"replay: DISTKIT_ENV_SEED={SEED} pytest tests/test_launch_env.py")
     name, env = case
     # rank 0 of the launch, where the drawn variable is not this rank's own: rank 0 is
     # the one that says what every rank refused

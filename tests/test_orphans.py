@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, given, note, seed, settings
 from hypothesis import strategies as st
 
 from conftest import subprocess_env, within_seconds
@@ -63,6 +63,7 @@ def _wait_for_pids(folder, timeout):
 @given(sig=st.sampled_from([signal.SIGKILL, signal.SIGTERM, signal.SIGHUP]),
        behaviour=st.sampled_from(["ignores-sigterm", "forks", "new-session"]))
 def test_nothing_outlives_the_launcher(sig, behaviour, tmp_path_factory):
+    note(f"replay: DISTKIT_ORPHAN_SEED={SEED} pytest tests/test_orphans.py")
     folder = tmp_path_factory.mktemp("orphans")
     (folder / "script.py").write_text(SCRIPT)
     env = {k: v for k, v in subprocess_env().items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}

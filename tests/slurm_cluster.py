@@ -41,15 +41,11 @@ from pathlib import Path
 
 import pytest
 
+from distkit.host.facts import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _first_job_id() -> int:
@@ -148,8 +144,8 @@ class SlurmCluster:
             "AuthType=auth/munge",
             f"AuthInfo=socket={munge_socket}",
             "CredType=cred/munge",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
             f"StateSaveLocation={f / 'spool' / 'ctld'}",
             f"SlurmdSpoolDir={f / 'spool' / 'd'}",
             f"SlurmctldPidFile={f / 'slurmctld.pid'}",

@@ -6,7 +6,6 @@ End to end: two nodes on loopback through the CLI for a few flags and a task fil
 from __future__ import annotations
 
 import dataclasses
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import pytest
 from conftest import subprocess_env
 from distkit.train.agreement import PER_NODE, setting_label
 from distkit.config import BACKENDS, DATASETS, LOGGERS, MODELS, STRATEGIES, Config
+from distkit.host.facts import free_port
 
 CHOICES = {"backend": BACKENDS, "dataset": DATASETS, "model": MODELS, "logger": LOGGERS,
            "strategy": STRATEGIES}
@@ -124,12 +124,6 @@ def test_per_node_fields_are_config_fields():
 
 
 # --- end to end: two nodes on loopback --------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 TASK = '''
 import torch

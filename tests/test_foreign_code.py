@@ -312,7 +312,8 @@ def launch(args, cwd, timeout=240, env=None, **kwargs):
 
 
 def test_slurm_variables_map_to_torchruns():
-    from distkit.launch.script import plan_ranks, tasks_on_node
+    from distkit.host.layout import tasks_on_node
+    from distkit.launch.script import plan_ranks
 
     env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
            "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NUM_NODES": "2",

@@ -49,7 +49,7 @@ def test_layout_of_real_srun_and_torchrun_tasks(tmp_path):
     import subprocess
     import sys
 
-    code = "import json, distkit.host.facts as m; print(json.dumps(m.world_layout()._asdict()))"
+    code = "import json, distkit.host.layout as m; print(json.dumps(m.world_layout()._asdict()))"
     envs = [clean_env(**slurm_env(procid=i, ntasks=4, localid=i, nnodes=2, nodeid=0),
                       SLURM_TASKS_PER_NODE="2(x2)") for i in range(2)]
     envs.append(clean_env(RANK=5, LOCAL_RANK=1, WORLD_SIZE=8, LOCAL_WORLD_SIZE=4, GROUP_RANK=1))

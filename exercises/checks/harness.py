@@ -29,7 +29,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import pickle
 import shutil
 import sys
 import tempfile
@@ -237,14 +236,6 @@ def _warm_for_fork() -> None:
     _WARM.append(True)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir, group=True) -> str:
     """Start every rank of every node, wait for them; '' when all ended well, else what
     went wrong. A rank that fails gets the others stopped within a few seconds. With
@@ -252,8 +243,10 @@ def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir, group=True) 
     import multiprocessing
     import time
 
+    from distkit.host.facts import free_port, stop_processes
+
     context = multiprocessing.get_context(start_method())
-    port, world = _free_port(), nnodes * nproc_per_node
+    port, world = free_port(), nnodes * nproc_per_node
     processes = []
     for node in range(nnodes):
         for local in range(nproc_per_node):
@@ -275,10 +268,7 @@ def _start_nodes(target, args, nnodes, nproc_per_node, reports_dir, group=True) 
             break
         time.sleep(0.05)
     hung = failed_at is None and any(p.is_alive() for p in processes)
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-        p.join(5)
+    stop_processes(processes, grace_s=5)
     if hung:
         return (f"{HUNG}: the check's processes were still running after "
                 f"{COLLECTIVE_TIMEOUT_S + 60:.0f} s and were stopped")
@@ -305,11 +295,10 @@ def _node_rank_main(env, check, reports_dir, check_args, group=True):
     if group:
         idist.initialize("gloo", timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S))
     try:
+        from distkit.launch.supervise import write_result
+
         value = _rank_main(int(env.get("LOCAL_RANK", 0)), check, reports_dir, check_args)
-        path = os.path.join(reports_dir, f"rank{env.get('RANK', 0)}.pkl")
-        with open(path + ".tmp", "wb") as f:
-            pickle.dump(value, f)
-        os.replace(path + ".tmp", path)
+        write_result(reports_dir, int(env.get("RANK", 0)), value)
     except BaseException:
         os._exit(1)  # reported by _rank_main; do not wait on the others in finalize
     if group:
@@ -317,11 +306,9 @@ def _node_rank_main(env, check, reports_dir, check_args, group=True):
 
 
 def _read_results(reports_dir: Path, world: int) -> list:
-    values = []
-    for rank in range(world):
-        with open(reports_dir / f"rank{rank}.pkl", "rb") as f:
-            values.append(pickle.load(f))
-    return values
+    from distkit.launch.supervise import read_result
+
+    return [read_result(str(reports_dir), rank) for rank in range(world)]
 
 
 def _finished(reports_dir: Path, world: int) -> list:
@@ -342,10 +329,9 @@ def _rank_main(local_rank, check, reports_dir, check_args):
         # then renamed into place: when another rank fails first, torch.multiprocessing
         # SIGTERMs this one, and a half-written file made the parent fail on
         # "EOFError: Ran out of input" instead of naming the learner's mistake (seen in CI).
-        path = os.path.join(reports_dir, f"error{idist.get_rank()}.pkl")
-        with open(path + ".tmp", "wb") as f:
-            pickle.dump(_describe(error), f)
-        os.replace(path + ".tmp", path)
+        from distkit.launch.supervise import write_result
+
+        write_result(reports_dir, idist.get_rank(), _describe(error), kind="error")
         raise  # torch.multiprocessing then stops the other ranks instead of leaving them waiting
 
 
@@ -386,13 +372,10 @@ def _short_path(filename: str) -> str:
 
 
 def _read_reports(reports_dir: Path, nproc: int) -> dict:
-    reports = {}
-    for r in range(nproc):
-        path = reports_dir / f"error{r}.pkl"
-        if path.exists():
-            with open(path, "rb") as f:
-                reports[r] = pickle.load(f)
-    return reports
+    from distkit.launch.supervise import read_result
+
+    reports = {r: read_result(str(reports_dir), r, kind="error", missing=None) for r in range(nproc)}
+    return {r: report for r, report in reports.items() if report is not None}
 
 
 def _port_taken(reports, error) -> bool:

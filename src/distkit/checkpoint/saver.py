@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from distkit.errors import DistkitError
-from distkit.host.facts import world_layout
+from distkit.host.layout import elastic, world_layout
 
 CHECKPOINT_PREFIX = "training"
 LATEST = "latest"
@@ -201,15 +201,16 @@ def load_verified(path, **kwargs):
 
 
 def remove_run_dir_if_empty(run_dir) -> bool:
-    """Remove a run folder that holds nothing of value: no complete checkpoint and no
-    results (an empty ``checkpoints/`` or the temporary file of an interrupted save do
-    not count). Failures after start-up then leave no empty folders behind; a rank's
-    traceback (``tracebacks/``, whose path its failure line gives) is kept."""
+    """Remove a run folder that holds nothing of value: no complete checkpoint, no
+    results and no recorded trace (an empty ``checkpoints/`` or the temporary file of an
+    interrupted save do not count). Failures after start-up then leave no empty folders
+    behind; a rank's traceback (``tracebacks/``, whose path its failure line gives) is
+    kept. The one such rule for ``distkit train``'s and ``distkit launch --trace``'s runs."""
     import shutil
 
     path = Path(run_dir)
     if not path.is_dir() or latest_checkpoint_in(path) or (path / "results.json").exists() \
-            or any(path.glob("tracebacks/*.txt")):
+            or any(path.glob("tracebacks/*.txt")) or any(path.glob("trace/*.json")):
         return False
     shutil.rmtree(path, ignore_errors=True)
     return True
@@ -246,9 +247,9 @@ def resolve_resume_from(config):
             f"--resume-from latest: the newest loadable checkpoint under {config.output_dir!r} ({path}) ends "
             "a finished run, so there is nothing to resume: give a new job its own --output-dir")
     if world_layout().rank == 0:
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        restart = elastic().restart_count if elastic().run_id else None
         where = f"resuming from {path}" if path else "no checkpoint yet: starting from scratch"
-        print(f"--resume-from latest{f' (TORCHELASTIC_RESTART_COUNT={restart})' if restart else ''}: {where}",
+        print(f"--resume-from latest{f' (TORCHELASTIC_RESTART_COUNT={restart})' if restart is not None else ''}: {where}",
               flush=True)
         warning = restart_store_warning()
         if warning:
@@ -267,9 +268,8 @@ def restart_store_warning() -> str | None:
     attempt's group meets under a prefix of its own (``supervise.attempt_store``), 10 of 10
     restarts on the shared store in ``benchmarks/torchrun_restarts.py``; so the warning is
     for runs of several nodes only."""
-    several_nodes = os.environ.get("LOCAL_WORLD_SIZE") != os.environ.get("WORLD_SIZE")
-    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and several_nodes and \
-            os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+    torchrun = elastic()
+    if torchrun.max_restarts > 0 and not torchrun.one_node and torchrun.agent_store:
         return ("torchrun --max-restarts with a store shared across restarts: a restart may fail "
                 "to reconnect; launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun "
                 "--rdzv-backend=c10d, as scripts/torchrun_nnodes.sh does")

@@ -83,17 +83,17 @@ def report_error(error: DistkitError) -> None:
     leaves the line in torchrun's error file, so the summary torchrun prints names it as
     the root cause, whichever rank exited first (torchrun's own summary block cannot be
     silenced from inside a worker)."""
-    import os
+    from distkit.host.layout import claimed_rank, elastic, in_slurm_step
 
     line = f"distkit: error: {error}"
-    under_torchrun = "TORCHELASTIC_RUN_ID" in os.environ
+    torchrun = elastic()
+    under_torchrun = torchrun.run_id is not None
     # under torchrun or srun every rank refuses alike: one line per run, from rank 0
-    rank = os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))
-    if not ((under_torchrun or "SLURM_PROCID" in os.environ)
-            and getattr(error, "every_rank", False) and rank != "0"):
+    if not ((under_torchrun or in_slurm_step()) and getattr(error, "every_rank", False)
+            and claimed_rank() != "0"):
         sys.stderr.write(line + "\n")
         sys.stderr.flush()
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    path = torchrun.error_file
     if under_torchrun and path:
         import json
         import time

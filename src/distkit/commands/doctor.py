@@ -4,18 +4,16 @@ from __future__ import annotations
 import os
 import platform
 
+from distkit.host import layout
+
 # Variables a launcher sets (torchrun, idist.Parallel, SLURM's srun, torch-xla) or that
 # change how processes start; doctor shows those set, so a learner sees what a run will join.
-LAUNCHER_VARIABLES = ("OMP_NUM_THREADS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                      "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-                      "CUDA_VISIBLE_DEVICES", "PJRT_DEVICE")
+LAUNCHER_VARIABLES = layout.LAUNCHER_VARIABLES + ("CUDA_VISIBLE_DEVICES", "PJRT_DEVICE")
 
 
 def launcher_environment(environ=os.environ) -> dict:
     """The launcher variables set here, and every ``SLURM_*`` one."""
-    names = [n for n in LAUNCHER_VARIABLES if n in environ]
-    names += sorted(n for n in environ if n.startswith("SLURM_"))
-    return {n: environ[n] for n in names}
+    return layout.launcher_variables(environ, LAUNCHER_VARIABLES)
 
 
 def memory_gib() -> dict:
@@ -55,7 +53,7 @@ def network_interface(environ=os.environ) -> str:
 
     backend = "nccl" if environ.get("NCCL_SOCKET_IFNAME") and not environ.get("GLOO_SOCKET_IFNAME") \
         else "gloo"
-    master = environ.get("MASTER_ADDR")
+    master = layout.launcher_variables(environ).get("MASTER_ADDR")
     target = master or "198.51.100.1"  # any outside address: the default route's interface
     try:
         pick = socket_interface(backend, target, environ)
@@ -100,8 +98,7 @@ def report() -> dict:
         "backends": usable,
         "backends_built": built,
         "colab": "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ,
-        "launched_by": ("torchrun" if "TORCHELASTIC_RUN_ID" in os.environ else
-                        "slurm" if "SLURM_JOB_ID" in os.environ else None),
+        "launched_by": layout.launched_by(),
         "environment": launcher_environment(),
         "compat_applied": list(APPLIED),
     }

@@ -133,7 +133,7 @@ def main(args) -> int:
     import torch
 
     from distkit.launch.entry import run
-    from distkit.host.facts import world_layout
+    from distkit.host.layout import world_layout
     from distkit.observe.reporting import run_summary
 
     # This process only launches (or, joined to torchrun, trains and sets its own count):

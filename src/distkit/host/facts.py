@@ -7,10 +7,9 @@ nor ignite (those that need ignite import it inside the function), so the comman
 - ports and addresses: :func:`free_port`, :func:`check_port_free`,
   :func:`check_address_resolves`;
 - cores: :func:`threads_per_process` (this process's share), :func:`ranks_on_this_host`
-  (how many ranks share them), :func:`local_world_size`, :func:`available_memory`;
-- who started us: :func:`world_layout` (rank, world size, nodes from torchrun or
-  SLURM), :func:`launched_externally`, :func:`inside_launch`, :func:`in_ipython`,
-  :func:`tpu_available`;
+  (how many ranks share them), :func:`available_memory`;
+- this process's surroundings: :func:`in_ipython`, :func:`tpu_available` (who launched
+  it, from torchrun's and SLURM's variables: :mod:`distkit.host.layout`, their one reader);
 - ignite's log lines: :class:`quiet_ignite_logs`, :func:`set_ignite_verbosity`;
 - GPUs hidden from the processes a gloo launch starts: :func:`cpu_only_processes`;
 - processes, from ``/proc`` (Linux): :func:`process_state`, :func:`process_alive`,
@@ -28,12 +27,11 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
 import sys
 import threading
+import time
 from contextlib import contextmanager
-from typing import NamedTuple
 
 from distkit.errors import DistkitError
 
@@ -113,11 +111,6 @@ def ranks_on_this_host() -> int:
     return sum(name == me for name in (names if isinstance(names, list) else [names]))
 
 
-def local_world_size() -> int:
-    """The processes a torchrun / SLURM launch started on this node (1 outside one)."""
-    return world_layout().local_world_size
-
-
 def available_memory() -> int | None:
     """Bytes of memory available now (``MemAvailable``), None where it cannot be read."""
     try:
@@ -131,101 +124,8 @@ def available_memory() -> int | None:
 
 
 # --------------------------------------------------------------------------------------
-# Who started this process
+# Process state, the interpreter, the TPU
 # --------------------------------------------------------------------------------------
-
-
-class WorldLayout(NamedTuple):
-    """Where this process stands in the launch that started it (:func:`world_layout`)."""
-
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    nnodes: int
-    node_rank: int
-    launcher: str
-    """``"torchrun"`` (or any launcher that sets ``WORLD_SIZE``), ``"slurm"`` (an ``srun``
-    job step) or ``"none"`` (this process alone: rank 0 of 1)."""
-
-
-def _tasks_on_this_node(environ, ntasks: int, nnodes: int, node_rank: int) -> int:
-    """SLURM's tasks on this node: ``SLURM_NTASKS_PER_NODE`` if given, else this node's
-    entry of ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"``: 2 tasks on each of 3 nodes, then 1),
-    else the tasks spread evenly."""
-    if environ.get("SLURM_NTASKS_PER_NODE", "").isdigit():
-        return int(environ["SLURM_NTASKS_PER_NODE"])
-    counts = []
-    for part in environ.get("SLURM_STEP_TASKS_PER_NODE", environ.get("SLURM_TASKS_PER_NODE", "")).split(","):
-        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-        if m:
-            counts += [int(m.group(1))] * int(m.group(2) or 1)
-    if node_rank < len(counts):
-        return counts[node_rank]
-    return max(1, ntasks // max(1, nnodes))
-
-
-def world_layout(environ=os.environ) -> WorldLayout:
-    """Rank, local rank, world size and nodes of this process, from torchrun's variables
-    (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``) or, in
-    an ``srun`` job step, from SLURM's (``SLURM_PROCID``, ``SLURM_LOCALID``,
-    ``SLURM_NTASKS``, ``SLURM_NNODES``, ``SLURM_NODEID``, ``SLURM_NTASKS_PER_NODE`` /
-    ``SLURM_TASKS_PER_NODE``); rank 0 of 1 outside any launch. The one reading of the
-    launch that preflight, resume checks and the summary share (``srun`` sets no
-    ``WORLD_SIZE``: a resume read 1 there and was refused)::
-
-        >>> world_layout({"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3",
-        ...               "SLURM_LOCALID": "1", "SLURM_NTASKS": "4", "SLURM_NNODES": "2",
-        ...               "SLURM_NODEID": "1", "SLURM_TASKS_PER_NODE": "2(x2)"})[:6]
-        (3, 1, 4, 2, 2, 1)
-    """
-    if "WORLD_SIZE" in environ:
-        world = int(environ["WORLD_SIZE"])
-        local_world = int(environ.get("LOCAL_WORLD_SIZE", world))
-        rank = int(environ.get("RANK", "0"))
-        nnodes = max(1, -(-world // max(1, local_world)))
-        node_rank = int(environ.get("GROUP_RANK", rank // max(1, local_world)))
-        return WorldLayout(rank, int(environ.get("LOCAL_RANK", "0")), world, local_world,
-                           nnodes, node_rank, "torchrun")
-    if in_slurm_step(environ):
-        world = int(environ.get("SLURM_NTASKS", environ.get("SLURM_NPROCS", "1")))
-        nnodes = int(environ.get("SLURM_NNODES", environ.get("SLURM_JOB_NUM_NODES", "1")))
-        node_rank = int(environ.get("SLURM_NODEID", "0"))
-        return WorldLayout(int(environ["SLURM_PROCID"]), int(environ.get("SLURM_LOCALID", "0")),
-                           world, _tasks_on_this_node(environ, world, nnodes, node_rank),
-                           nnodes, node_rank, "slurm")
-    return WorldLayout(0, 0, 1, 1, 1, 0, "none")
-
-
-def in_slurm_step(environ=os.environ) -> bool:
-    """True in a task that ``srun`` started (a job step), not in the batch script itself."""
-    return "SLURM_JOB_ID" in environ and "SLURM_PROCID" in environ and \
-        ("SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ)
-
-
-def check_not_sbatch_without_srun(environ=os.environ) -> None:
-    """Refuse ``distkit train`` run straight from an ``sbatch`` script of several tasks,
-    without ``srun``: that one process would wait for the other tasks' rendezvous until
-    it timed out (121 s), and they were never started."""
-    if "SLURM_JOB_ID" not in environ or in_slurm_step(environ) or "WORLD_SIZE" in environ:
-        return
-    ntasks = int(environ.get("SLURM_NTASKS", environ.get("SLURM_NPROCS", "1")) or 1)
-    if ntasks > 1:
-        raise DistkitError(
-            f"this is SLURM job {environ['SLURM_JOB_ID']}'s batch script, not a job step: its "
-            f"{ntasks} tasks start only under srun: write `srun python -m distkit train ...` "
-            "in the sbatch script (as scripts/slurm.sbatch does)")
-
-
-def launched_externally() -> bool:
-    """True inside a torchrun / torch.distributed launch or a SLURM job step."""
-    return "WORLD_SIZE" in os.environ or "SLURM_JOB_ID" in os.environ
-
-
-def inside_launch() -> bool:
-    """True in a process that torchrun (WORLD_SIZE) or a several-task ``srun`` started:
-    spawning more processes there would start a second, conflicting job per process."""
-    return "WORLD_SIZE" in os.environ or int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1
 
 
 def process_state(pid: int) -> str | None:
@@ -259,6 +159,118 @@ def process_tree(pid: int) -> list[int]:
             found.append(child)
             frontier.append(child)
     return found
+
+
+def stop_processes(processes, sig: int = 15, grace_s: float = 3.0, group: bool = False,
+                   tree: bool = False) -> int:
+    """Stop these child processes (``multiprocessing.Process`` or ``subprocess.Popen``):
+    ``sig`` (SIGTERM by default) to each (``group``: to its process group, which holds
+    what it started in its session; ``tree``: also to everything it started, sessions of
+    its own included, listed from ``/proc`` first, while they are still its children);
+    SIGKILL to any left after ``grace_s``; each reaped. A repeated Ctrl-C meanwhile is ignored, so the cleanup
+    cannot be cut short. Returns how many were running. The one way the launchers, the
+    harness and the tests' helpers stop processes."""
+    import signal
+
+    running = [p for p in processes if _running(p)]
+    if not running:
+        return 0
+    started = {pid for p in running for pid in process_tree(p.pid)} if tree else set()
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
+    try:
+        for p in running:
+            _send(p.pid, sig, group)
+        _signal_each(started, sig)
+        deadline = time.monotonic() + grace_s
+        for p in running:
+            _wait(p, max(0.0, deadline - time.monotonic()))
+        for p in running:
+            if _running(p):
+                _send(p.pid, signal.SIGKILL, group)
+                _wait(p, 5.0)
+        _signal_each([pid for pid in started if process_alive(pid)], signal.SIGKILL)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+    return len(running)
+
+
+def _running(p) -> bool:
+    return p.poll() is None if hasattr(p, "poll") else p.is_alive()
+
+
+def _wait(p, timeout: float) -> None:
+    if hasattr(p, "poll"):
+        import subprocess
+
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    else:
+        p.join(timeout)
+
+
+def _send(pid: int, sig: int, group: bool) -> None:
+    try:
+        os.killpg(pid, sig) if group else os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_each(pids, sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:  # gone already
+            pass
+
+
+# The process that ends a rank whose launcher died: started then, in a session of its own,
+# so that it outlives the rank it stops; plain Python, nothing to import.
+REAPER = """
+import os, signal, sys, time
+grace, pids = float(sys.argv[1]), [int(p) for p in sys.argv[2:]]
+def signal_all(sig):
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+signal_all(signal.SIGTERM)
+deadline = time.monotonic() + grace
+while time.monotonic() < deadline and any(os.path.exists(f"/proc/{p}") for p in pids):
+    time.sleep(0.1)
+signal_all(signal.SIGKILL)
+"""
+
+
+def end_with_parent(grace_s: float = 10.0, parent: int | None = None) -> None:
+    """Make this process (a rank) end when its launcher dies, whatever it does: a
+    daemon thread sees the launcher go (within half a second) and starts a reaper in a
+    session of its own, which sends SIGTERM to this process and every process it started
+    (children in sessions of their own included: they are listed first, while they are
+    still this process's), then SIGKILL to any left ``grace_s`` seconds later. So a rank
+    that ignores SIGTERM, and the children of a rank that does not, end too.
+    ``parent``: the launcher's pid (default: the parent now); a launcher that died before
+    the call is acted on at once. Linux only (``/proc``); elsewhere nothing."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = parent or os.getppid()
+    threading.Thread(target=_reap_after_parent, args=(parent, grace_s), daemon=True,
+                     name="distkit-end-with-parent").start()
+
+
+def _reap_after_parent(parent: int, grace_s: float) -> None:
+    import subprocess
+
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    pids = [*process_tree(os.getpid()), os.getpid()]
+    subprocess.Popen([sys.executable, "-c", REAPER, repr(float(grace_s)), *map(str, pids)],
+                     start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
 
 
 def in_ipython() -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
 import tempfile
 
 import ignite.distributed as idist
@@ -26,13 +25,15 @@ from distkit.config import Config
 from distkit.train.effective import check_settings
 from distkit.errors import DistkitError
 from distkit.observe.failures import Reporter, default_folder, for_function_callers
-from distkit.host.facts import inside_launch, launched_externally, ranks_on_this_host, threads_per_process
+from distkit.host.facts import ranks_on_this_host, threads_per_process
+from distkit.host.layout import inside_launch, launched_externally
 from distkit.launch.preflight import check_launch, check_picklable, preflight
 # The process-start core and its supervision live in distkit.launch.supervise; these names stay
 # importable from here, where courses and notebooks found them.
 from distkit.launch.supervise import (_fork_is_safe, check_spawned_can_import,  # noqa: F401
                                describe_process_failure, first_unimportable, fork_threads,
                                openmp_pool_forks_cleanly, prepare_fork, start, stop_workers)
+from distkit.launch.supervise import read_result, write_result
 from distkit.launch.script import call_with_kits_group
 from distkit.tasks import resolve_task
 from distkit.train.training import training
@@ -182,20 +183,13 @@ def _recorded(local_rank, fn, threads, folder, all_ranks, *args):
     """``fn`` in a spawned rank; its value written to ``folder`` (rank 0's, or every rank's)."""
     value = pinned(local_rank, fn, threads, *args)
     if all_ranks or idist.get_rank() == 0:
-        path = os.path.join(folder, f"rank{idist.get_rank()}.pkl")
-        with open(path + ".tmp", "wb") as f:
-            pickle.dump(value, f)
-        os.replace(path + ".tmp", path)  # the launcher never reads half a file
+        write_result(folder, idist.get_rank(), value)
     return value
 
 
 def _read_recorded(folder, launch, all_ranks):
     def read(rank):
-        path = os.path.join(folder, f"rank{rank}.pkl")
-        if not os.path.exists(path):
-            return None
-        with open(path, "rb") as f:
-            return pickle.load(f)
+        return read_result(folder, rank, missing=None)
 
     if all_ranks:
         first = (launch.node_rank or 0) * launch.nproc_per_node

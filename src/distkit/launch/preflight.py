@@ -34,9 +34,9 @@ from distkit.config import check_strategy
 from distkit.builtin.data import VAL_SIZE, fetch_torchvision
 from distkit.errors import DistkitError
 from distkit.host.facts import (available_memory, check_address_resolves, check_port_free, free_port,
-                             in_ipython, inside_launch, launched_externally, local_world_size,
-                             check_not_sbatch_without_srun, world_layout,
-                             tpu_available)
+                             in_ipython, tpu_available)
+from distkit.host.layout import (check_not_sbatch_without_srun, elastic, inside_launch,
+                                 launched_externally, local_world_size, world_layout)
 
 CPU_DEFAULT_NPROC = 2
 
@@ -205,7 +205,7 @@ def check_training(config, launch: Launch, task=None):
 def restarted_by_torchrun() -> bool:
     """True in a worker group that ``torchrun --max-restarts`` started again after a
     failure (``TORCHELASTIC_RESTART_COUNT`` > 0): the same command, the same run."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+    return elastic().restart_count > 0
 
 
 def dataset_sizes(config, task=None) -> tuple[int, int] | None:

@@ -21,8 +21,6 @@ Example (a script: under spawn ``fn`` must be importable, hence the ``__main__``
 """
 from __future__ import annotations
 
-import os
-import pickle
 import tempfile
 
 import ignite.distributed as idist
@@ -32,6 +30,7 @@ from distkit.observe.failures import Reporter, default_folder
 from distkit.launch.entry import pinned, prepare_fork, start
 from distkit.host.facts import quiet_ignite_logs
 from distkit.launch.preflight import check_launch
+from distkit.launch.supervise import read_result, write_result
 
 
 def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
@@ -56,20 +55,12 @@ def run_per_rank(fn, nproc_per_node: int = 2, backend: str = "gloo", *args,
 
 
 def _read_per_rank(folder, nproc_per_node):
-    values = []
-    for rank in range(nproc_per_node):
-        with open(os.path.join(folder, f"rank{rank}.pkl"), "rb") as f:
-            values.append(pickle.load(f))
-    return values
+    return [read_result(folder, rank) for rank in range(nproc_per_node)]
 
 
 def _record_worker(local_rank, fn, folder, args, kwargs):
     with quiet_ignite_logs():  # a spawned rank starts with ignite's default levels
         value = fn(local_rank, *args, **kwargs)
-    # One file per rank (every backend can do that on one machine; XLA cannot gather objects).
-    path = os.path.join(folder, f"rank{idist.get_rank()}.pkl")
-    with open(path + ".tmp", "wb") as f:
-        pickle.dump(value, f)
-    os.replace(path + ".tmp", path)
+    write_result(folder, idist.get_rank(), value)
 
 

@@ -49,7 +49,6 @@ From Python (a notebook cell: the ranks' output is relayed to the cell)::
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -61,7 +60,10 @@ from dataclasses import dataclass, field
 
 from distkit.errors import DistkitError
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, check_address_resolves, check_port_free,
-                             free_port, in_ipython, socket_interface, threads_per_process)
+                             free_port, in_ipython, socket_interface, stop_processes,
+                             threads_per_process)
+from distkit.host.layout import WorldLayout, slurm_cpus_per_task, world_layout
+from distkit.observe.failures import read_records
 
 CPU_DEFAULT_NPROC = 2
 DEFAULT_PORT = 29500  # torchrun's, for several nodes
@@ -101,42 +103,12 @@ class Ranks:
         return {k: str(v) for k, v in values.items()} | self.extra_env
 
 
-def in_srun_step(environ=os.environ) -> bool:
-    """True in a task that ``srun`` started (not the batch script of ``sbatch`` itself)."""
-    return "SLURM_PROCID" in environ and "SLURM_STEP_NUM_TASKS" in environ \
-        and "WORLD_SIZE" not in environ
-
-
-def tasks_on_node(environ=os.environ) -> int:
-    """This node's tasks in the step: ``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1`` form)."""
-    spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
-    node = int(environ.get("SLURM_NODEID", "0"))
-    if spec:
-        counts = []
-        for part in spec.split(","):
-            m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
-            if m:
-                counts += [int(m.group(1))] * int(m.group(2) or 1)
-        if node < len(counts):
-            return counts[node]
-    if environ.get("SLURM_NTASKS_PER_NODE"):
-        return int(environ["SLURM_NTASKS_PER_NODE"])
-    nnodes = int(environ.get("SLURM_STEP_NUM_NODES", environ.get("SLURM_NNODES", "1")))
-    return max(1, int(environ["SLURM_STEP_NUM_TASKS"]) // max(1, nnodes))
-
-
-def slurm_ranks(backend: str, environ=os.environ) -> Ranks:
-    """torchrun's variables from srun's, for this task."""
-    from ignite.distributed.comp_models.native import _expand_hostlist
-
-    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "localhost")
-    addr = environ.get("MASTER_ADDR") or _expand_hostlist(nodelist)[0]
-    job = environ.get("SLURM_JOB_ID", environ.get("SLURM_JOBID", "0"))
-    port = int(environ.get("MASTER_PORT") or 15000 + int(job[-4:] or 0))
-    nnodes = int(environ.get("SLURM_STEP_NUM_NODES", environ.get("SLURM_NNODES", "1")))
-    return Ranks("slurm", int(environ["SLURM_PROCID"]), [int(environ.get("SLURM_LOCALID", "0"))],
-                 int(environ["SLURM_STEP_NUM_TASKS"]), tasks_on_node(environ),
-                 int(environ.get("SLURM_NODEID", "0")), nnodes, addr, port, backend)
+def layout_ranks(layout: WorldLayout, backend: str) -> Ranks:
+    """The one rank torchrun or ``srun`` started here, with torchrun's variables for it
+    (under SLURM: the master on the step's first host, as ignite puts it)."""
+    return Ranks(layout.launcher, layout.rank, [layout.local_rank], layout.world_size,
+                 layout.local_world_size, layout.node_rank, layout.nnodes,
+                 layout.master_addr or "127.0.0.1", layout.master_port or DEFAULT_PORT, backend)
 
 
 def _backend(backend: str) -> tuple[str, int]:
@@ -160,22 +132,16 @@ def plan_ranks(nproc_per_node=None, nnodes=1, node_rank=None, master_addr=None, 
     """The ranks to start here, checked: one line for a wrong count, node, address or port."""
     from distkit.config import Config
 
-    backend, gpus = _backend(backend)
-    inside = "WORLD_SIZE" in environ or in_srun_step(environ)
-    if inside:
+    layout = world_layout(environ)  # a garbage launcher variable: one line, before torch loads
+    if layout.launcher != "none":
         if nproc_per_node not in (None, 1) or nnodes != 1:
-            who = "torchrun" if "WORLD_SIZE" in environ else "srun"
+            who = "torchrun" if layout.launcher == "torchrun" else "srun"
             raise DistkitError(
                 f"--nproc-per-node/--nnodes inside a {who} launch, which starts the processes "
                 f"itself: drop them ({who} sets the counts), and distkit launch runs the script "
                 "once per task")
-        if in_srun_step(environ):
-            return slurm_ranks(backend, environ)
-        return Ranks("torchrun", int(environ.get("RANK", "0")), [int(environ.get("LOCAL_RANK", "0"))],
-                     int(environ["WORLD_SIZE"]), int(environ.get("LOCAL_WORLD_SIZE", "1")),
-                     int(environ.get("GROUP_RANK", "0")), int(environ.get("GROUP_WORLD_SIZE", "1")),
-                     environ.get("MASTER_ADDR", "127.0.0.1"),
-                     int(environ.get("MASTER_PORT", DEFAULT_PORT)), backend)
+        return layout_ranks(layout, _backend(backend)[0])
+    backend, gpus = _backend(backend)
     if nproc_per_node is None:
         nproc_per_node = gpus if backend == "nccl" else CPU_DEFAULT_NPROC
     Config(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
@@ -205,7 +171,7 @@ def _child_env(ranks: Ranks, local_rank: int, folder: str, verbose: bool) -> dic
     env = dict(os.environ)
     env.update(ranks.env(local_rank))
     if "OMP_NUM_THREADS" not in os.environ:  # yours wins, as under torchrun
-        cpus = os.environ.get("SLURM_CPUS_PER_TASK") if ranks.mode == "slurm" else None
+        cpus = slurm_cpus_per_task() if ranks.mode == "slurm" else None
         env["OMP_NUM_THREADS"] = cpus or str(threads_per_process(ranks.local_world_size))
     if ranks.backend == "gloo":
         env.update(CPU_ONLY_ENVIRONMENT)
@@ -268,16 +234,17 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     command = [sys.executable, "-m", "distkit.launch.script_worker", *target, *map(str, args)]
     relay = not _has_real_stdout()
     procs, threads = {}, []
-    previous_term = None
+    previous = {}
     in_main = threading.current_thread() is threading.main_thread()
-    if in_main:
+    if in_main:  # SIGHUP (a closed terminal or ssh session) is a stop like SIGTERM
         def on_term(signum, frame):
-            raise _Terminated()
-        previous_term = signal.signal(signal.SIGTERM, on_term)
+            raise _Terminated(signum)
+        previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         for local_rank in ranks.local_ranks:
             env = _child_env(ranks, local_rank, folder, verbose)
             env["DISTKIT_TIMEOUT"] = repr(float(timeout_s))
+            env["DISTKIT_GRACE"] = repr(float(grace_s))  # a rank outliving the launcher: SIGKILL after
             if run_dir is not None:
                 env["DISTKIT_TRACE"] = os.path.join(run_dir, "trace")
             p = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True,
@@ -289,7 +256,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
                 t = threading.Thread(target=_relay, args=(p.stdout, sys.stdout), daemon=True)
                 t.start()
                 threads.append(t)
-        code = _supervise(procs, ranks, folder, end_timeout_s, grace_s, script)
+        code = _supervise(procs, ranks, folder, end_timeout_s, grace_s, script, timeout_s)
         shutil.rmtree(folder, ignore_errors=True)  # no failure: no traceback to keep
         if run_dir is not None:
             _finish_trace(run_dir, ranks, script, args)
@@ -299,18 +266,22 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
         stopped = _stop(procs, signal.SIGINT, grace_s)
         raise KeyboardInterrupt(f"forwarded Ctrl-C (SIGINT) to {stopped} rank(s) of {script}; "
                                 "every rank has ended") from None
-    except _Terminated:
+    except _Terminated as e:
         stopped = _stop(procs, signal.SIGTERM, grace_s)
-        raise ScriptStopped(f"got SIGTERM: forwarded it to {stopped} rank(s) of "
+        got = signal.Signals(e.args[0]).name if e.args else "SIGTERM"
+        what = "it" if got == "SIGTERM" else "SIGTERM"
+        raise ScriptStopped(f"got {got}: forwarded {what} to {stopped} rank(s) of "
                             f"{script}; every rank has ended") from None
     finally:
         _stop(procs, signal.SIGKILL, 0)  # nothing left behind, whatever happened
         for t in threads:
             t.join(2)
         if run_dir is not None:  # the launch failed: no merged trace, no empty folder left
-            _drop_if_empty(run_dir)
-        if in_main and previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
+            from distkit.checkpoint.saver import remove_run_dir_if_empty
+
+            remove_run_dir_if_empty(run_dir)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
 def _trace_run_dir(ranks: Ranks, output_dir: str) -> str:
@@ -341,43 +312,15 @@ def _finish_trace(run_dir: str, ranks: Ranks, script: str, args) -> None:
     print(line, flush=True)
 
 
-def _drop_if_empty(run_dir: str) -> None:
-    trace = os.path.join(run_dir, "trace")
-    if not (os.path.isdir(trace) and any(n.endswith(".json") for n in os.listdir(trace))):
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-
-def _signal_group(p, sig) -> None:
-    try:
-        os.killpg(p.pid, sig)  # the rank and whatever it started (data-loader workers)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
 def _stop(procs: dict, sig, grace_s: float) -> int:
-    """Send ``sig`` to every rank still running, wait up to ``grace_s``, then SIGKILL;
-    returns how many were running."""
-    running = [p for _, p in procs.values() if p.poll() is None]
-    for p in running:
-        _signal_group(p, sig)
-    deadline = time.monotonic() + grace_s
-    for p in running:
-        try:
-            p.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
-    for p in running:
-        if p.poll() is None:
-            _signal_group(p, signal.SIGKILL)
-            p.wait()
-    return len(running)
+    """Send ``sig`` to every rank still running and what it started, wait up to
+    ``grace_s``, then SIGKILL; returns how many were running."""
+    return stop_processes([p for _, p in procs.values()], sig, grace_s, group=True, tree=True)
 
 
-def _describe(rank: int, local_rank: int, code: int, folder: str, ranks: Ranks) -> str:
-    path = os.path.join(folder, f"rank{rank}.line")
-    if os.path.exists(path):
-        with open(path) as f:
-            return f.read().strip()
+def _describe(rank: int, local_rank: int, code: int, records: dict, ranks: Ranks) -> str:
+    if rank in records:
+        return records[rank].message
     node = f", node {ranks.node_rank} of {ranks.nnodes}" if ranks.nnodes > 1 else ""
     who = f"rank {rank} (local rank {local_rank}{node})"
     if code < 0:
@@ -385,11 +328,24 @@ def _describe(rank: int, local_rank: int, code: int, folder: str, ranks: Ranks) 
     return f"{who} exited with code {code} (see its output above)"
 
 
-_PEER_LOST = re.compile(r"Connection closed by peer|Connection reset by peer|Broken pipe|"
-                        r"timed out", re.IGNORECASE)
+def timeout_note(records: dict, failed: list, running: list, timeout_s: float) -> str | None:
+    """When the ranks that failed timed out waiting on the others: where the bound came
+    from, and the ranks still running then. Those never came to the collective (busy, or
+    spinning in their own code): the cause, not the ranks that waited for them."""
+    waited = [r for r in failed if r in records and records[r].kind == "lost"
+              and "timed out" in records[r].first_line.lower()]
+    if not waited:
+        return None
+    note = (f"rank {', '.join(map(str, waited))} waited the bound of distkit launch's --timeout "
+            f"{timeout_s:g} s (raise --timeout for waits that are longer)")
+    if running and len(waited) == len(failed):
+        note += (f"; rank {', '.join(map(str, running))} was not waiting: still running its own "
+                 "code then (busy, or spinning in a loop): look there first")
+    return note
 
 
-def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, script) -> int:
+def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, script,
+               timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     first_end = None
     seen = {}  # rank -> the poll at which it was first seen ended
     polls = 0
@@ -403,15 +359,19 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
         if failed:
             # the first failure: stop the others now (they would wait on it in a collective)
             _stop(procs, signal.SIGTERM, min(grace_s, 3.0))
-            lines = [_describe(r, procs[r][0], codes[r], folder, ranks) for r in failed]
+            records = read_records(folder)
             # first the rank that failed first; of ranks ended in one poll, a rank that lost
             # its peer after the one that raised
-            order = sorted(range(len(failed)), key=lambda i: (seen[failed[i]],
-                                                              bool(_PEER_LOST.search(lines[i]))))
-            lines = [lines[i] for i in order]
+            failed.sort(key=lambda r: (seen[r], r in records and records[r].kind == "lost"))
+            lines = [_describe(r, procs[r][0], codes[r], records, ranks) for r in failed]
+            if all(records.get(r) and records[r].kind == "refused" for r in failed):
+                lines = lines[:1]  # every rank refused alike: one line says it
             lines[0] += "; the other ranks were stopped"
             for line in lines:
                 sys.stderr.write(f"distkit: error: {line}\n")
+            note = timeout_note(records, failed, [r for r, c in codes.items() if c is None], timeout_s)
+            if note:
+                sys.stderr.write(f"distkit: {note}\n")
             sys.stderr.flush()
             if ranks.mode == "torchrun":  # torchrun's summary names it as the root cause
                 from distkit.observe.failures import write_error_file

@@ -9,9 +9,9 @@ torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...) and
 ``DISTKIT_SCRIPT_REPORTS``, a folder where a rank whose script raises writes:
 
 - ``rank<R>.txt``: the full traceback;
-- ``rank<R>.line``: one line: the exception's type, its first line and the ``file:line``
-  in the user's script where it was raised (:func:`distkit.observe.failures.cause`), and the
-  traceback's path. The launcher prints it.
+- ``rank<R>.json``: its failure record (:class:`distkit.observe.failures.FailureRecord`:
+  the exception's type, its first line, the ``file:line`` in the user's script where it
+  was raised, the traceback's path, and the one line the launcher prints).
 
 Before the script runs, ``DISTKIT_TIMEOUT`` (the launcher's ``--timeout``, 120 s by
 default, as ``distkit train``) becomes the default timeout of every process group the
@@ -23,7 +23,8 @@ exception, reported in one line, instead of waiting forever on a rank that never
 
 The exit status is the script's: 0, its ``sys.exit`` code, 1 when it raised, 130 after
 Ctrl-C (the launcher has said so in one line). The worker ends when its launcher dies
-(Linux: ``PR_SET_PDEATHSIG``), so no rank is left behind.
+(:func:`distkit.host.facts.end_with_parent`: SIGTERM at once, SIGKILL of the rank and
+everything it started after the launcher's ``--grace``), so no rank is left behind.
 """
 from __future__ import annotations
 
@@ -33,42 +34,53 @@ import signal
 import sys
 import traceback
 
-from distkit.observe.failures import cause, write_traceback
-
-
-def _end_with_parent(launcher_pid: int | None) -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if launcher_pid and os.getppid() != launcher_pid:  # the launcher died before prctl
-        os.kill(os.getpid(), signal.SIGTERM)
+from distkit.host.facts import end_with_parent
+from distkit.host.layout import world_layout
+from distkit.errors import DistkitError
+from distkit.observe.failures import cause, record_of, write_record, write_traceback
 
 
 def _report(error: BaseException) -> None:
-    rank, local_rank = os.environ.get("RANK", "0"), os.environ.get("LOCAL_RANK", "0")
-    nnodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
-    node = f", node {os.environ.get('GROUP_RANK', '0')} of {nnodes}" if nnodes > 1 else ""
+    layout = world_layout()  # the launcher set it, checked
+    rank, local_rank = layout.rank, layout.local_rank
+    node = f", node {layout.node_rank} of {layout.nnodes}" if layout.nnodes > 1 else ""
     folder = os.environ.get("DISTKIT_SCRIPT_REPORTS")
+    if isinstance(error, DistkitError):  # the kit's own refusal: its line names the fix
+        write_record(folder, record_of(error, rank, local_rank, str(error), node=layout.node_rank))
+        return
     path = write_traceback(folder, int(rank), error) if folder else None
     where = f"; full traceback in {path}" if path else ""
     line = f"rank {rank} (local rank {local_rank}{node}) raised {cause(error)}{where}"
-    if folder:
-        try:
-            partial = os.path.join(folder, f"rank{rank}.line.partial")
-            with open(partial, "w") as f:
-                f.write(line)
-            os.replace(partial, os.path.join(folder, f"rank{rank}.line"))
-        except OSError:
-            pass
+    write_record(folder, record_of(error, rank, local_rank, line, traceback_path=path,
+                                   node=layout.node_rank))
     if os.environ.get("DISTKIT_VERBOSE") == "1" or not folder:
         sys.stderr.write("".join(traceback.format_exception(type(error), error,
                                                             error.__traceback__)))
         sys.stderr.flush()
+
+
+def refuse_own_processes(world_size: int) -> None:
+    """A script that starts its own processes (``torch.multiprocessing.spawn``,
+    ``idist.Parallel(nproc_per_node=N)``: both go through ``start_processes``) inside a
+    launch of several ranks would start N processes per rank, all fighting over one
+    master port: refuse it in one line where it starts them. In a launch of one rank it
+    runs as written."""
+    if world_size < 2:
+        return
+    import torch.multiprocessing as mp
+
+    spawn = sys.modules["torch.multiprocessing.spawn"]  # (mp.spawn is the function, not it)
+
+    def refuse(fn, args=(), nprocs=1, *rest, **kwargs):
+        script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "the script"
+        raise DistkitError(
+            f"{script} starts {nprocs} processes of its own (torch.multiprocessing / "
+            f"idist.Parallel(nproc_per_node=...)), and distkit launch already started "
+            f"{world_size} ranks of it: run it once, `distkit launch --nproc-per-node 1 "
+            f"{script}` (or `python {script}`), or remove its own process start and let "
+            "distkit launch start the ranks")
+
+    mp.start_processes = spawn.start_processes = refuse
 
 
 def bound_waits(timeout_s: float) -> None:
@@ -90,9 +102,10 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("usage: python -m distkit.launch.script_worker SCRIPT [ARGS...] | -m MODULE [ARGS...]\n")
         return 2
     launcher = os.environ.get("DISTKIT_LAUNCHER_PID")
-    _end_with_parent(int(launcher) if launcher else None)
+    end_with_parent(float(os.environ.get("DISTKIT_GRACE", "10")), int(launcher) if launcher else None)
     if os.environ.get("DISTKIT_TIMEOUT"):
         bound_waits(float(os.environ["DISTKIT_TIMEOUT"]))
+    refuse_own_processes(world_layout().world_size)
     tracer = None
     if os.environ.get("DISTKIT_TRACE"):
         from distkit.observe.script_tracing import start_from_environment
@@ -103,7 +116,7 @@ def main(argv: list[str]) -> int:
         try:
             tracer.finish()  # before leave(): the trace is on disk when the rank ends
         except Exception as e:  # noqa: BLE001 - the script's own result stands
-            sys.stderr.write(f"distkit: rank {os.environ.get('RANK', '0')}: could not write "
+            sys.stderr.write(f"distkit: rank {world_layout().rank}: could not write "
                              f"its trace: {type(e).__name__}: {e}\n")
     return code
 

@@ -13,13 +13,13 @@
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import os
-import re
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from contextlib import nullcontext
@@ -32,10 +32,13 @@ import torch
 from distkit.train import signals
 from distkit.checkpoint.saver import latest_checkpoint_in, remove_run_dir_if_empty
 from distkit.errors import DistkitError
-from distkit.observe.failures import RankFailed, Reporter, first_on_this_node, report_from_worker, run_reporting
-from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython,
+from distkit.observe.failures import (RankFailed, Reporter, first_on_this_node, read_records,
+                                     report_from_worker, run_reporting)
+from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, end_with_parent, in_ipython,
+                             stop_processes,
                              process_state, restore_environment, set_ignite_verbosity, socket_interface,
-                             threads_per_process, world_layout)
+                             threads_per_process)
+from distkit.host.layout import elastic, world_layout
 from distkit.launch.preflight import Launch
 from distkit.launch.rendezvous import host_master_store, node0_waiting_line, wait_for_master
 
@@ -90,35 +93,9 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     config = launch  # the process fields, under the names Config gives them
     # Spawned processes inherit this: one thread pool per process, never oversubscribed.
     os.environ.setdefault("OMP_NUM_THREADS", str(_threads(config)))
-    spawn_kwargs = _timeout(launch)
-    if start_method is None and _fork_is_safe(config):
-        # Forked workers start with torch, ignite and the kit already imported: the
-        # workers were ready 3.5 s after the command started instead of 13.7 s with
-        # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
-        start_method = "fork"
-    if start_method is not None:
-        spawn_kwargs["start_method"] = start_method
-    forking = start_method == "fork" or (start_method is None and in_ipython())
-    if forking and torch.cuda.is_initialized():  # (never initialises CUDA itself)
-        # A forked child cannot use CUDA once this process has (on a GPU runtime, a
-        # notebook that trained in its kernel has). Spawned children start fresh: take
-        # them when nobody asked for fork and what they run can be imported.
-        unimportable = first_unimportable((fn, args))
-        if start_method is not None or unimportable is not None:
-            raise DistkitError(
-                "CUDA is already initialised in this process, and a forked child cannot use it"
-                + (f" ({getattr(unimportable, '__qualname__', unimportable)!r} is defined in this "
-                   "session, so it cannot be spawned instead)" if unimportable is not None else "")
-                + ": restart the kernel and start the processes before any cell touches the GPU, "
-                "or put the function in a module and import it from there")
-        start_method, forking = "spawn", False
-        spawn_kwargs["start_method"] = "spawn"
-    if not forking:  # ignite forks under IPython; elsewhere spawned workers import fn
-        check_spawned_can_import("the training function", (fn, args))
+    spawn_kwargs = {**_timeout(launch), **_start_method(config, fn, args, start_method)}
     interface, master_store = None, None
     logs = set_ignite_verbosity(config.verbose)  # the launcher's own INFO lines: --verbose only
-    # torch's "Terminating process N via signal SIGTERM" when one worker ends first: the
-    # launcher's own line says what happened
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")
     spawn_level = spawn_log.level
     if not config.verbose:  # "Terminating process N via signal SIGTERM": the kit's line says it
@@ -127,24 +104,11 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
     forwarding = ForwardStopSignals(before)
+    # each rank's failure record, read back below: how a rank's cause crosses to here
+    reporter.records = tempfile.mkdtemp(prefix="distkit-records-")
     try:
-        if config.nnodes > 1:  # gloo must bind to the interface the other nodes reach
-            # every wait bounded and said: the launchers meet at node 0's store, with the
-            # same layout, before any process starts (distkit.launch.rendezvous)
-            if config.node_rank:
-                wait_for_master(config.master_addr, config.master_port, config.timeout_s,
-                                config.node_rank, nnodes=config.nnodes,
-                                nproc_per_node=config.nproc_per_node)
-            else:
-                print(node0_waiting_line(config.nnodes, config.master_addr, config.master_port,
-                                         config.timeout_s), flush=True)
-                master_store = host_master_store(config.master_addr, config.master_port,
-                                                 config.nnodes, config.nproc_per_node,
-                                                 config.timeout_s)
-            interface = bind_to_interface_of_master(config, config.master_addr) or {}  # inherited
-            # the workers' rendezvous store is node 0's launcher's (torch's env:// reads it)
-            interface.setdefault(AGENT_STORE, os.environ.get(AGENT_STORE))
-            os.environ[AGENT_STORE] = "True"
+        if config.nnodes > 1:
+            interface, master_store = _meet_other_nodes(config)
         with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
                 idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
                                nnodes=config.nnodes, node_rank=config.node_rank,
@@ -160,24 +124,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         raise KeyboardInterrupt(interrupted_message(run_dir, stopped)) from None
     except Exception as e:
         watchdog.finish()
-        first = (config.node_rank or 0) * config.nproc_per_node
-        if watchdog.stopped:
-            ranks = ", ".join(str(first + r) for r in watchdog.stopped)
-            raise DistkitError(
-                f"rank {ranks} stopped answering (its process was stopped: SIGSTOP, Ctrl-Z or a "
-                f"debugger); the other ranks gave up after --timeout {config.timeout_s:g} s and "
-                "the job was ended. Resume with --resume-from latest (the newest checkpoint "
-                "under --output-dir)") from None
-        failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node,
-                                           config)
-        if forwarding.signum and not isinstance(failure, signals.Preempted):
-            # the signal came before the workers could stop at an iteration (start-up)
-            newest = latest_checkpoint_in(run_dir) if run_dir else None
-            failure = signals.Preempted(
-                f"stopped by {signals.name(forwarding.signum)} before training reached an "
-                f"iteration it could stop at ({failure or type(e).__name__}); "
-                + (f"checkpoint: {newest}" if newest else "no checkpoint was written"),
-                forwarding.signum, newest)
+        failure = _spawn_failure(e, config, watchdog, forwarding, reporter, run_dir)
         if failure is None:
             raise
         raise failure from None
@@ -188,6 +135,80 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         restore_environment(interface)
         del master_store  # node 0's store closes with the run
         _discard_if_empty(run_dir)
+        shutil.rmtree(reporter.records, ignore_errors=True)
+        reporter.records = None
+
+
+def _start_method(config, fn, args, start_method: str | None) -> dict:
+    """``{"start_method": ...}`` for ``idist.Parallel`` (empty: ignite's default), checked:
+    fork where it is safe, spawn where CUDA is already initialised here."""
+    if start_method is None and _fork_is_safe(config):
+        # Forked workers start with torch, ignite and the kit already imported: the
+        # workers were ready 3.5 s after the command started instead of 13.7 s with
+        # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
+        start_method = "fork"
+    forking = start_method == "fork" or (start_method is None and in_ipython())
+    if forking and torch.cuda.is_initialized():  # (never initialises CUDA itself)
+        # A forked child cannot use CUDA once this process has (on a GPU runtime, a
+        # notebook that trained in its kernel has). Spawned children start fresh: take
+        # them when nobody asked for fork and what they run can be imported.
+        unimportable = first_unimportable((fn, args))
+        if start_method is not None or unimportable is not None:
+            raise DistkitError(
+                "CUDA is already initialised in this process, and a forked child cannot use it"
+                + (f" ({getattr(unimportable, '__qualname__', unimportable)!r} is defined in this "
+                   "session, so it cannot be spawned instead)" if unimportable is not None else "")
+                + ": restart the kernel and start the processes before any cell touches the GPU, "
+                "or put the function in a module and import it from there")
+        start_method, forking = "spawn", False
+    if not forking:  # ignite forks under IPython; elsewhere spawned workers import fn
+        check_spawned_can_import("the training function", (fn, args))
+    return {} if start_method is None else {"start_method": start_method}
+
+
+def _meet_other_nodes(config) -> tuple[dict, object]:
+    """Before any process starts on a run of several nodes: the launchers meet at node 0's
+    store with the same layout (every wait bounded and said, :mod:`distkit.launch.rendezvous`),
+    and gloo is bound to the interface the other nodes reach. Returns the variables to
+    restore afterwards and node 0's store (None elsewhere), which lives as long as the run."""
+    master_store = None
+    if config.node_rank:
+        wait_for_master(config.master_addr, config.master_port, config.timeout_s,
+                        config.node_rank, nnodes=config.nnodes, nproc_per_node=config.nproc_per_node)
+    else:
+        print(node0_waiting_line(config.nnodes, config.master_addr, config.master_port,
+                                 config.timeout_s), flush=True)
+        master_store = host_master_store(config.master_addr, config.master_port, config.nnodes,
+                                         config.nproc_per_node, config.timeout_s)
+    interface = bind_to_interface_of_master(config, config.master_addr) or {}  # inherited
+    # the workers' rendezvous store is node 0's launcher's (torch's env:// reads it)
+    interface.setdefault(AGENT_STORE, os.environ.get(AGENT_STORE))
+    os.environ[AGENT_STORE] = "True"
+    return interface, master_store
+
+
+def _spawn_failure(e: Exception, config, watchdog, forwarding, reporter, run_dir) -> DistkitError | None:
+    """The one line for a spawned run that ended in ``e``: a stopped rank, the ranks'
+    failure records, or a stop signal that came before training could stop at an iteration."""
+    first = (config.node_rank or 0) * config.nproc_per_node
+    if watchdog.stopped:
+        ranks = ", ".join(str(first + r) for r in watchdog.stopped)
+        return DistkitError(
+            f"rank {ranks} stopped answering (its process was stopped: SIGSTOP, Ctrl-Z or a "
+            f"debugger); the other ranks gave up after --timeout {config.timeout_s:g} s and "
+            "the job was ended. Resume with --resume-from latest (the newest checkpoint "
+            "under --output-dir)")
+    failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node,
+                                       config, read_records(reporter.records))
+    if forwarding.signum and not isinstance(failure, signals.Preempted):
+        # the signal came before the workers could stop at an iteration (start-up)
+        newest = latest_checkpoint_in(run_dir) if run_dir else None
+        failure = signals.Preempted(
+            f"stopped by {signals.name(forwarding.signum)} before training reached an "
+            f"iteration it could stop at ({failure or type(e).__name__}); "
+            + (f"checkpoint: {newest}" if newest else "no checkpoint was written"),
+            forwarding.signum, newest)
+    return failure
 
 
 class bounded_wait:
@@ -204,10 +225,10 @@ class bounded_wait:
         if self._done.wait(self.seconds):
             return
         layout = world_layout()
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        restart = elastic().restart_count
         sys.stderr.write(
             f"distkit: error: rank {layout.rank} could not {self.what} within --timeout "
-            f"{self.seconds - 15:g} s (+15){f' after torchrun restart {restart}' if restart != '0' else ''}: "
+            f"{self.seconds - 15:g} s (+15){f' after torchrun restart {restart}' if restart else ''}: "
             "a rank of this launch did not start or cannot be reached; with torchrun "
             "--max-restarts on several nodes, launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
             "and --rdzv-backend=c10d (scripts/torchrun_nnodes.sh)\n")
@@ -265,8 +286,9 @@ def _own_session(local_rank, reporter, fn, *args):
     launcher only, which stops the workers itself (``stop_workers``).
 
     Why "ends with the launcher": outside the launcher's session a worker no longer gets
-    the terminal's hang-up, so it asks the kernel (Linux) for SIGTERM when its parent
-    dies: a killed launcher leaves no orphan training on."""
+    the terminal's hang-up, so it ends itself, and what it started, when its parent dies
+    (:func:`distkit.host.facts.end_with_parent`): a killed launcher leaves no orphan
+    training on."""
     for signum in signals.STOP_SIGNALS:  # a forked worker inherits the launcher's forwarding
         signal.signal(signum, signal.SIG_DFL)  # (training installs its own stop flag)
     if hasattr(os, "setsid"):
@@ -274,21 +296,8 @@ def _own_session(local_rank, reporter, fn, *args):
             os.setsid()
         except OSError:  # already a session leader
             pass
-    _end_with_parent()
+    end_with_parent()
     return run_reporting(reporter, fn, local_rank, *args)
-
-
-def _end_with_parent() -> None:
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the launcher was already gone before prctl took effect
-        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class StoppedRankWatchdog:
@@ -334,28 +343,9 @@ class StoppedRankWatchdog:
 
 
 def stop_workers(children, grace_s: float = 3.0) -> int:
-    """Stop these child processes (SIGTERM, then SIGKILL after ``grace_s``) and reap
-    them; a repeated Ctrl-C meanwhile is ignored, so the cleanup cannot be cut short.
-    Returns how many were running."""
-    children = [c for c in children if c.is_alive()]
-    if not children:
-        return 0
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main else None
-    try:
-        for child in children:
-            child.terminate()
-        deadline = time.monotonic() + grace_s
-        for child in children:
-            child.join(max(0.0, deadline - time.monotonic()))
-        for child in children:
-            if child.is_alive():
-                child.kill()
-                child.join(2.0)
-    finally:
-        if in_main:
-            signal.signal(signal.SIGINT, previous)
-    return len(children)
+    """Stop these worker processes (SIGTERM, then SIGKILL after ``grace_s``) and reap
+    them (:func:`distkit.host.facts.stop_processes`). Returns how many were running."""
+    return stop_processes(children, signal.SIGTERM, grace_s)
 
 
 def interrupted_message(run_dir: str | None, stopped: int) -> str:
@@ -364,6 +354,33 @@ def interrupted_message(run_dir: str | None, stopped: int) -> str:
     kept = (f"resume from the last complete checkpoint with --resume-from {newest}"
             if newest else "no checkpoint had been written yet, so nothing is left behind")
     return f"stopped {stopped} worker process(es); {kept}"
+
+
+def write_result(folder: str, rank: int, value, kind: str = "rank") -> None:
+    """What ``rank`` hands back to its launcher: ``folder/<kind><rank>.pkl``, written whole
+    then renamed (a launcher never reads half a file: a rank can be stopped mid-write
+    when another fails first). One file per rank: XLA cannot gather Python objects."""
+    import pickle
+
+    path = os.path.join(folder, f"{kind}{rank}.pkl")
+    with open(path + ".tmp", "wb") as f:
+        pickle.dump(value, f)
+    os.replace(path + ".tmp", path)
+
+
+_MISSING = object()
+
+
+def read_result(folder: str, rank: int, kind: str = "rank", missing=_MISSING):
+    """What :func:`write_result` left for ``rank``; ``missing`` where it left nothing
+    (by default that raises ``FileNotFoundError``)."""
+    import pickle
+
+    path = os.path.join(folder, f"{kind}{rank}.pkl")
+    if missing is not _MISSING and not os.path.exists(path):
+        return missing
+    with open(path, "rb") as f:
+        return pickle.load(f)
 
 
 def _discard_if_empty(run_dir) -> None:
@@ -489,7 +506,7 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
     several_nodes = layout.nnodes > 1
     if several_nodes:
         try:
-            bind_to_interface_of_master(launch, os.environ.get("MASTER_ADDR"))
+            bind_to_interface_of_master(launch, layout.master_addr)
         except DistkitError as e:  # the same on every rank of this node: one line per node
             raise report_from_worker(e) from None
     if launch.backend == "gloo":  # this process is the rank: hide the GPUs before ignite's set_device
@@ -501,10 +518,10 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
         else:  # ignite takes the process group from the context (idist's functions)
             import torch.distributed as dist
 
-            dist.init_process_group(launch.backend, store=store, rank=int(os.environ["RANK"]),
-                                    world_size=int(os.environ["WORLD_SIZE"]), **_timeout(launch))
+            dist.init_process_group(launch.backend, store=store, rank=layout.rank,
+                                    world_size=layout.world_size, **_timeout(launch))
             if launch.backend == "nccl":
-                torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+                torch.cuda.set_device(layout.local_rank)
     try:
         return run_reporting(reporter, fn, idist.get_local_rank(), *args)
     except signals.Preempted as e:  # every rank stopped at one iteration: one line per node
@@ -546,27 +563,32 @@ def attempt_store(timeout_s: float, environ=os.environ):
     agent, but agents on several nodes may count restarts differently (one restarts for
     its failed worker, another because a node waits), and ranks with different prefixes
     would never meet."""
-    if environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "MASTER_PORT" not in environ:
-        return None
-    if environ.get("LOCAL_WORLD_SIZE") != environ.get("WORLD_SIZE"):
+    torchrun = elastic(environ)
+    if not torchrun.agent_store or torchrun.store is None or not torchrun.one_node:
         return None
     import torch.distributed as dist
 
-    client = dist.TCPStore(environ["MASTER_ADDR"], int(environ["MASTER_PORT"]),
-                           int(environ["WORLD_SIZE"]), False, timedelta(seconds=timeout_s))
-    restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    addr, port, world = torchrun.store
+    client = dist.TCPStore(addr, port, world, False, timedelta(seconds=timeout_s))
+    restart = torchrun.restart_count
     return dist.PrefixStore(f"distkit/attempt-{restart}", client)  # keys: distkit/attempt-N/...
 
 
 def describe_process_failure(error: Exception, node_rank: int, nproc: int,
-                             launch=None) -> DistkitError | None:
+                             launch=None, records: dict | None = None) -> DistkitError | None:
     """Turn torch.multiprocessing's report of a dead or failed child into one line that
-    names the rank. ``launch`` (its nnodes, master address and port, timeout): a
-    rendezvous that timed out is said as such."""
+    names the rank, from the ranks' failure records (``records``, by rank: see
+    :func:`failure_from_records`). ``launch`` (its nnodes, master address and port,
+    timeout): a rendezvous that timed out is said as such."""
     index = getattr(error, "error_index", None)
     if index is None:
         return None
     rank = node_rank * nproc + index
+    found = failure_from_records(records or {}, rank, index)
+    if found is not None:
+        return found
+    # No record: the process failed before the kit's code ran in it (ignite's or torch's
+    # own start-up), or could not write one; what torch passed up is all there is.
     text = str(error)
     if launch is not None and launch.nnodes > 1 and "DistStoreError" in text and (
             ("wait timeout" in text and "/default_pg/" in text) or "waiting for clients" in text):
@@ -575,8 +597,8 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int,
             f"{launch.master_port} within --timeout {launch.timeout_s:g} s (rank {rank} waited "
             f"for the others): start all {launch.nnodes} nodes within --timeout of each other, with "
             "the same --nnodes, --nproc-per-node, --master-addr and --master-port")
-    if launch is not None and launch.nnodes > 1 and "distkit.observe.failures.RankFailed" not in text and \
-            re.search(r"torch\.distributed\.Dist(Network|Store)Error", text):
+    if launch is not None and launch.nnodes > 1 and any(
+            f"torch.distributed.Dist{kind}Error" in text for kind in ("Network", "Store")):
         # raised before training started: while the process group formed
         first = next((ln for ln in text.splitlines() if "torch.distributed.Dist" in ln), "").strip()
         return DistkitError(
@@ -600,14 +622,26 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int,
     after_frames = [ln for ln in text[frames[-1] + 1:] if ln.strip() and not ln.startswith(" ")] \
         if frames else []
     last = after_frames[0] if after_frames else (text[-1] if text else repr(error))
-    m = re.match(r"^distkit\.signals\.Preempted: (.*)$", last)
-    if m:  # the ranks stopped at a signal, with a checkpoint
-        return signals.Preempted.from_line(m.group(1))
-    m = re.match(r"^distkit\.failures\.RankFailed: (.*)$", last)
-    if m:  # the rank's own line: type, first line, file:line, traceback file
-        return DistkitError(m.group(1))
-    m = re.match(r"^distkit\.errors\.DistkitError: (.*)$", last)
-    if m:
-        return DistkitError(f"rank {rank}: {m.group(1)}")
+    refused = "distkit.errors.DistkitError: "
+    if last.startswith(refused):  # a check that ran before the kit's reporting (no record)
+        return DistkitError(f"rank {rank}: {last[len(refused):]}")
     return DistkitError(f"rank {rank} (local rank {index}) failed: {last}")
+
+
+def failure_from_records(records: dict, rank: int, local_rank: int) -> DistkitError | None:
+    """The failure of the run, from the ranks' own records (:class:`FailureRecord`, by
+    rank): ``rank`` is the process torch saw end first. A rank that only lost its peer
+    or timed out waiting is a witness: the first record of a rank that failed itself is
+    named instead, when there is one. None when ``rank`` left no record."""
+    record = records.get(rank)
+    if record is None:
+        return None
+    if record.kind == "lost":
+        causes = [r for r in records.values() if r.kind != "lost"]
+        record = min(causes, key=lambda r: r.time) if causes else record
+    if record.kind == "stopped":
+        return signals.Preempted(record.message, record.signum or signal.SIGTERM, record.last_checkpoint)
+    if record.kind == "refused":
+        return DistkitError(f"rank {record.rank}: {record.message}")
+    return DistkitError(record.message)
 

@@ -29,6 +29,7 @@ its fix: it passes through unchanged, with no traceback file.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ import time
 import traceback
 
 from distkit.errors import DistkitError
+from distkit.host.layout import elastic, slurm_job, slurm_step_key, world_layout
 
 TRACEBACKS = "tracebacks"  # the folder inside the run folder
 
@@ -117,6 +119,96 @@ def cause(error: BaseException) -> str:
     return line
 
 
+# --------------------------------------------------------------------------------------
+# The failure record: what a rank says about its own failure, as data
+# --------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class FailureRecord:
+    """What a rank that failed or stopped writes about itself (``rank<R>.json`` beside its
+    traceback), and its supervisor reads: never recovered from traceback text."""
+
+    rank: int
+    local_rank: int
+    kind: str
+    """``"raised"`` (the user's code or a library raised), ``"refused"`` (a
+    :class:`~distkit.errors.DistkitError`: its line names the fix), ``"stopped"`` (a
+    signal stopped the rank at an iteration) or ``"lost"`` (a collective lost a peer or
+    timed out: this rank is a witness, not the cause)."""
+    type: str
+    """The exception's qualified type (``builtins.ValueError``)."""
+    first_line: str
+    site: str | None
+    """``file:line`` in the user's code where it was raised (:func:`raise_site`)."""
+    traceback: str | None
+    """The full traceback's file, None where it could not be written."""
+    last_checkpoint: str | None
+    message: str
+    """The one line the launcher prints for it."""
+    node: int = 0
+    signum: int | None = None
+    """For ``"stopped"``: the signal."""
+    time: float = 0.0
+    """When it was written (``time.time()``): the first record is the first failure."""
+
+    @property
+    def what(self) -> str:
+        """``Type: first line``."""
+        name = self.type.rsplit(".", 1)[-1]
+        return f"{name}: {self.first_line}" if self.first_line else name
+
+
+def record_of(error: BaseException, rank: int, local_rank: int, message: str, *, kind: str | None = None,
+              traceback_path: str | None = None, last_checkpoint: str | None = None,
+              node: int = 0) -> FailureRecord:
+    """The record of ``error`` raised in ``rank``."""
+    if kind is None:
+        kind = "stopped" if hasattr(error, "signum") else "refused" if isinstance(error, DistkitError) \
+            else "lost" if peer_lost(error) else "raised"
+    site = raise_site(error)
+    return FailureRecord(rank, local_rank, kind, f"{type(error).__module__}.{type(error).__qualname__}",
+                         first_line(error), f"{shown_path(site[0])}:{site[1]}" if site else None,
+                         traceback_path, last_checkpoint or getattr(error, "checkpoint", None), message,
+                         node, getattr(error, "signum", None), time.time())
+
+
+def write_record(folder: str | None, record: FailureRecord) -> str | None:
+    """``folder/rank<R>.json``, written whole then renamed (a reader never sees half)."""
+    if not folder:
+        return None
+    path = os.path.join(folder, f"rank{record.rank}.json")
+    partial = f"{path}.{os.getpid()}.partial"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(partial, "w") as f:
+            json.dump(dataclasses.asdict(record), f)
+        os.replace(partial, path)
+        return path
+    except OSError:  # a full disk: the supervisor falls back to the exit code
+        return None
+
+
+def read_records(folder: str | None) -> dict[int, FailureRecord]:
+    """Every rank's record in ``folder``, by rank: the one place a supervisor reads them."""
+    records = {}
+    try:
+        names = os.listdir(folder) if folder else []
+    except OSError:
+        names = []
+    fields = {f.name for f in dataclasses.fields(FailureRecord)}
+    for name in names:
+        if not (name.startswith("rank") and name.endswith(".json")):
+            continue
+        try:
+            with open(os.path.join(folder, name)) as f:
+                data = json.load(f)
+            record = FailureRecord(**{k: v for k, v in data.items() if k in fields})
+        except (OSError, ValueError, TypeError):
+            continue
+        records[record.rank] = record
+    return records
+
+
 def write_traceback(folder: str, rank: int, error: BaseException) -> str | None:
     """The full traceback (its chained causes included) in ``folder/rank<R>.txt``."""
     path = os.path.join(folder, f"rank{rank}.txt")
@@ -136,9 +228,8 @@ def write_traceback(folder: str, rank: int, error: BaseException) -> str | None:
 def default_folder() -> str:
     """Where tracebacks go when the run has no folder: one per launch (torchrun's run id,
     the SLURM job, else this process), under the system's temporary folder."""
-    tag = (os.environ.get("TORCHELASTIC_RUN_ID") or
-           (f"slurm{os.environ['SLURM_JOB_ID']}" if "SLURM_JOB_ID" in os.environ else None) or
-           f"{os.getpid()}-{int(time.time())}")
+    job = slurm_job()
+    tag = elastic().run_id or (f"slurm{job}" if job else None) or f"{os.getpid()}-{int(time.time())}"
     return os.path.join(tempfile.gettempdir(), f"distkit-{tag}", TRACEBACKS)
 
 
@@ -150,8 +241,17 @@ class Reporter:
     ``timeout_s`` (named when a peer is lost)."""
 
     def __init__(self, run_dir: str | None = None, folder: str | None = None,
-                 verbose: bool = False, timeout_s: float | None = None):
+                 verbose: bool = False, timeout_s: float | None = None, records: str | None = None):
         self.run_dir, self.folder, self.verbose, self.timeout_s = run_dir, folder, verbose, timeout_s
+        self.records = records
+        """A folder of this launch's own where each rank's :class:`FailureRecord` also goes,
+        for the supervisor that started the ranks (None when nobody supervises them here)."""
+
+    def record(self, record: FailureRecord) -> None:
+        """Leave ``record`` where the supervisor reads it, and beside its traceback."""
+        write_record(self.records, record)
+        if record.traceback:
+            write_record(os.path.dirname(record.traceback), record)
 
     def traceback_folder(self, run_dir: str | None = None) -> str:
         if run_dir and os.path.isdir(run_dir):
@@ -159,12 +259,18 @@ class Reporter:
         return self.folder or default_folder()
 
     @staticmethod
-    def checkpoint_words(run_dir: str | None) -> str:
-        if not run_dir:
-            return ""
+    def newest_checkpoint(run_dir: str | None) -> str | None:
+        if not run_dir or not os.path.isdir(run_dir):
+            return None
         from distkit.checkpoint.saver import latest_checkpoint_in
 
-        newest = latest_checkpoint_in(run_dir) if os.path.isdir(run_dir) else None
+        return latest_checkpoint_in(run_dir)
+
+    @classmethod
+    def checkpoint_words(cls, run_dir: str | None) -> str:
+        if not run_dir:
+            return ""
+        newest = cls.newest_checkpoint(run_dir)
         return (f"; last complete checkpoint: {newest}" if newest
                 else "; no checkpoint had been written yet")
 
@@ -179,22 +285,32 @@ class Reporter:
         lost = lost_nodes(error, self.timeout_s)
         words = last_words(os.path.dirname(path), rank) if lost and path else None
         if words is not None:  # the rank that died first, in its own words; then who saw it
-            dead, line, its_path = words
-            failed = RankFailed(
-                f"rank {dead}{_node_of(dead)} raised {line} (its traceback: {its_path}); rank "
-                f"{rank} (local rank {local_rank}{_node_words()}) then lost it"
-                f"{self.checkpoint_words(run_dir)}", its_path)
-            failed.distkit_run_dir = run_dir
-            return failed
-        what = f"{lost}: {cause(error)}" if lost else f"raised {cause(error)}"
-        failed = RankFailed(f"rank {rank} (local rank {local_rank}{_node_words()}) {what}{where}"
-                            f"{self.checkpoint_words(run_dir)}", path)
+            message = (f"rank {words.rank}{_node_of(words.rank)} raised {words.what} "
+                       f"(its traceback: {words.traceback}); rank {rank} (local rank {local_rank}"
+                       f"{_node_words()}) then lost it{self.checkpoint_words(run_dir)}")
+            path = words.traceback
+        else:
+            what = f"{lost}: {cause(error)}" if lost else f"raised {cause(error)}"
+            message = (f"rank {rank} (local rank {local_rank}{_node_words()}) {what}{where}"
+                       f"{self.checkpoint_words(run_dir)}")
+        self.record(record_of(error, rank, local_rank, message, traceback_path=path if words is None else None,
+                              last_checkpoint=self.newest_checkpoint(run_dir),
+                              node=(_topology() or (0,))[0]))
+        failed = RankFailed(message, path)
         failed.distkit_run_dir = run_dir
         return failed
 
 
-_PEER_LOST = re.compile(r"Timed out waiting \d+ms|Connection closed by peer|Connection reset by "
-                        r"peer|Broken pipe|timed out", re.IGNORECASE)
+# What torch's gloo / nccl / store errors say when a peer went away or did not answer.
+PEER_LOST_WORDS = ("timed out", "connection closed by peer", "connection reset by peer",
+                   "broken pipe")
+
+
+def peer_lost(error: BaseException) -> bool:
+    """True for an exception that says a peer went away or did not answer in time: the
+    rank that raised it is a witness of another's failure, not its cause."""
+    message = str(error).lower()
+    return any(words in message for words in PEER_LOST_WORDS)
 
 
 def _topology() -> tuple[int, int, int] | None:
@@ -221,43 +337,20 @@ def _node_of(rank: int) -> str:
     return f" (node {rank // topology[2]} of {topology[1]})"
 
 
-def last_words(folder: str, me: int, wait_s: float = 2.0) -> tuple[int, str, str] | None:
-    """``(rank, its exception line, its traceback file)`` of another rank that raised and
-    wrote its traceback into ``folder`` (the run's ``tracebacks/``, on a file system
-    every node sees), or None. Waits up to ``wait_s`` for one: the rank that raised
-    writes it before it exits, and this rank noticed the exit by its closed connection.
-    Another node's rank that was killed leaves none: the caller then names the node."""
-    import time as _time
-
-    deadline = _time.monotonic() + wait_s
+def last_words(folder: str, me: int, wait_s: float = 2.0) -> FailureRecord | None:
+    """The record of another rank that failed first and wrote it into ``folder`` (the
+    run's ``tracebacks/``, on a file system every node sees), or None. Waits up to
+    ``wait_s`` for one: the rank that raised writes it before it exits, and this rank
+    noticed the exit by its closed connection. A rank that only lost a peer is no cause;
+    another node's rank that was killed leaves none: the caller then names the node."""
+    deadline = time.monotonic() + wait_s
     while True:
-        found = []
-        try:
-            names = os.listdir(folder)
-        except OSError:
-            names = []
-        for name in names:
-            m = re.fullmatch(r"rank(\d+)\.txt", name)
-            if m and int(m.group(1)) != me:
-                path = os.path.join(folder, name)
-                try:
-                    with open(path) as f:
-                        lines = [ln.rstrip() for ln in f if ln.strip()]
-                    mtime = os.path.getmtime(path)
-                except OSError:
-                    continue
-                # the exception's line: the first unindented line after the last frame
-                frames = [i for i, ln in enumerate(lines) if ln.startswith("  File ")]
-                after = [ln for ln in lines[frames[-1] + 1:] if not ln.startswith(" ")] if frames else []
-                line = after[0] if after else (lines[-1] if lines else None)
-                if line and not _PEER_LOST.search(line):  # a peer that only saw the loss is no cause
-                    found.append((mtime, int(m.group(1)), line, path))
-        if found:
-            _, rank, line, path = min(found)  # the first to write: the first to fail
-            return rank, line[:300], path
-        if _time.monotonic() >= deadline:
+        causes = [r for r in read_records(folder).values() if r.rank != me and r.kind != "lost"]
+        if causes:
+            return min(causes, key=lambda r: r.time)  # the first to write: the first to fail
+        if time.monotonic() >= deadline:
             return None
-        _time.sleep(0.1)
+        time.sleep(0.1)
 
 
 def lost_nodes(error: BaseException, timeout_s: float | None) -> str | None:
@@ -266,7 +359,7 @@ def lost_nodes(error: BaseException, timeout_s: float | None) -> str | None:
     --timeout 15 s``); None for any other failure. This rank cannot tell a cut link from
     a dead or stopped process over there: the words name both."""
     topology = _topology()
-    if topology is None or not _PEER_LOST.search(str(error)):
+    if topology is None or not peer_lost(error):
         return None
     node, nodes, per_node = topology
     if nodes < 2:
@@ -278,7 +371,7 @@ def lost_nodes(error: BaseException, timeout_s: float | None) -> str | None:
         return f"rank {first}" if first == last else f"ranks {first}-{last}"
 
     named = ", ".join(f"node {n} ({ranks(n)})" for n in others)
-    if re.search(r"timed out", str(error), re.IGNORECASE):
+    if "timed out" in str(error).lower():
         within = f" within --timeout {timeout_s:g} s" if timeout_s else ""
         why = f"no answer{within} (a cut link, or its processes stopped or died)"
     else:
@@ -313,7 +406,11 @@ def run_reporting(reporter: Reporter, fn, local_rank: int, *args):
         quiet_engine_errors()
     try:
         return fn(local_rank, *args)
-    except DistkitError:
+    except RankFailed:
+        raise
+    except DistkitError as e:  # a line that names its fix, or a stop at an iteration
+        rank = _rank()
+        reporter.record(record_of(e, rank, local_rank, str(e)))
         raise
     except Exception as e:
         raise reporter.failure(e, _rank(), local_rank) from None
@@ -325,7 +422,7 @@ def _rank() -> int:
 
         return idist.get_rank()
     except Exception:
-        return int(os.environ.get("RANK", "0"))
+        return world_layout().rank
 
 
 # --- under torchrun / SLURM: the worker reports itself ---------------------------------
@@ -333,16 +430,15 @@ def _rank() -> int:
 def first_on_this_node() -> bool:
     """True for the first worker of this node (and this start of the job) to fail: only
     it prints, so a node prints one line however many of its ranks fail after it."""
-    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if error_file and "TORCHELASTIC_RUN_ID" in os.environ:
+    torchrun = elastic()
+    error_file = torchrun.error_file
+    if error_file and torchrun.run_id:
         # .../attempt_<k>/<local rank>/error.json: the attempt's folder is this agent's
         # (this node's, this start's) own, and torchrun removes it at the end
         marker = os.path.join(os.path.dirname(os.path.dirname(error_file)), "distkit-reported")
         return _create_once(marker)
-    if "SLURM_JOB_ID" in os.environ:
-        key = (f"slurm{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_STEP_ID', '0')}-"
-               f"{os.environ.get('SLURM_NODEID', '0')}")
-    else:
+    key = slurm_step_key()
+    if key is None:
         return True
     return _create_once(os.path.join(tempfile.gettempdir(), f"distkit-failed-{os.getuid()}-{key}"))
 
@@ -361,8 +457,9 @@ def write_error_file(line: str) -> None:
     """Record ``line`` in torchrun's per-worker error file, in the format
     ``torch.distributed.elastic.multiprocessing.errors.record`` writes; torchrun's
     summary prints its ``py_callstack`` as the root cause's "traceback"."""
-    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    if not path or "TORCHELASTIC_RUN_ID" not in os.environ:
+    torchrun = elastic()
+    path = torchrun.error_file
+    if not path or not torchrun.run_id:
         return
     # Written whole, then renamed into place: torchrun reads the file as soon as it sees a
     # worker fail, and it may SIGTERM this worker mid-write (a rank killed first); an

@@ -173,7 +173,9 @@ def start_from_environment() -> ScriptTracer | None:
     folder = os.environ.get(TRACE_FOLDER)
     if not folder:
         return None
-    return ScriptTracer(folder, int(os.environ.get("RANK", "0"))).start()
+    from distkit.host.layout import world_layout
+
+    return ScriptTracer(folder, world_layout().rank).start()
 
 
 # --- in the launcher, after every rank has ended ------------------------------------------

@@ -95,16 +95,6 @@ class Preempted(DistkitError):
         self.exit_code = exit_code(signum)
         self.reported = False
 
-    @classmethod
-    def from_line(cls, line: str) -> "Preempted":
-        """Back from its line (a worker's exception crosses to the launcher as text)."""
-        import re
-
-        m = re.search(r"stopped by (SIG[A-Z0-9]+)", line)
-        signum = getattr(signal, m.group(1), signal.SIGTERM) if m else signal.SIGTERM
-        path = re.search(r"checkpoint: (\S+?)(?:;|$)", line)
-        return cls(line, int(signum), path.group(1) if path else None)
-
     def __reduce__(self):  # crosses process boundaries whole
         return (type(self), (str(self), self.signum, self.checkpoint))
 

@@ -28,7 +28,8 @@ from distkit.checkpoint.saver import (CHECKPOINT_PREFIX, RunSettings, checkpoint
                                 checkpoint_saver, load_checkpoint, make_run_dir, resume_settings,
                                 to_save)
 from distkit.builtin.data import get_dataflow
-from distkit.host.facts import ranks_on_this_host, threads_per_process, world_layout
+from distkit.host.facts import ranks_on_this_host, threads_per_process
+from distkit.host.layout import world_layout
 from distkit.observe.reporting import RunRecord, report, saved_path
 from distkit.train.strategies import (checkpoint_objects, full_state_dict_everywhere,
                                  peak_memory_per_rank, prepare_model)

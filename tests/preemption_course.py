@@ -5,12 +5,14 @@ stream advances by a different amount every step), AdamW, a per-iteration lr sch
 early stopping and the best model on validation accuracy, and a stateful handler of its
 own (``Task.stateful``). ``--task preemption_course:task`` (tests/ on the path).
 
-``--set step_sleep=0.05`` slows every step down, so a test's signal lands mid-epoch.
+``--set step_sleep=0.05`` slows every step down, so a test's signal lands mid-epoch;
+``--set nan_at=K --set nan_rank=R`` makes iteration K's loss NaN on rank R (-1: every rank).
 """
 from __future__ import annotations
 
 import time
 
+import ignite.distributed as idist
 import torch
 import torch.nn as nn
 from ignite.engine import Events
@@ -72,7 +74,8 @@ class Classifier(nn.Module):
     def forward(self, x):
         h = self.drop(self.embed(x["tokens"]))
         mask = x["mask"].unsqueeze(-1).float()
-        return self.out((h * mask).sum(1) / mask.sum(1))
+        out = self.out((h * mask).sum(1) / mask.sum(1))
+        return out * float("nan") if POISON["loss"] else out
 
 
 def model(config):
@@ -110,13 +113,24 @@ def stateful(trainer, evaluator, config):
     return {"tokens_seen": tokens}
 
 
+POISON = {"loss": False}
+
+
 def handlers(trainer, evaluator, config):
     pause = float(config.task_settings.get("step_sleep", 0.0))
     if pause:
         trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: time.sleep(pause))
+    nan_at, nan_rank = int(config.task_settings["nan_at"]), int(config.task_settings["nan_rank"])
+    if nan_at and nan_rank in (-1, idist.get_rank()):  # -1: every rank
+        def poison(on):
+            def handler(engine):
+                POISON["loss"] = on
+            return handler
+        trainer.add_event_handler(Events.ITERATION_STARTED(once=nan_at), poison(True))
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=nan_at), poison(False))
 
 
 task = Task(datasets=datasets, model=model, optimizer=adamw, collate_fn=pad_batch,
             prepare_batch=prepare_batch, lr_scheduler=per_iteration_schedule,
             score=("accuracy", "max"), handlers=handlers, stateful=stateful,
-            settings={"step_sleep": 0.0})
+            settings={"step_sleep": 0.0, "nan_at": 0, "nan_rank": -1})

@@ -16,13 +16,14 @@ import time
 import ignite.distributed as idist
 import torch
 from ignite.engine import Events, create_supervised_evaluator
-from ignite.engine.deterministic import DeterministicEngine, ReproducibleBatchSampler, update_dataloader
+from ignite.engine.deterministic import DeterministicEngine, ReproducibleBatchSampler
 from ignite.handlers import Checkpoint, EarlyStopping, ProgressBar
 from ignite.utils import manual_seed
 from torch.utils.data import DataLoader
 
 from distkit.observe import profiling, throughput, tracing, tracking
 from distkit.train import signals, stopping
+from distkit.train.finite import FiniteGuard
 from distkit.train.agreement import check_replicas_identical, check_same_settings
 from distkit.checkpoint.saver import (CHECKPOINT_PREFIX, RunSettings, checkpoint_iteration,
                                 checkpoint_saver, load_checkpoint, make_run_dir, resume_settings,
@@ -113,7 +114,7 @@ class Trainer(DeterministicEngine):
         loader = self.state.dataloader
         if isinstance(loader, DataLoader) and loader.batch_sampler is not None and \
                 not isinstance(loader.batch_sampler, ReproducibleBatchSampler):
-            self.state.dataloader = update_dataloader(loader, DrawnAtIter(loader.batch_sampler))
+            self.state.dataloader = resumable_loader(loader)
         super()._setup_engine()  # restores the CPU generators in the middle of an epoch
         cuda_states = getattr(self, "_cuda_rng_states", None)
         if cuda_states and in_the_middle and self.state.rng_states is None and \
@@ -122,18 +123,48 @@ class Trainer(DeterministicEngine):
         self._cuda_rng_states = None
 
 
-class DrawnAtIter(ReproducibleBatchSampler):
-    """ignite's ``ReproducibleBatchSampler``, whose order is drawn when the iterator is
-    made, not at its first batch. Why: ignite seeds torch for the epoch, makes the
-    iterator, and then, resumed mid-epoch, puts back the checkpoint's generators; its
-    sampler drew the order only at the first batch, so from the generators put back. A
-    ``RandomSampler`` (one process has no ``DistributedSampler``) then gave the resumed
-    epoch another order: one process resumed at iteration 30 of 46 ended with other
-    weights. (A ``DistributedSampler`` orders by its own seed and epoch: unaffected.)"""
+class DrawnOnce(ReproducibleBatchSampler):
+    """ignite's ``ReproducibleBatchSampler`` (which puts a resumed epoch at its batch N),
+    whose epoch order :class:`ResumableLoader` draws once, when ignite asks the loader for
+    the epoch's batches, and which every iterator made from it then replays. Why:
+
+    - drawn at the loader's ``iter()``, under the epoch's seed: ignite's sampler drew it at
+      the first batch, from the generators a resumed run had put back by then, so a
+      ``RandomSampler`` (one process has no ``DistributedSampler``) gave the resumed
+      epoch another order;
+    - replayed, not drawn again: a loader with worker processes asks for the sampler's
+      iterator twice (torch's ``_MultiProcessingDataLoaderIter`` in its ``__init__`` and
+      again in ``_reset``); the first used up "start at batch N" and the resumed epoch
+      began again at its first batch."""
+
+    def draw(self) -> None:
+        self.setup_batch_indices()  # the whole order, less the batches already trained
 
     def __iter__(self):
-        self.setup_batch_indices()  # now, under the epoch's seed
         return iter(self.batch_indices)
+
+
+class ResumableLoader(DataLoader):
+    """A ``DataLoader`` whose batches resume exactly at any ``num_workers``, with or
+    without persistent workers and prefetching (see :class:`DrawnOnce`)."""
+
+    def __iter__(self):
+        self.batch_sampler.draw()
+        if not (self.persistent_workers and self.num_workers > 0):
+            return super().__iter__()
+        # Persistent workers are started (and their seed drawn) by the first iter() only:
+        # drawn from a fork, the seed leaves the training's generator where a later epoch,
+        # reusing its workers, leaves it, so a run resumed at an epoch's start goes on alike.
+        with torch.random.fork_rng(devices=[]):
+            return super().__iter__()
+
+
+def resumable_loader(loader: DataLoader) -> ResumableLoader:
+    """``loader`` with the same settings, as a :class:`ResumableLoader` (ignite's
+    ``update_dataloader``, which keeps the loader's own type)."""
+    params = {k: v for k, v in loader.__dict__.items() if not k.startswith("_") and
+              k not in ("batch_size", "sampler", "drop_last", "batch_sampler", "dataset_kind")}
+    return ResumableLoader(batch_sampler=DrawnOnce(loader.batch_sampler), **params)
 
 
 RNG_BY_RANK = "rng_by_rank"
@@ -350,6 +381,18 @@ def _with_train_loss(trainer):
         engine.state.metrics["train_loss"] = idist.all_reduce(engine.state.loss_sum) / max(steps, 1)
 
     return trainer
+
+
+def inside_epochs_every(n: int):
+    """An ignite event filter: every ``n``-th iteration, except an epoch's last. That
+    iteration's checkpoint is written at the epoch's end, after validation, early
+    stopping, the best model and a per-epoch schedule's step: a file of that iteration
+    written before them would be the newest, valid file of a run killed meanwhile, and
+    the resumed run would skip the epoch's validation and step its schedule late."""
+    def event_filter(engine, iteration: int) -> bool:
+        return iteration % n == 0 and iteration % engine.state.epoch_length != 0
+
+    return event_filter
 
 
 def at_most_every(seconds: float):
@@ -570,9 +613,10 @@ def resume_objects(objects: dict, config, run_dir: str) -> None:
     mid_epoch = trainer_state["iteration"] % trainer_state["epoch_length"] != 0
     if rank == 0 and mid_epoch and config.num_workers > 0:
         print(f"distkit: note: resuming in the middle of an epoch with --num-workers "
-              f"{config.num_workers}: the loader's worker processes restart their own random "
-              "generators, so random transforms in the dataset or collate_fn differ from an "
-              "uninterrupted run (exact with --num-workers 0)", file=sys.stderr, flush=True)
+              f"{config.num_workers}: the batches, their order and the training's generators "
+              "go on exactly; only random numbers drawn inside the loader's worker processes "
+              "(a random augmentation in the dataset or collate_fn, if it has one) are drawn "
+              "afresh for the rest of this epoch", file=sys.stderr, flush=True)
     if rank == 0 and mid_epoch and RNG_BY_RANK not in trainer_state and idist.get_world_size() > 1:
         print("distkit: note: this checkpoint holds rank 0's random state only (an older "
               "distkit): dropout on the other ranks differs from an uninterrupted run until "
@@ -598,6 +642,10 @@ class Run:
         self.trainer = create_trainer(self.model, self.optimizer, self.criterion, config,
                                       task.prepare_batch, task.train_step)
         self.evaluator = create_evaluator(self.model, self.criterion, config, task)
+        # a NaN or inf stops every rank before it is validated or saved (distkit.train.finite)
+        self.guard = FiniteGuard(self.model, self.last_checkpoint) \
+            if task.stop_on_non_finite else None
+        self.checkpoint = None
 
     def attach_step(self) -> None:
         """The lr schedule per step, the sampler's reshuffle, the counts, tokens/s and MFU."""
@@ -619,6 +667,8 @@ class Run:
     def attach_validation(self) -> None:
         """Validation at every epoch's end, its record in ``history``, then a per-epoch
         schedule's step."""
+        if self.guard is not None:  # NaN weights are neither validated nor judged best
+            self.trainer.add_event_handler(Events.EPOCH_COMPLETED, self.guard.check)
         self.trainer.add_event_handler(Events.EPOCH_COMPLETED, self.validate)
         if self.lr_event == Events.EPOCH_COMPLETED:
             self.trainer.add_event_handler(self.lr_event, _step_scheduler(self.lr_scheduler))
@@ -690,17 +740,28 @@ class Run:
             global_step_transform=lambda engine, _: engine.state.iteration)
         save_at = Events.EPOCH_COMPLETED
         if config.checkpoint_every > 0:
-            save_at = save_at | Events.ITERATION_COMPLETED(every=config.checkpoint_every)
-        trainer.add_event_handler(save_at, checkpoint)
+            save_at = save_at | Events.ITERATION_COMPLETED(
+                event_filter=inside_epochs_every(config.checkpoint_every))
+        trainer.add_event_handler(save_at, self.save)
         # a stop signal or --max-iters: every rank at the same iteration, after the epoch's
         # validation and schedule step when that iteration ends an epoch (distkit.train.stopping)
-        self.stop = stopping.attach(trainer, self.save_now, config.max_iters)
+        self.stop = stopping.attach(trainer, self.save_now, config.max_iters, self.guard)
+
+    def save(self, engine) -> None:
+        """Write the resumable checkpoint of this iteration, if every rank is finite."""
+        if self.guard is not None:
+            self.guard.check(engine)
+        self.checkpoint(engine)
 
     def save_now(self, engine) -> str | None:
         """The checkpoint of this iteration (written once), as a path to name."""
         if checkpoint_iteration(self.checkpoint.last_checkpoint or "") != engine.state.iteration:
-            self.checkpoint(engine)
-        return saved_path(self.run_dir, "checkpoints", self.checkpoint)
+            self.save(engine)
+        return self.last_checkpoint()
+
+    def last_checkpoint(self) -> str | None:
+        """The newest resumable checkpoint this run wrote (None: none yet)."""
+        return saved_path(self.run_dir, "checkpoints", self.checkpoint) if self.checkpoint else None
 
     def attach_display(self) -> None:
         """The progress bar, the first step's time, ``--trace`` and ``--logger``."""
@@ -750,6 +811,8 @@ class Run:
                                  if isinstance(v, (int, float, bool, str, torch.Tensor))}},
                 "train_step": "task" if task.train_step is not None else "kit",
                 "amp": "bfloat16 autocast" if config.amp else None,
+                # a NaN or inf loss or weight: "stop" the run, or "train on" (the task's choice)
+                "non_finite": "stop" if task.stop_on_non_finite else "train on",
                 "stopped_early": stopped_early(self.trainer, self.evaluator, config)}
 
     def report(self, wall: float) -> dict | None:
@@ -768,7 +831,7 @@ class Run:
             samples_trained=trainer.state.samples * self.world_size, wall_time_s=wall,
             first_step_unix_s=getattr(trainer.state, "first_step_unix_s", None),
             peak_lr=peak_lr(config, self.world_size) if schedule_kind(task) == "kit" else None,
-            last_checkpoint=saved_path(run_dir, "checkpoints", self.checkpoint),
+            last_checkpoint=self.last_checkpoint(),
             best_model=saved_path(run_dir, "best", self.best), profile=profile,
             replica_digests=digests, peak_memory_per_rank=memory, extras=extras)
         results = report(record) if self.rank == 0 else None  # rank 0 writes results.json

@@ -10,6 +10,9 @@ own (``Task.stateful``). ``--task preemption_course:task`` (tests/ on the path).
 """
 from __future__ import annotations
 
+import dataclasses
+import os
+import signal
 import time
 
 import ignite.distributed as idist
@@ -87,6 +90,8 @@ def adamw(params, config):
 
 
 def per_iteration_schedule(optimizer, config, epoch_length):
+    if config.task_settings.get("schedule") == "epoch":  # a torch scheduler the kit steps per epoch
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
     # a torch scheduler stepped at every iteration through ignite's wrapper
     return LRScheduler(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: 0.97 ** it))
 
@@ -116,10 +121,45 @@ def stateful(trainer, evaluator, config):
 POISON = {"loss": False}
 
 
+def stop_here(config, trainer, evaluator):
+    """``--set stop_at=POINT:N --set stop_signal=TERM|KILL --set stop_rank=R`` (-1: every
+    rank): a real signal to this rank's own process at a named moment of the run's life
+    (a test's stop moment, drawn by tests/test_stop_anywhere.py):
+
+    - ``step:N``: as iteration N starts; ``checkpoint:N``: as iteration N completes,
+      before the kit's handlers of that iteration (its checkpoint, its stop check);
+    - ``validation:E``: after the first validation batch of epoch E; ``judged:E``: after
+      epoch E's validation, early stopping and best model, before its schedule step;
+    - ``epoch_end:E``: after epoch E's validation and schedule step, before its checkpoint;
+    - ``reporting:0``: after the last epoch, while the run reports."""
+    point, _, n = str(config.task_settings["stop_at"]).partition(":")
+    rank = int(config.task_settings["stop_rank"])
+    if not point or rank not in (-1, idist.get_rank()):
+        return
+    n, signum = int(n or 0), getattr(signal, "SIG" + config.task_settings["stop_signal"])
+
+    def send(engine):
+        os.kill(os.getpid(), signum)
+
+    def in_epoch(engine):
+        if trainer.state.epoch == n:
+            send(engine)
+
+    where = {"step": (trainer, Events.ITERATION_STARTED(once=n), send),
+             "checkpoint": (trainer, Events.ITERATION_COMPLETED(once=n), send),
+             "validation": (evaluator, Events.ITERATION_COMPLETED(once=1), in_epoch),
+             "judged": (evaluator, Events.COMPLETED, in_epoch),
+             "epoch_end": (trainer, Events.EPOCH_COMPLETED(once=n), send),
+             "reporting": (trainer, Events.COMPLETED, send)}
+    engine, event, handler = where[point]
+    engine.add_event_handler(event, handler)
+
+
 def handlers(trainer, evaluator, config):
     pause = float(config.task_settings.get("step_sleep", 0.0))
     if pause:
         trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: time.sleep(pause))
+    stop_here(config, trainer, evaluator)
     nan_at, nan_rank = int(config.task_settings["nan_at"]), int(config.task_settings["nan_rank"])
     if nan_at and nan_rank in (-1, idist.get_rank()):  # -1: every rank
         def poison(on):
@@ -133,4 +173,21 @@ def handlers(trainer, evaluator, config):
 task = Task(datasets=datasets, model=model, optimizer=adamw, collate_fn=pad_batch,
             prepare_batch=prepare_batch, lr_scheduler=per_iteration_schedule,
             score=("accuracy", "max"), handlers=handlers, stateful=stateful,
-            settings={"step_sleep": 0.0, "nan_at": 0, "nan_rank": -1})
+            settings={"step_sleep": 0.0, "nan_at": 0, "nan_rank": -1, "schedule": "iteration",
+                      "stop_at": "", "stop_signal": "TERM", "stop_rank": -1})
+
+
+def own_step(model, optimizer, loss, config):
+    """A task's own step (the kit's, written out), for the runs that draw one."""
+    def update(engine, batch):
+        x, y = prepare_batch(batch, idist.device(), True)
+        optimizer.zero_grad()
+        value = loss(model(x), y)
+        value.backward()
+        optimizer.step()
+        return value
+
+    return update
+
+
+task_own_step = dataclasses.replace(task, train_step=own_step, name="preemption_course:task_own_step")

@@ -1,0 +1,216 @@
+"""Stop anywhere, resume exactly: drawn stop moments, stop kinds and settings.
+
+Each case draws a run's settings (processes, loader workers, checkpoint interval dividing
+the epoch or not, a per-iteration or per-epoch schedule, early stopping, the kit's step or
+the task's own, ddp or fsdp) and a moment of its life (inside a step, before a checkpoint,
+during validation, between validation and the schedule step, at an epoch's end, while the
+last epoch reports) at which a real signal stops it (SIGTERM to one rank, SIGKILL of one
+rank or of every rank, or ``--max-iters``). The stopped run is resumed (from the checkpoint
+its line names, else ``--resume-from latest``) and must end ``torch.equal`` to the same
+settings run uninterrupted: weights, optimizer state, history, early stopping, best model;
+or the kit refuses the resume in one line before training (a run stopped while reporting
+has nothing left to train: its newest checkpoint must then equal the uninterrupted one's).
+
+The signal is sent by the course task's own handler (tests/preemption_course.py,
+``--set stop_at=...``), an ignite handler as a course would attach: no test hook in the kit.
+
+Every case prints its seed and the one line that replays it. The quick suite draws
+``QUICK_CASES`` cases, the full suite (``-m slow``) ``FULL_CASES``; uninterrupted runs are
+cached per settings for the session. The data position at any ``num_workers``, persistent
+workers and prefetch depth is drawn in process (no launcher), many cases per run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import strategies as st
+
+from conftest import REPO_ROOT, subprocess_env
+
+TESTS = Path(__file__).resolve().parent
+SEED = int(os.environ.get("STOP_ANYWHERE_SEED") or random.randrange(2 ** 32))
+QUICK_CASES, FULL_CASES = 2, 12
+EPOCHS, BATCH = 3, 12  # 96 samples: 8 iterations an epoch at any of 1, 2, 3 processes
+
+
+def reproduce(case: dict | None = None) -> str:
+    if case:
+        return (f"seed {SEED}; replay this case with: STOP_ANYWHERE_CASE='{json.dumps(case)}' "
+                "python -m pytest tests/test_stop_anywhere.py -k replay -p no:cacheprovider")
+    return (f"seed {SEED}; draw these cases again with: STOP_ANYWHERE_SEED={SEED} python -m "
+            "pytest tests/test_stop_anywhere.py -p no:cacheprovider")
+
+
+def env() -> dict:
+    path = os.pathsep.join([str(TESTS), str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    return subprocess_env(PYTHONPATH=path)
+
+
+RUNS = st.fixed_dictionaries({
+    "nproc": st.sampled_from([1, 2, 3]),
+    "num_workers": st.sampled_from([0, 2]),
+    "checkpoint_every": st.sampled_from([4, 3]),  # dividing the epoch of 8, and not
+    "schedule": st.sampled_from(["iteration", "epoch"]),
+    "patience": st.sampled_from([0, 1]),
+    "own_step": st.booleans(),
+    "strategy": st.sampled_from(["ddp", "ddp", "fsdp"]),
+})
+MOMENTS = st.one_of(
+    st.builds(lambda n: f"step:{n}", st.integers(2, EPOCHS * 8)),
+    st.builds(lambda n: f"checkpoint:{n}", st.integers(1, EPOCHS * 8)),
+    st.builds(lambda e: f"validation:{e}", st.integers(1, EPOCHS)),
+    st.builds(lambda e: f"judged:{e}", st.integers(1, EPOCHS)),
+    st.builds(lambda e: f"epoch_end:{e}", st.integers(1, EPOCHS)),
+    st.just("reporting:0"),
+)
+STOPS = st.fixed_dictionaries({
+    "at": MOMENTS,
+    "kind": st.sampled_from(["TERM", "KILL-one", "KILL-every", "max-iters"]),
+    "rank": st.integers(0, 2),
+    "max_iters": st.integers(1, EPOCHS * 8 - 1),
+})
+
+
+def arguments(run: dict, out: str) -> list[str]:
+    task = "preemption_course:task_own_step" if run["own_step"] else "preemption_course:task"
+    return [sys.executable, "-m", "distkit", "train", "--task", task,
+            "--nproc-per-node", str(run["nproc"]), "--epochs", str(EPOCHS),
+            "--batch-size", str(BATCH), "--checkpoint-every", str(run["checkpoint_every"]),
+            "--num-workers", str(run["num_workers"]), "--strategy", run["strategy"],
+            "--early-stopping-patience", str(run["patience"]),
+            "--set", f"schedule={run['schedule']}", "--no-progress", "--timeout", "60",
+            "--output-dir", out]
+
+
+def train(cwd: Path, args, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, env=env(), text=True, capture_output=True,
+                          timeout=timeout, start_new_session=True)
+
+
+def final_state(run_dir: Path) -> dict:
+    """What the invariant compares, from a run folder: the newest checkpoint (weights,
+    optimizer, trainer, early stopping, history, the task's own) and the best model."""
+    from distkit.checkpoint.saver import latest_checkpoint_in
+
+    newest = latest_checkpoint_in(run_dir)
+    ckpt = torch.load(newest, map_location="cpu", weights_only=True)
+    keep = {k: v for k, v in ckpt.items() if k not in ("trainer", "history", "best_model")}
+    history = [{k: v for k, v in h.items() if k == "epoch" or k.startswith("val_") or k == "lr"}
+               for h in ckpt["history"]["epochs"]]
+    trainer = {k: ckpt["trainer"][k] for k in ("iteration", "epoch_length", "max_epochs")}
+    best = sorted((run_dir / "best").glob("*.pt"))
+    best_model = (best[-1].name, torch.load(best[-1], map_location="cpu", weights_only=True)) \
+        if best else None
+    return {"saved": keep, "history": history, "trainer": trainer, "best": best_model}
+
+
+def assert_equal(a, b, where="") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys differ"
+        for k in a:
+            assert_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def run_dirs(out: Path) -> list[Path]:
+    return sorted((p for p in out.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+
+
+class Uninterrupted(dict):
+    def __init__(self, folder: Path):
+        super().__init__()
+        self.folder = folder
+
+    def __missing__(self, key):
+        run = dict(key)
+        out = self.folder / f"whole-{len(self)}"
+        done = train(self.folder, arguments(run, str(out)))
+        assert done.returncode == 0, done.stderr[-3000:]
+        self[key] = state = final_state(run_dirs(out)[-1])
+        return state
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return Uninterrupted(tmp_path_factory.mktemp("whole"))
+
+
+def stop_args(stop: dict, run: dict) -> list[str]:
+    if stop["kind"] == "max-iters":
+        return ["--max-iters", str(stop["max_iters"])]
+    rank = -1 if stop["kind"] == "KILL-every" else stop["rank"] % run["nproc"]
+    return ["--set", f"stop_at={stop['at']}", "--set", f"stop_signal={stop['kind'][:4]}",
+            "--set", f"stop_rank={rank}"]
+
+
+def check_case(run: dict, stop: dict, folder: Path, uninterrupted) -> None:
+    case = {"run": run, "stop": stop}
+    print(f"case {json.dumps(case)}; {reproduce(case)}", flush=True)
+    try:
+        stop_and_resume(run, stop, folder, uninterrupted)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{reproduce(case)}\n{reproduce()}") from None
+
+
+def stop_and_resume(run: dict, stop: dict, folder: Path, uninterrupted) -> None:
+    whole = uninterrupted[tuple(sorted(run.items()))]
+    out = folder / "runs"
+    first = train(folder, arguments(run, str(out)) + stop_args(stop, run))
+    said = [ln for ln in first.stderr.splitlines() if ln.startswith("distkit:")]
+    if first.returncode == 0 and stop["kind"] != "max-iters":  # the moment never came
+        assert_equal(final_state(run_dirs(out)[-1]), whole, "run")
+        return
+    named = re.search(r"--resume-from (\S+\.pt)", first.stderr)
+    resume = named.group(1) if named and stop["kind"] == "TERM" else "latest"
+    second = train(folder, arguments(run, str(out)) + ["--resume-from", resume])
+    if second.returncode != 0:  # refused: in one line, before training; nothing was left
+        lines = [ln for ln in second.stderr.splitlines() if ln.startswith("distkit:")]
+        assert len(lines) == 1 and "nothing to resume" in lines[0], \
+            f"{said}\n{second.stderr[-3000:]}"
+        assert_equal(final_state(run_dirs(out)[0]), whole, "stopped run")
+        return
+    assert_equal(final_state(run_dirs(out)[-1]), whole, "resumed run")
+
+
+@pytest.mark.timeout(3600)
+@seed(SEED)
+@settings(max_examples=QUICK_CASES, deadline=None, database=None, print_blob=True,
+          suppress_health_check=list(HealthCheck))
+@given(run=RUNS, stop=STOPS)
+def test_stopped_anywhere_and_resumed_ends_as_the_uninterrupted_run(run, stop, tmp_path_factory,
+                                                                    uninterrupted):
+    check_case(run, stop, tmp_path_factory.mktemp("case"), uninterrupted)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not os.environ.get("STOP_ANYWHERE_CASE"),
+                    reason="replays the case STOP_ANYWHERE_CASE names (a failure prints it)")
+def test_replay_one_case(tmp_path_factory, uninterrupted):
+    case = json.loads(os.environ["STOP_ANYWHERE_CASE"])
+    check_case(case["run"], case["stop"], tmp_path_factory.mktemp("case"), uninterrupted)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+@seed(SEED)
+@settings(max_examples=FULL_CASES, deadline=None, database=None, print_blob=True,
+          suppress_health_check=list(HealthCheck))
+@given(run=RUNS, stop=STOPS)
+def test_stopped_anywhere_many_cases(run, stop, tmp_path_factory, uninterrupted):
+    check_case(run, stop, tmp_path_factory.mktemp("case"), uninterrupted)

@@ -191,3 +191,5 @@ def own_step(model, optimizer, loss, config):
 
 
 task_own_step = dataclasses.replace(task, train_step=own_step, name="preemption_course:task_own_step")
+task_trains_on = dataclasses.replace(task, stop_on_non_finite=False,
+                                     name="preemption_course:task_trains_on")

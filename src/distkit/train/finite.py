@@ -125,7 +125,8 @@ class FiniteGuard:
     def check(self, engine, seen: list[list[int]] | None = None) -> None:
         """Raise :class:`NonFinite` if any rank saw a non-finite value; ``seen``: every
         rank's :meth:`mine` when an agreement gathered them already, else gathered here."""
-        if seen is None:
+        if seen is None:  # this iteration's loss too: the checkpoint's handler comes first
+            self.see_loss(engine)
             seen = gather(self.mine(engine.state.iteration))
         found = verdict(seen)
         if found is None:

@@ -89,4 +89,5 @@ def test_the_first_non_finite_iteration_and_its_ranks_are_named():
     assert verdict([[0, 0], [0, 0]]) is None
     assert verdict([[14, 1], [13, 1], [14, 1]]) == (13, [1], "loss")
     assert verdict([[0, 0], [20, 2]]) == (20, [1], "weights")
+    assert verdict([[16, 2], [16, 1]]) == (16, [1], "loss")  # rank 0's weights took rank 1's NaN
     assert finite_json({"a": [float("nan"), 1.0], "b": float("-inf")}) == {"a": [None, 1.0], "b": None}

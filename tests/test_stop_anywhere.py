@@ -214,3 +214,70 @@ def test_replay_one_case(tmp_path_factory, uninterrupted):
 @given(run=RUNS, stop=STOPS)
 def test_stopped_anywhere_many_cases(run, stop, tmp_path_factory, uninterrupted):
     check_case(run, stop, tmp_path_factory.mktemp("case"), uninterrupted)
+
+
+def batches_seen(loader_settings: dict, stop_at: int | None = None, resume=None) -> tuple:
+    """The batches (and one draw of torch's generator per step, as dropout makes) a kit
+    ``Trainer`` sees over 3 epochs of 10 batches, stopped after ``stop_at`` iterations
+    (its state returned) or resumed from ``resume``."""
+    from ignite.engine import Events
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from distkit.train.training import Trainer
+
+    torch.manual_seed(0)
+    loader = DataLoader(TensorDataset(torch.arange(40).float()), batch_size=4, shuffle=True,
+                        **loader_settings)
+    seen, saved = [], {}
+
+    def step(engine, batch):
+        seen.append((batch[0].tolist(), float(torch.rand(1))))
+
+    trainer = Trainer(step)
+    if stop_at:
+        @trainer.on(Events.ITERATION_COMPLETED(once=stop_at))
+        def cut(engine):
+            saved.update(trainer.state_dict())
+            engine.terminate()
+    if resume:
+        trainer.load_state_dict(resume)
+    trainer.run(loader, max_epochs=3)
+    return seen, saved
+
+
+LOADERS = st.one_of(
+    st.just({"num_workers": 0}),
+    st.builds(lambda persistent, prefetch: {"num_workers": 2, "persistent_workers": persistent,
+                                            "prefetch_factor": prefetch},
+              st.booleans(), st.integers(1, 4)))
+
+
+@pytest.mark.timeout(900)
+@seed(SEED)
+@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(loader=LOADERS, stop_at=st.integers(1, 29))
+def test_a_resumed_loader_goes_on_at_its_batch_with_any_workers(loader, stop_at):
+    """The data position: mid-epoch or at an epoch's start, 0 or 2 workers, persistent or
+    not, any prefetch depth: the stopped run's batches then the resumed run's are the
+    uninterrupted run's, and so are the generator's draws in the step."""
+    print(f"seed {SEED}: loader {loader}, stopped after iteration {stop_at}", flush=True)
+    whole, _ = batches_seen(loader)
+    first, state = batches_seen(loader, stop_at=stop_at)
+    rest, _ = batches_seen(loader, resume=state)
+    assert first + rest == whole, f"{reproduce()}; loader {loader}, stopped after {stop_at}"
+
+
+@given(every=st.integers(1, 12), epoch_length=st.integers(1, 12))
+@settings(max_examples=50, deadline=None, database=None)
+def test_no_resumable_checkpoint_of_an_epochs_last_iteration_before_its_end(every, epoch_length):
+    """``--checkpoint-every`` never saves an epoch's last iteration at ITERATION_COMPLETED:
+    that file comes at the epoch's end, after validation and the schedule step."""
+    from types import SimpleNamespace
+
+    from distkit.train.training import inside_epochs_every
+
+    engine = SimpleNamespace(state=SimpleNamespace(epoch_length=epoch_length))
+    chosen = [i for i in range(1, 5 * epoch_length + 1) if inside_epochs_every(every)(engine, i)]
+    assert all(i % every == 0 and i % epoch_length for i in chosen)
+    assert len(chosen) == sum(1 for i in range(1, 5 * epoch_length + 1)
+                              if i % every == 0 and i % epoch_length)

@@ -85,9 +85,12 @@ def verdict(seen: list[list[int]]) -> tuple[int, list[int], str] | None:
     if not bad:
         return None
     first = min(it for it, _, _ in bad)
-    ranks = [rank for it, _, rank in bad if it == first]
-    what = "loss" if any(w == LOSS for it, w, _ in bad if it == first) else "weights"
-    return first, ranks, what
+    at_first = [(what, rank) for it, what, rank in bad if it == first]
+    # a rank whose loss was NaN is the cause; the others' weights took it at the all-reduce
+    losses = [rank for what, rank in at_first if what == LOSS]
+    if losses:
+        return first, losses, "loss"
+    return first, [rank for _, rank in at_first], "weights"
 
 
 def stop_line(first: int, ranks: list[int], what: str, epoch_length: int,

@@ -121,10 +121,11 @@ def stateful(trainer, evaluator, config):
 POISON = {"loss": False}
 
 
-def stop_here(config, trainer, evaluator):
-    """``--set stop_at=POINT:N --set stop_signal=TERM|KILL --set stop_rank=R`` (-1: every
-    rank): a real signal to this rank's own process at a named moment of the run's life
-    (a test's stop moment, drawn by tests/test_stop_anywhere.py):
+def stop_here(trainer, evaluator):
+    """``STOP_AT=POINT:N STOP_SIGNAL=TERM|KILL STOP_RANK=R`` (-1: every rank) in the
+    environment: a real signal to this rank's own process at a named moment of the run's
+    life (a test's stop moment, drawn by tests/test_stop_anywhere.py; the environment, not
+    ``--set``, so the resumed run has the same task settings):
 
     - ``step:N``: as iteration N starts; ``checkpoint:N``: as iteration N completes,
       before the kit's handlers of that iteration (its checkpoint, its stop check);
@@ -132,11 +133,11 @@ def stop_here(config, trainer, evaluator):
       epoch E's validation, early stopping and best model, before its schedule step;
     - ``epoch_end:E``: after epoch E's validation and schedule step, before its checkpoint;
     - ``reporting:0``: after the last epoch, while the run reports."""
-    point, _, n = str(config.task_settings["stop_at"]).partition(":")
-    rank = int(config.task_settings["stop_rank"])
+    point, _, n = os.environ.get("STOP_AT", "").partition(":")
+    rank = int(os.environ.get("STOP_RANK", "-1"))
     if not point or rank not in (-1, idist.get_rank()):
         return
-    n, signum = int(n or 0), getattr(signal, "SIG" + config.task_settings["stop_signal"])
+    n, signum = int(n or 0), getattr(signal, "SIG" + os.environ.get("STOP_SIGNAL", "TERM"))
 
     def send(engine):
         os.kill(os.getpid(), signum)
@@ -159,7 +160,7 @@ def handlers(trainer, evaluator, config):
     pause = float(config.task_settings.get("step_sleep", 0.0))
     if pause:
         trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: time.sleep(pause))
-    stop_here(config, trainer, evaluator)
+    stop_here(trainer, evaluator)
     nan_at, nan_rank = int(config.task_settings["nan_at"]), int(config.task_settings["nan_rank"])
     if nan_at and nan_rank in (-1, idist.get_rank()):  # -1: every rank
         def poison(on):
@@ -173,8 +174,7 @@ def handlers(trainer, evaluator, config):
 task = Task(datasets=datasets, model=model, optimizer=adamw, collate_fn=pad_batch,
             prepare_batch=prepare_batch, lr_scheduler=per_iteration_schedule,
             score=("accuracy", "max"), handlers=handlers, stateful=stateful,
-            settings={"step_sleep": 0.0, "nan_at": 0, "nan_rank": -1, "schedule": "iteration",
-                      "stop_at": "", "stop_signal": "TERM", "stop_rank": -1})
+            settings={"step_sleep": 0.0, "nan_at": 0, "nan_rank": -1, "schedule": "iteration"})
 
 
 def own_step(model, optimizer, loss, config):

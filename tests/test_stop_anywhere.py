@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 from conftest import REPO_ROOT, subprocess_env
@@ -39,6 +39,9 @@ from conftest import REPO_ROOT, subprocess_env
 TESTS = Path(__file__).resolve().parent
 SEED = int(os.environ.get("STOP_ANYWHERE_SEED") or random.randrange(2 ** 32))
 QUICK_CASES, FULL_CASES = 2, 12
+# A case costs minutes of processes: a failing one is reported as drawn (its replay line),
+# not shrunk through dozens more runs.
+WITHOUT_SHRINKING = [Phase.explicit, Phase.generate]
 EPOCHS, BATCH = 3, 12  # 96 samples: 8 iterations an epoch at any of 1, 2, 3 processes
 
 
@@ -91,9 +94,9 @@ def arguments(run: dict, out: str) -> list[str]:
             "--output-dir", out]
 
 
-def train(cwd: Path, args, timeout=300) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, env=env(), text=True, capture_output=True,
-                          timeout=timeout, start_new_session=True)
+def train(cwd: Path, args, timeout=300, stop: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, env={**env(), **(stop or {})}, text=True,
+                          capture_output=True, timeout=timeout, start_new_session=True)
 
 
 def final_state(run_dir: Path) -> dict:
@@ -151,12 +154,12 @@ def uninterrupted(tmp_path_factory):
     return Uninterrupted(tmp_path_factory.mktemp("whole"))
 
 
-def stop_args(stop: dict, run: dict) -> list[str]:
+def stop_env(stop: dict, run: dict) -> dict:
+    """The course task's stop moment (tests/preemption_course.py's ``stop_here``)."""
     if stop["kind"] == "max-iters":
-        return ["--max-iters", str(stop["max_iters"])]
+        return {}
     rank = -1 if stop["kind"] == "KILL-every" else stop["rank"] % run["nproc"]
-    return ["--set", f"stop_at={stop['at']}", "--set", f"stop_signal={stop['kind'][:4]}",
-            "--set", f"stop_rank={rank}"]
+    return {"STOP_AT": stop["at"], "STOP_SIGNAL": stop["kind"][:4], "STOP_RANK": str(rank)}
 
 
 def check_case(run: dict, stop: dict, folder: Path, uninterrupted) -> None:
@@ -171,7 +174,8 @@ def check_case(run: dict, stop: dict, folder: Path, uninterrupted) -> None:
 def stop_and_resume(run: dict, stop: dict, folder: Path, uninterrupted) -> None:
     whole = uninterrupted[tuple(sorted(run.items()))]
     out = folder / "runs"
-    first = train(folder, arguments(run, str(out)) + stop_args(stop, run))
+    cut = ["--max-iters", str(stop["max_iters"])] if stop["kind"] == "max-iters" else []
+    first = train(folder, arguments(run, str(out)) + cut, stop=stop_env(stop, run))
     said = [ln for ln in first.stderr.splitlines() if ln.startswith("distkit:")]
     if first.returncode == 0 and stop["kind"] != "max-iters":  # the moment never came
         assert_equal(final_state(run_dirs(out)[-1]), whole, "run")
@@ -190,7 +194,7 @@ def stop_and_resume(run: dict, stop: dict, folder: Path, uninterrupted) -> None:
 
 @pytest.mark.timeout(3600)
 @seed(SEED)
-@settings(max_examples=QUICK_CASES, deadline=None, database=None, print_blob=True,
+@settings(max_examples=QUICK_CASES, deadline=None, database=None, phases=WITHOUT_SHRINKING,
           suppress_health_check=list(HealthCheck))
 @given(run=RUNS, stop=STOPS)
 def test_stopped_anywhere_and_resumed_ends_as_the_uninterrupted_run(run, stop, tmp_path_factory,
@@ -209,7 +213,7 @@ def test_replay_one_case(tmp_path_factory, uninterrupted):
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 @seed(SEED)
-@settings(max_examples=FULL_CASES, deadline=None, database=None, print_blob=True,
+@settings(max_examples=FULL_CASES, deadline=None, database=None, phases=WITHOUT_SHRINKING,
           suppress_health_check=list(HealthCheck))
 @given(run=RUNS, stop=STOPS)
 def test_stopped_anywhere_many_cases(run, stop, tmp_path_factory, uninterrupted):

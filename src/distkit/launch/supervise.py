@@ -600,7 +600,7 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int,
     after_frames = [ln for ln in text[frames[-1] + 1:] if ln.strip() and not ln.startswith(" ")] \
         if frames else []
     last = after_frames[0] if after_frames else (text[-1] if text else repr(error))
-    m = re.match(r"^distkit\.signals\.Preempted: (.*)$", last)
+    m = re.match(r"^distkit\.(?:train\.)?signals\.Preempted: (.*)$", last)
     if m:  # the ranks stopped at a signal, with a checkpoint
         return signals.Preempted.from_line(m.group(1))
     m = re.match(r"^distkit\.failures\.RankFailed: (.*)$", last)

@@ -160,11 +160,15 @@ class ResumableLoader(DataLoader):
 
 
 def resumable_loader(loader: DataLoader) -> ResumableLoader:
-    """``loader`` with the same settings, as a :class:`ResumableLoader` (ignite's
-    ``update_dataloader``, which keeps the loader's own type)."""
+    """``loader`` with the same settings, as a :class:`ResumableLoader` (of the loader's
+    own class too, when it is a subclass of ``DataLoader``), as ignite's
+    ``update_dataloader`` rebuilds it."""
+    cls = type(loader)
+    kind = ResumableLoader if cls in (DataLoader, ResumableLoader) else \
+        type(f"Resumable{cls.__name__}", (ResumableLoader, cls), {})
     params = {k: v for k, v in loader.__dict__.items() if not k.startswith("_") and
               k not in ("batch_size", "sampler", "drop_last", "batch_sampler", "dataset_kind")}
-    return ResumableLoader(batch_sampler=DrawnOnce(loader.batch_sampler), **params)
+    return kind(batch_sampler=DrawnOnce(loader.batch_sampler), **params)
 
 
 RNG_BY_RANK = "rng_by_rank"

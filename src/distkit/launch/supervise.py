@@ -606,7 +606,7 @@ def describe_process_failure(error: Exception, node_rank: int, nproc: int,
     m = re.match(r"^distkit\.failures\.RankFailed: (.*)$", last)
     if m:  # the rank's own line: type, first line, file:line, traceback file
         return DistkitError(m.group(1))
-    m = re.match(r"^distkit\.errors\.DistkitError: (.*)$", last)
+    m = re.match(r"^distkit\.(?:errors\.DistkitError|train\.finite\.NonFinite): (.*)$", last)
     if m:
         return DistkitError(f"rank {rank}: {m.group(1)}")
     return DistkitError(f"rank {rank} (local rank {index}) failed: {last}")

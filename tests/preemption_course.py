@@ -5,12 +5,17 @@ stream advances by a different amount every step), AdamW, a per-iteration lr sch
 early stopping and the best model on validation accuracy, and a stateful handler of its
 own (``Task.stateful``). ``--task preemption_course:task`` (tests/ on the path).
 
-``--set step_sleep=0.05`` slows every step down, so a test's signal lands mid-epoch.
+``--set step_sleep=0.05`` slows every step down, so a test's signal lands mid-epoch;
+``--set nan_at=K --set nan_rank=R`` makes iteration K's loss NaN on rank R (-1: every rank).
 """
 from __future__ import annotations
 
+import dataclasses
+import os
+import signal
 import time
 
+import ignite.distributed as idist
 import torch
 import torch.nn as nn
 from ignite.engine import Events
@@ -72,7 +77,8 @@ class Classifier(nn.Module):
     def forward(self, x):
         h = self.drop(self.embed(x["tokens"]))
         mask = x["mask"].unsqueeze(-1).float()
-        return self.out((h * mask).sum(1) / mask.sum(1))
+        out = self.out((h * mask).sum(1) / mask.sum(1))
+        return out * float("nan") if POISON["loss"] else out
 
 
 def model(config):
@@ -84,6 +90,8 @@ def adamw(params, config):
 
 
 def per_iteration_schedule(optimizer, config, epoch_length):
+    if config.task_settings.get("schedule") == "epoch":  # a torch scheduler the kit steps per epoch
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.7)
     # a torch scheduler stepped at every iteration through ignite's wrapper
     return LRScheduler(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda it: 0.97 ** it))
 
@@ -110,13 +118,78 @@ def stateful(trainer, evaluator, config):
     return {"tokens_seen": tokens}
 
 
+POISON = {"loss": False}
+
+
+def stop_here(trainer, evaluator):
+    """``STOP_AT=POINT:N STOP_SIGNAL=TERM|KILL STOP_RANK=R`` (-1: every rank) in the
+    environment: a real signal to this rank's own process at a named moment of the run's
+    life (a test's stop moment, drawn by tests/test_stop_anywhere.py; the environment, not
+    ``--set``, so the resumed run has the same task settings):
+
+    - ``step:N``: as iteration N starts; ``checkpoint:N``: as iteration N completes,
+      before the kit's handlers of that iteration (its checkpoint, its stop check);
+    - ``validation:E``: after the first validation batch of epoch E; ``judged:E``: after
+      epoch E's validation, early stopping and best model, before its schedule step;
+    - ``epoch_end:E``: after epoch E's validation and schedule step, before its checkpoint;
+    - ``reporting:0``: after the last epoch, while the run reports."""
+    point, _, n = os.environ.get("STOP_AT", "").partition(":")
+    rank = int(os.environ.get("STOP_RANK", "-1"))
+    if not point or rank not in (-1, idist.get_rank()):
+        return
+    n, signum = int(n or 0), getattr(signal, "SIG" + os.environ.get("STOP_SIGNAL", "TERM"))
+
+    def send(engine):
+        os.kill(os.getpid(), signum)
+
+    def in_epoch(engine):
+        if trainer.state.epoch == n:
+            send(engine)
+
+    where = {"step": (trainer, Events.ITERATION_STARTED(once=n), send),
+             "checkpoint": (trainer, Events.ITERATION_COMPLETED(once=n), send),
+             "validation": (evaluator, Events.ITERATION_COMPLETED(once=1), in_epoch),
+             "judged": (evaluator, Events.COMPLETED, in_epoch),
+             "epoch_end": (trainer, Events.EPOCH_COMPLETED(once=n), send),
+             "reporting": (trainer, Events.COMPLETED, send)}
+    engine, event, handler = where[point]
+    engine.add_event_handler(event, handler)
+
+
 def handlers(trainer, evaluator, config):
     pause = float(config.task_settings.get("step_sleep", 0.0))
     if pause:
         trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: time.sleep(pause))
+    stop_here(trainer, evaluator)
+    nan_at, nan_rank = int(config.task_settings["nan_at"]), int(config.task_settings["nan_rank"])
+    if nan_at and nan_rank in (-1, idist.get_rank()):  # -1: every rank
+        def poison(on):
+            def handler(engine):
+                POISON["loss"] = on
+            return handler
+        trainer.add_event_handler(Events.ITERATION_STARTED(once=nan_at), poison(True))
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=nan_at), poison(False))
 
 
 task = Task(datasets=datasets, model=model, optimizer=adamw, collate_fn=pad_batch,
             prepare_batch=prepare_batch, lr_scheduler=per_iteration_schedule,
             score=("accuracy", "max"), handlers=handlers, stateful=stateful,
-            settings={"step_sleep": 0.0})
+            settings={"step_sleep": 0.0, "nan_at": 0, "nan_rank": -1, "schedule": "iteration"})
+
+
+def own_step(model, optimizer, loss, config):
+    """A task's own step (the kit's, written out), for the runs that draw one."""
+    def update(engine, batch):
+        x, y = prepare_batch(batch, idist.device(), True)
+        optimizer.zero_grad()
+        value = loss(model(x), y)
+        value.backward()
+        optimizer.step()
+        return value
+
+    return update
+
+
+task_own_step = dataclasses.replace(task, train_step=own_step, name="preemption_course:task_own_step")
+task_trains_on = dataclasses.replace(task, stop_on_non_finite=False,
+                                     name="preemption_course:task_trains_on")

@@ -146,6 +146,10 @@ class Task:
       command line as ``--set name=value`` (converted to its default's type) or in
       ``Config(task_settings={...})``, and reaches every function of the task as
       ``config.task_settings[name]``.
+    - ``stop_on_non_finite``: ``True`` (default): a NaN or inf loss or weight stops the
+      run on every rank in one line naming the iteration, the rank(s) and the last finite
+      checkpoint (:mod:`distkit.train.finite`); ``False``: the task trains on through
+      them (its own loss scaling, say), and results.json and the summary say so.
     - ``summary(model, config) -> dict``: optional; called on every rank after training
       (a collective under fsdp), its values go to results.json's ``"task_summary"`` and
       the end-of-run summary (the text task: a sampled line).
@@ -180,6 +184,7 @@ class Task:
     summary: Optional[Callable] = None
     stateful: Optional[Callable] = None
     scheduler_step: Optional[str] = None
+    stop_on_non_finite: bool = True
 
     def __post_init__(self):
         if self.metrics is None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import re
 import sys
@@ -570,7 +571,8 @@ def write_results(run_dir: str, results: dict) -> None:
     tmp = path + ".tmp"
     try:
         with open(tmp, "w") as f:
-            json.dump(results, f, indent=2, default=str)
+            # strict JSON: a NaN or inf (a task that trains on through them) becomes null
+            json.dump(finite_json(results), f, indent=2, default=str, allow_nan=False)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -580,6 +582,21 @@ def write_results(run_dir: str, results: dict) -> None:
     except BaseException:
         _remove_quietly(tmp)
         raise
+
+
+def finite_json(value):
+    """``value`` with every NaN or infinite float replaced by None (JSON's ``null``)::
+
+        >>> finite_json({"loss": float("nan"), "history": [1.5, float("inf")]})
+        {'loss': None, 'history': [1.5, None]}
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v) for v in value]
+    return value
 
 
 def _remove_quietly(path) -> None:

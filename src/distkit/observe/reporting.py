@@ -228,6 +228,9 @@ def _best_and_stop(results: dict) -> list:
         where = f"; model in {results['best_model']}" if results.get("best_model") else ""
         lines.append(f"best validation {best['metric'][4:]} {best['value']:.4f} at epoch "
                      f"{best['epoch']}{where}")
+    if results.get("non_finite") == "train on":
+        lines.append("NaN or inf losses and weights do not stop this run (the task's "
+                     "stop_on_non_finite=False)")
     stop = results.get("stopped_early")
     if stop:
         lines.append(f"stopped early after epoch {stop['after_epoch']} of {stop['of_epochs']} "

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import ignite.distributed as idist
 from ignite.engine import Events
 
-from distkit.train import signals
+from distkit.train import finite, signals
 
 
 CHECK_EVERY = 10
@@ -36,20 +36,21 @@ lands within 10 iterations of the signal."""
 
 
 class StopAgreement:
-    """The stop flag of every rank, MAX-reduced every ``every`` iterations (see module doc)."""
+    """The stop flag of every rank, and what each rank's :class:`~distkit.train.finite.FiniteGuard`
+    saw, gathered every ``every`` iterations (see module doc)."""
 
     def __init__(self, every: int = CHECK_EVERY):
         self.world_size, self.every = idist.get_world_size(), max(1, int(every))
 
-    def poll(self, iteration: int) -> int:
-        """The signal some rank has seen (0: none); every rank gets the same answer at the
-        same iteration. Call on every rank, at every iteration."""
-        if self.world_size == 1:
-            return signals.requested()
+    def poll(self, iteration: int, guard=None) -> tuple[int, list | None]:
+        """The signal some rank has seen (0: none), and every rank's ``[iteration, what]``
+        of a non-finite value (None: not an iteration where the ranks meet). Every rank
+        gets the same answer at the same iteration. Call on every rank, at every iteration."""
         if iteration % self.every:
-            return 0
-        return int(idist.all_reduce(float(signals.requested()), op="MAX"))
-
+            return (signals.requested() if self.world_size == 1 else 0), None
+        mine = [signals.requested(), *(guard.mine(iteration) if guard is not None else (0, 0))]
+        rows = finite.gather(mine)
+        return max(row[0] for row in rows), [row[1:] for row in rows]
 
 
 @dataclass
@@ -65,11 +66,12 @@ class StopState:
     checkpoint: str | None = None
 
 
-def attach(trainer, save, max_iters: int | None = None) -> StopState:
+def attach(trainer, save, max_iters: int | None = None, guard=None) -> StopState:
     """Stop ``trainer`` at a stop signal or after ``max_iters`` iterations, on every rank
     at the same iteration; ``save(engine) -> path`` writes (or finds) the checkpoint of
-    the iteration stopped at. Attach after the trainer's checkpoint handler: at an
-    epoch's end the stop comes after it."""
+    the iteration stopped at. ``guard`` (a :class:`~distkit.train.finite.FiniteGuard`)
+    watches every loss and raises at the next agreement after a non-finite one. Attach
+    after the trainer's checkpoint handler: at an epoch's end the stop comes after it."""
     state, agreement = StopState(), StopAgreement()
 
     def stop(engine, checkpoint):
@@ -80,7 +82,11 @@ def attach(trainer, save, max_iters: int | None = None) -> StopState:
 
     @trainer.on(Events.ITERATION_COMPLETED)
     def check_for_stop(engine):
-        signum = agreement.poll(engine.state.iteration)
+        if guard is not None:
+            guard.see_loss(engine)
+        signum, seen = agreement.poll(engine.state.iteration, guard)
+        if guard is not None and seen is not None:
+            guard.check(engine, seen)
         reached = max_iters is not None and engine.state.iteration >= max_iters
         if state.stopped or state.pending or not (signum or reached):
             return

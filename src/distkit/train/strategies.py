@@ -26,7 +26,7 @@ from distkit.config import SHARDING_BACKENDS, check_strategy
 def prepare_model(model: nn.Module, strategy: str) -> nn.Module:
     """The model, placed on this process's device and distributed by ``strategy``."""
     if strategy == "ddp":
-        return idist.auto_model(model)
+        return fix_bucket_order(idist.auto_model(model))
     backend = idist.backend()
     if backend not in SHARDING_BACKENDS:  # e.g. --backend auto that resolved to xla-tpu
         check_strategy("fsdp", backend or "none")
@@ -48,6 +48,27 @@ def prepare_model(model: nn.Module, strategy: str) -> nn.Module:
     for block in blocks:
         fully_shard(block)
     fully_shard(model)
+    return model
+
+
+def fix_bucket_order(model: nn.Module) -> nn.Module:
+    """A DDP model whose gradient buckets keep one layout for its whole life.
+
+    Why: DDP buckets the gradients one way for a new process's first step (parameters in
+    reverse order, one bucket) and rebuilds them once after it (in the order the first
+    backward made them ready). gloo's all-reduce sums each element over the ranks in an
+    order set by its place in the bucket, and on 3 or more ranks floating-point addition
+    in another order gives other bits: a resumed run's first step (a new process, the
+    first layout) then differs from the uninterrupted run's (the rebuilt one), and the
+    resumed run ends with other weights. So DDP is asked to rebuild now, from every
+    parameter in the model's own order, and then never again: fresh and resumed processes
+    sum every step alike. On 1 or 2 ranks the sum of two is the same either way: DDP is
+    left as it is. Cost: none per step (docs/resume.md)."""
+    reducer = getattr(model, "reducer", None)
+    if reducer is None or idist.get_world_size() < 3:
+        return model
+    reducer._push_all_rebuilt_params()
+    reducer._rebuild_buckets()  # a collective: every rank builds its DDP here alike
     return model
 
 

@@ -16,13 +16,14 @@ import time
 import ignite.distributed as idist
 import torch
 from ignite.engine import Events, create_supervised_evaluator
-from ignite.engine.deterministic import DeterministicEngine, ReproducibleBatchSampler, update_dataloader
+from ignite.engine.deterministic import DeterministicEngine, ReproducibleBatchSampler
 from ignite.handlers import Checkpoint, EarlyStopping, ProgressBar
 from ignite.utils import manual_seed
 from torch.utils.data import DataLoader
 
 from distkit.observe import profiling, throughput, tracing, tracking
 from distkit.train import signals, stopping
+from distkit.train.finite import FiniteGuard
 from distkit.train.agreement import check_replicas_identical, check_same_settings
 from distkit.checkpoint.saver import (CHECKPOINT_PREFIX, RunSettings, checkpoint_iteration,
                                 checkpoint_saver, load_checkpoint, make_run_dir, resume_settings,
@@ -114,7 +115,7 @@ class Trainer(DeterministicEngine):
         loader = self.state.dataloader
         if isinstance(loader, DataLoader) and loader.batch_sampler is not None and \
                 not isinstance(loader.batch_sampler, ReproducibleBatchSampler):
-            self.state.dataloader = update_dataloader(loader, DrawnAtIter(loader.batch_sampler))
+            self.state.dataloader = resumable_loader(loader)
         super()._setup_engine()  # restores the CPU generators in the middle of an epoch
         cuda_states = getattr(self, "_cuda_rng_states", None)
         if cuda_states and in_the_middle and self.state.rng_states is None and \
@@ -123,18 +124,52 @@ class Trainer(DeterministicEngine):
         self._cuda_rng_states = None
 
 
-class DrawnAtIter(ReproducibleBatchSampler):
-    """ignite's ``ReproducibleBatchSampler``, whose order is drawn when the iterator is
-    made, not at its first batch. Why: ignite seeds torch for the epoch, makes the
-    iterator, and then, resumed mid-epoch, puts back the checkpoint's generators; its
-    sampler drew the order only at the first batch, so from the generators put back. A
-    ``RandomSampler`` (one process has no ``DistributedSampler``) then gave the resumed
-    epoch another order: one process resumed at iteration 30 of 46 ended with other
-    weights. (A ``DistributedSampler`` orders by its own seed and epoch: unaffected.)"""
+class DrawnOnce(ReproducibleBatchSampler):
+    """ignite's ``ReproducibleBatchSampler`` (which puts a resumed epoch at its batch N),
+    whose epoch order :class:`ResumableLoader` draws once, when ignite asks the loader for
+    the epoch's batches, and which every iterator made from it then replays. Why:
+
+    - drawn at the loader's ``iter()``, under the epoch's seed: ignite's sampler drew it at
+      the first batch, from the generators a resumed run had put back by then, so a
+      ``RandomSampler`` (one process has no ``DistributedSampler``) gave the resumed
+      epoch another order;
+    - replayed, not drawn again: a loader with worker processes asks for the sampler's
+      iterator twice (torch's ``_MultiProcessingDataLoaderIter`` in its ``__init__`` and
+      again in ``_reset``); the first used up "start at batch N" and the resumed epoch
+      began again at its first batch."""
+
+    def draw(self) -> None:
+        self.setup_batch_indices()  # the whole order, less the batches already trained
 
     def __iter__(self):
-        self.setup_batch_indices()  # now, under the epoch's seed
         return iter(self.batch_indices)
+
+
+class ResumableLoader(DataLoader):
+    """A ``DataLoader`` whose batches resume exactly at any ``num_workers``, with or
+    without persistent workers and prefetching (see :class:`DrawnOnce`)."""
+
+    def __iter__(self):
+        self.batch_sampler.draw()
+        if not (self.persistent_workers and self.num_workers > 0):
+            return super().__iter__()
+        # Persistent workers are started (and their seed drawn) by the first iter() only:
+        # drawn from a fork, the seed leaves the training's generator where a later epoch,
+        # reusing its workers, leaves it, so a run resumed at an epoch's start goes on alike.
+        with torch.random.fork_rng(devices=[]):
+            return super().__iter__()
+
+
+def resumable_loader(loader: DataLoader) -> ResumableLoader:
+    """``loader`` with the same settings, as a :class:`ResumableLoader` (of the loader's
+    own class too, when it is a subclass of ``DataLoader``), as ignite's
+    ``update_dataloader`` rebuilds it."""
+    cls = type(loader)
+    kind = ResumableLoader if cls in (DataLoader, ResumableLoader) else \
+        type(f"Resumable{cls.__name__}", (ResumableLoader, cls), {})
+    params = {k: v for k, v in loader.__dict__.items() if not k.startswith("_") and
+              k not in ("batch_size", "sampler", "drop_last", "batch_sampler", "dataset_kind")}
+    return kind(batch_sampler=DrawnOnce(loader.batch_sampler), **params)
 
 
 RNG_BY_RANK = "rng_by_rank"
@@ -218,40 +253,54 @@ def create_trainer(model, optimizer, criterion, config, prepare_batch=None, trai
     (a task's own step, see :class:`distkit.Task`) replaces the kit's step; its output
     becomes the same ``{"loss": float, "batch_size": int, ...}`` (:func:`step_output`), so
     the mean train loss, the sample count and the progress bar work alike."""
-    device = idist.device()
-    if device.type == "xla":
+    if train_step is not None:
+        step = _task_step(model, optimizer, criterion, config, prepare_batch, train_step)
+    else:
+        step = _kit_step(model, optimizer, criterion, config, prepare_batch)
+    return _with_train_loss(Trainer(step))
+
+
+def _mark_step():
+    """What ends a step on this device: XLA's ``mark_step`` (cut the lazy graph at the
+    step's end and execute it), nothing elsewhere."""
+    if idist.device().type == "xla":
         import torch_xla.core.xla_model as xm
 
-        mark_step = xm.mark_step  # cut the lazy graph at the step's end and execute it
-    else:
-        def mark_step():
-            pass
+        return xm.mark_step
+    return lambda: None
 
-    if train_step is not None:
-        update = train_step(model, optimizer, criterion, config)
-        if not callable(update):
-            raise DistkitError(
-                f"the task's train_step returned a {type(update).__name__}, not a function: "
-                "return update(engine, batch), the step ignite's Engine runs")
-        count_with = prepare_batch or prepare_xy
-        if config.amp:  # --amp acts on a task's own step too: bfloat16 autocast around it
-            own_update = update
 
-            def update(engine, batch):
-                with torch.autocast(device.type, dtype=torch.bfloat16):
-                    return own_update(engine, batch)
+def _task_step(model, optimizer, criterion, config, prepare_batch, train_step):
+    """The task's own step, its output made the kit's (:func:`step_output`)."""
+    device, mark_step = idist.device(), _mark_step()
+    update = train_step(model, optimizer, criterion, config)
+    if not callable(update):
+        raise DistkitError(
+            f"the task's train_step returned a {type(update).__name__}, not a function: "
+            "return update(engine, batch), the step ignite's Engine runs")
+    count_with = prepare_batch or prepare_xy
+    if config.amp:  # --amp acts on a task's own step too: bfloat16 autocast around it
+        own_update = update
 
-        def own_step(engine, batch):
-            if not model.training:
-                model.train()
-            output = update(engine, batch)
-            mark_step()
-            out = step_output(output, batch, count_with)
-            engine.state.loss_sum += out["loss"]
-            return out
+        def update(engine, batch):
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                return own_update(engine, batch)
 
-        return _with_train_loss(Trainer(own_step))
+    def own_step(engine, batch):
+        if not model.training:
+            model.train()
+        output = update(engine, batch)
+        mark_step()
+        out = step_output(output, batch, count_with)
+        engine.state.loss_sum += out["loss"]
+        return out
 
+    return own_step
+
+
+def _kit_step(model, optimizer, criterion, config, prepare_batch):
+    """The kit's step: prepare, forward, zero_grad, backward, optimizer step."""
+    device, mark_step = idist.device(), _mark_step()
     # Decided once, not at every step: a disabled autocast context and a model.train()
     # (a walk over every module) on every step were half of the kit's fixed cost per step.
     if config.amp:
@@ -290,7 +339,7 @@ def create_trainer(model, optimizer, criterion, config, prepare_batch=None, trai
         engine.state.loss_sum += value
         return {"loss": value, "batch_size": len(y)}
 
-    return _with_train_loss(Trainer(train_step))
+    return train_step
 
 
 def step_output(output, batch, prepare_batch) -> dict:
@@ -337,6 +386,18 @@ def _with_train_loss(trainer):
         engine.state.metrics["train_loss"] = idist.all_reduce(engine.state.loss_sum) / max(steps, 1)
 
     return trainer
+
+
+def inside_epochs_every(n: int):
+    """An ignite event filter: every ``n``-th iteration, except an epoch's last. That
+    iteration's checkpoint is written at the epoch's end, after validation, early
+    stopping, the best model and a per-epoch schedule's step: a file of that iteration
+    written before them would be the newest, valid file of a run killed meanwhile, and
+    the resumed run would skip the epoch's validation and step its schedule late."""
+    def event_filter(engine, iteration: int) -> bool:
+        return iteration % n == 0 and iteration % engine.state.epoch_length != 0
+
+    return event_filter
 
 
 def at_most_every(seconds: float):
@@ -456,8 +517,11 @@ def training(local_rank: int, config, task: Task | None = None,
     run_dir = resolve_run_dir(config, run_dir)
     signals.clear()  # a stop asked of an earlier run in this process is not this run's
     restore_handlers = signals.install(stop_signals())
+    stopped = None
     try:
         results = _train(local_rank, config, task, run_dir)
+    except signals.Preempted as e:  # every rank stopped at one iteration: they leave together
+        stopped = e.with_traceback(None)  # its frames hold the run, which must be freed first
     except BaseException as e:
         # The failure says where it happened: the launcher's one line names the run's last
         # checkpoint and puts the traceback there, and an empty folder is removed.
@@ -468,16 +532,20 @@ def training(local_rank: int, config, task: Task | None = None,
         raise
     finally:
         restore_handlers()
+    _leave_together()
+    if stopped is not None:
+        stopped.distkit_run_dir = run_dir
+        raise stopped
+    return results
+
+
+def _leave_together() -> None:
     # Free the trainer, the DDP model and the loaders (held by reference cycles) now, while
     # the interpreter and the process group are alive: left to the interpreter's exit,
     # gloo's pending work objects can abort a process that has finished its work
     # (SIGABRT, "terminate called without an active exception").
     gc.collect()
     idist.barrier()  # leave together: a rank that tears down early can abort the others
-    if isinstance(results, signals.Preempted):
-        results.distkit_run_dir = run_dir
-        raise results
-    return results
 
 
 def stop_signals() -> tuple:
@@ -550,178 +618,251 @@ def resume_objects(objects: dict, config, run_dir: str) -> None:
     mid_epoch = trainer_state["iteration"] % trainer_state["epoch_length"] != 0
     if rank == 0 and mid_epoch and config.num_workers > 0:
         print(f"distkit: note: resuming in the middle of an epoch with --num-workers "
-              f"{config.num_workers}: the loader's worker processes restart their own random "
-              "generators, so random transforms in the dataset or collate_fn differ from an "
-              "uninterrupted run (exact with --num-workers 0)", file=sys.stderr, flush=True)
+              f"{config.num_workers}: the batches, their order and the training's generators "
+              "go on exactly; only random numbers drawn inside the loader's worker processes "
+              "(a random augmentation in the dataset or collate_fn, if it has one) are drawn "
+              "afresh for the rest of this epoch", file=sys.stderr, flush=True)
     if rank == 0 and mid_epoch and RNG_BY_RANK not in trainer_state and idist.get_world_size() > 1:
         print("distkit: note: this checkpoint holds rank 0's random state only (an older "
               "distkit): dropout on the other ranks differs from an uninterrupted run until "
               "the epoch ends", file=sys.stderr, flush=True)
 
 
-def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
-    rank, world_size = idist.get_rank(), idist.get_world_size()
-    show_bar = tracking.console(config)  # a bar only where someone watches; ignite's INFO lines if verbose
-    torch.set_num_threads(config.threads_per_process or threads_per_process(ranks_on_this_host()))
+class Run:
+    """One training run's collaborators (data, model, engines, schedule, checkpoints,
+    what it reports), built in the order they depend on each other by :func:`_train`.
+    Each ``attach_*`` method adds one concern's handlers to the engines."""
 
-    train_loader, val_loader = get_dataflow(config, task.datasets(config), task.collate_fn)
-    model, optimizer, criterion = initialize(config, task)
-    initial_digests = replica_digests(model)
-    lr_scheduler, lr_event = task_lr_scheduler(task, config, optimizer, len(train_loader))
-    trainer = create_trainer(model, optimizer, criterion, config, task.prepare_batch,
-                             task.train_step)
-    evaluator = create_evaluator(model, criterion, config, task)
-    # a torch scheduler steps at the epoch's end, after validation (which records the
-    # epoch's lr) and before the checkpoint (which must hold the stepped state)
-    attach_step_handlers(trainer, train_loader, lr_scheduler,
-                         None if lr_event == Events.EPOCH_COMPLETED else lr_event)
-    planned = config.epochs * len(train_loader)
-    lr_trace = LrTrace(optimizer, min(planned, config.max_iters or planned)).attach(trainer)
-    clock = throughput.attach(trainer, model, config)  # tokens/s and MFU, if the model counts FLOPs
-    if clock is None and config.peak_flops:
-        raise DistkitError(f"--peak-flops: the model of task {task.name!r} does not count its FLOPs "
-                           "(no flops_per_token() and block_size), so there is no MFU to measure "
-                           "against it: drop --peak-flops")
+    def __init__(self, config, task: Task, run_dir: str):
+        self.config, self.task, self.run_dir = config, task, run_dir
+        self.rank, self.world_size = idist.get_rank(), idist.get_world_size()
+        self.show_bar = tracking.console(config)  # a bar only where someone watches
+        self.history: list = []
+        self.train_loader, self.val_loader = get_dataflow(config, task.datasets(config),
+                                                          task.collate_fn)
+        self.model, self.optimizer, self.criterion = initialize(config, task)
+        self.initial_digests = replica_digests(self.model)
+        self.lr_scheduler, self.lr_event = task_lr_scheduler(task, config, self.optimizer,
+                                                             len(self.train_loader))
+        self.trainer = create_trainer(self.model, self.optimizer, self.criterion, config,
+                                      task.prepare_batch, task.train_step)
+        self.evaluator = create_evaluator(self.model, self.criterion, config, task)
+        # a NaN or inf stops every rank before it is validated or saved (distkit.train.finite)
+        self.guard = FiniteGuard(self.model, self.last_checkpoint) \
+            if task.stop_on_non_finite else None
+        self.checkpoint = None
 
-    history = []
+    def attach_step(self) -> None:
+        """The lr schedule per step, the sampler's reshuffle, the counts, tokens/s and MFU."""
+        config, trainer = self.config, self.trainer
+        # a torch scheduler steps at the epoch's end, after validation (which records the
+        # epoch's lr) and before the checkpoint (which must hold the stepped state)
+        attach_step_handlers(trainer, self.train_loader, self.lr_scheduler,
+                             None if self.lr_event == Events.EPOCH_COMPLETED else self.lr_event)
+        planned = config.epochs * len(self.train_loader)
+        self.lr_trace = LrTrace(self.optimizer, min(planned, config.max_iters or planned)).attach(trainer)
+        self.clock = throughput.attach(trainer, self.model, config)  # if the model counts FLOPs
+        if self.clock is None and config.peak_flops:
+            raise DistkitError(
+                f"--peak-flops: the model of task {self.task.name!r} does not count its FLOPs "
+                "(no flops_per_token() and block_size), so there is no MFU to measure "
+                "against it: drop --peak-flops")
+        self.profiler = profiling.attach(trainer) if config.profile else None
 
-    profiler = profiling.attach(trainer) if config.profile else None
+    def attach_validation(self) -> None:
+        """Validation at every epoch's end, its record in ``history``, then a per-epoch
+        schedule's step."""
+        if self.guard is not None:  # NaN weights are neither validated nor judged best
+            self.trainer.add_event_handler(Events.EPOCH_COMPLETED, self.guard.check)
+        self.trainer.add_event_handler(Events.EPOCH_COMPLETED, self.validate)
+        if self.lr_event == Events.EPOCH_COMPLETED:
+            self.trainer.add_event_handler(self.lr_event, _step_scheduler(self.lr_scheduler))
 
-    @trainer.on(Events.EPOCH_COMPLETED)
-    def validate(engine):
-        state = evaluator.run(val_loader)
-        history.append({
+    def validate(self, engine) -> None:
+        state = self.evaluator.run(self.val_loader)
+        self.history.append({
             "epoch": engine.state.epoch,
             "train_loss": engine.state.metrics["train_loss"],
             # batches in train_loss's mean (create_trainer marks where the epoch started)
             "train_loss_iterations": engine.state.iteration - engine.state.epoch_start_iteration,
             **{f"val_{name}": _jsonable(value) for name, value in state.metrics.items()},
             "epoch_time_s": engine.state.times["EPOCH_COMPLETED"],
-            "lr": optimizer.param_groups[0]["lr"],
+            "lr": self.optimizer.param_groups[0]["lr"],
         })
-        if rank == 0 and not show_bar:
-            h = history[-1]
+        if self.rank == 0 and not self.show_bar:
+            h = self.history[-1]
             shown = "  ".join(f"{k[4:].replace('accuracy', 'acc')} {h[k]:.4f}" for k in h
                               if k.startswith("val_") and isinstance(h[k], float))
             print(f"epoch {h['epoch']:3d}  train loss {h['train_loss']:.4f}  val {shown}  "
                   f"({h['epoch_time_s']:.2f} s)", flush=True)
 
-    if lr_event == Events.EPOCH_COMPLETED:
-        trainer.add_event_handler(lr_event, _step_scheduler(lr_scheduler))
-
-    def score(engine):
+    def score(self, engine) -> float:
         """The task's score in the evaluator's metrics, signed so that larger is better
         (what ignite's handlers want)."""
-        return task.sign() * float(engine.state.metrics[task.score[0]])
+        return self.task.sign() * float(engine.state.metrics[self.task.score[0]])
 
-    # Early stopping and the best model read the evaluator's metrics when it completes, as
-    # ignite's examples attach them: they cannot run before the validation they judge.
-    stopper = None
-    if config.early_stopping_patience > 0:
-        stopper = EarlyStopping(
-            patience=config.early_stopping_patience, threshold=config.early_stopping_min_delta,
-            score_function=score, trainer=trainer)
-        evaluator.add_event_handler(Events.COMPLETED, stopper)
+    def attach_judges(self) -> None:
+        """Early stopping and the best model. They read the evaluator's metrics when it
+        completes, as ignite's examples attach them: not before the validation they judge."""
+        config, task = self.config, self.task
+        self.stopper = None
+        if config.early_stopping_patience > 0:
+            self.stopper = EarlyStopping(
+                patience=config.early_stopping_patience, threshold=config.early_stopping_min_delta,
+                score_function=self.score, trainer=self.trainer)
+            self.evaluator.add_event_handler(Events.COMPLETED, self.stopper)
+        # Checkpoint must exist on every rank (XLA saves collectively); DiskSaver writes on
+        # rank 0 only, atomically (temporary file, then rename). Under fsdp: full
+        # (unsharded) state dicts, so the files stay plain model weights.
+        self.saved_model, self.saved_optimizer = checkpoint_objects(self.model, self.optimizer)
+        # The best model by the task's score, beside (not among) the resumable checkpoints.
+        # Its file name carries the metric as measured (best_model_loss=0.0871.pt), not the
+        # signed score ignite ranks by, which is negative for a "min" metric.
+        self.best = Checkpoint(
+            {"model": self.saved_model}, checkpoint_saver(os.path.join(self.run_dir, "best")),
+            filename_prefix="best", n_saved=1, score_function=self.score, score_name=task.score[0],
+            filename_pattern="{filename_prefix}_{name}_{score_name}={global_step}.{ext}",
+            global_step_transform=lambda engine, _: f"{float(engine.state.metrics[task.score[0]]):.4f}")
+        self.evaluator.add_event_handler(Events.COMPLETED, self.best)
 
-    # Checkpoint must exist on every rank (XLA saves collectively); DiskSaver writes on
-    # rank 0 only, atomically (temporary file, then rename).
-    # Under fsdp: full (unsharded) state dicts, so the files stay plain model weights.
-    saved_model, saved_optimizer = checkpoint_objects(model, optimizer)
-    # The best model by the task's score, beside (not among) the resumable checkpoints.
-    # Its file name carries the metric as measured (best_model_loss=0.0871.pt), not the
-    # signed score ignite ranks by, which is negative for a "min" metric.
-    best = Checkpoint(
-        {"model": saved_model}, checkpoint_saver(os.path.join(run_dir, "best")),
-        filename_prefix="best", n_saved=1, score_function=score, score_name=task.score[0],
-        filename_pattern="{filename_prefix}_{name}_{score_name}={global_step}.{ext}",
-        global_step_transform=lambda engine, _: f"{float(engine.state.metrics[task.score[0]]):.4f}")
-    evaluator.add_event_handler(Events.COMPLETED, best)
+    def attach_checkpoints(self) -> None:
+        """The resumable checkpoint (every ``--checkpoint-every`` iterations and at every
+        epoch's end) and the stop at a signal or ``--max-iters`` with its checkpoint."""
+        config, task, trainer = self.config, self.task, self.trainer
+        # the settings a resumed run must share with this one (checked before it starts)
+        settings = RunSettings(resume_settings(config, task.name, self.world_size,
+                                               type(self.optimizer).__name__))
+        objects = to_save(trainer, self.saved_model, self.saved_optimizer, self.lr_scheduler,
+                          settings)
+        # resumed as they were: early stopping's counter, the best model's score, the task's own
+        objects.update(resumable_state(self.stopper, self.best, task, trainer, self.evaluator,
+                                       config))
+        objects["history"] = History(self.history)  # a resumed run's results: every epoch
+        self.objects = objects
+        self.checkpoint = checkpoint = Checkpoint(
+            objects, checkpoint_saver(os.path.join(self.run_dir, "checkpoints")),
+            filename_prefix=CHECKPOINT_PREFIX, n_saved=2,
+            global_step_transform=lambda engine, _: engine.state.iteration)
+        save_at = Events.EPOCH_COMPLETED
+        if config.checkpoint_every > 0:
+            save_at = save_at | Events.ITERATION_COMPLETED(
+                event_filter=inside_epochs_every(config.checkpoint_every))
+        trainer.add_event_handler(save_at, self.save)
+        # a stop signal or --max-iters: every rank at the same iteration, after the epoch's
+        # validation and schedule step when that iteration ends an epoch (distkit.train.stopping)
+        self.stop = stopping.attach(trainer, self.save_now, config.max_iters, self.guard)
 
+    def save(self, engine) -> None:
+        """Write the resumable checkpoint of this iteration, if every rank is finite."""
+        if self.guard is not None:
+            self.guard.check(engine)
+        self.checkpoint(engine)
+
+    def save_now(self, engine) -> str | None:
+        """The checkpoint of this iteration (written once), as a path to name."""
+        if checkpoint_iteration(self.checkpoint.last_checkpoint or "") != engine.state.iteration:
+            self.save(engine)
+        return self.last_checkpoint()
+
+    def last_checkpoint(self) -> str | None:
+        """The newest resumable checkpoint this run wrote (None: none yet)."""
+        return saved_path(self.run_dir, "checkpoints", self.checkpoint) if self.checkpoint else None
+
+    def attach_display(self) -> None:
+        """The progress bar, the first step's time, ``--trace`` and ``--logger``."""
+        config, trainer = self.config, self.trainer
+
+        @trainer.on(Events.ITERATION_COMPLETED(once=1))
+        def first_step_done(engine):  # start-up as a learner feels it (distkit bench's peers)
+            engine.state.first_step_unix_s = time.time()
+
+        if self.rank == 0 and self.show_bar:
+            # rank 0's own batch loss: showing it needs no communication
+            ProgressBar(persist=False).attach(
+                trainer, output_transform=lambda out: {"loss": out["loss"]},
+                event_name=Events.ITERATION_COMPLETED(event_filter=at_most_every(0.1)))
+        self.tracer = tracing.attach(trainer, self.evaluator, self.run_dir,
+                                     _planned_steps(config, self.train_loader)) \
+            if config.trace else None
+        self.tracker = tracking.attach(config, trainer, self.evaluator, self.optimizer,
+                                       self.run_dir)  # --logger, rank 0
+
+    def train(self) -> float:
+        """Train; the wall time. A stop signal raises :class:`~distkit.train.signals.Preempted`
+        (every rank at the same iteration, with its checkpoint)."""
+        start = time.perf_counter()
+        self.trainer.run(self.train_loader, max_epochs=self.config.epochs)
+        wall = time.perf_counter() - start
+        stop = self.stop
+        if stop.stopped and stop.signum:  # stopped by a signal: the checkpoint says where
+            self.tracker.close(None)
+            raise signals.Preempted(
+                signals.stopped_line(stop.signum, stop.iteration, stop.epoch, stop.checkpoint),
+                stop.signum, stop.checkpoint)
+        return wall
+
+    def extras(self) -> dict:
+        """results.json's fields beyond the history: throughput, schedule, optimizer, step.
+        On every rank: a task's summary may run the model (a collective under fsdp)."""
+        config, task, optimizer = self.config, self.task, self.optimizer
+        return {**throughput.report(self.clock),
+                "task_summary": task.summary(self.model, config) if task.summary else None,
+                # kit: --lr and its schedule; none: the optimizer's own lr; task: its scheduler
+                "lr_schedule": schedule_kind(task), "lr_scheduler": scheduler_name(self.lr_scheduler),
+                "scheduler_step": scheduler_step(task, self.lr_event),
+                "lr_trace": self.lr_trace.record(),
+                "optimizer": {"type": type(optimizer).__name__,
+                              **{k: _jsonable(v) for k, v in optimizer.defaults.items()
+                                 if isinstance(v, (int, float, bool, str, torch.Tensor))}},
+                "train_step": "task" if task.train_step is not None else "kit",
+                "amp": "bfloat16 autocast" if config.amp else None,
+                # a NaN or inf loss or weight: "stop" the run, or "train on" (the task's choice)
+                "non_finite": "stop" if task.stop_on_non_finite else "train on",
+                "stopped_early": stopped_early(self.trainer, self.evaluator, config)}
+
+    def report(self, wall: float) -> dict | None:
+        """results.json and the plot (rank 0), the tracker's files, the replicas compared."""
+        config, task, trainer, run_dir = self.config, self.task, self.trainer, self.run_dir
+        profile = profiling.summarize(self.profiler) if self.profiler is not None else None
+        trace = self.tracer.finish() if self.tracer is not None else None  # a collective
+        digests = {"initial": self.initial_digests, "final": replica_digests(self.model)}
+        memory = peak_memory_per_rank()
+        extras = self.extras()
+        if trace is not None:
+            extras["trace"] = trace
+        record = RunRecord(
+            run_dir=run_dir, config=config, task=task, settings=effective_config(config, task),
+            history=self.history, iterations=trainer.state.iteration,
+            samples_trained=trainer.state.samples * self.world_size, wall_time_s=wall,
+            first_step_unix_s=getattr(trainer.state, "first_step_unix_s", None),
+            peak_lr=peak_lr(config, self.world_size) if schedule_kind(task) == "kit" else None,
+            last_checkpoint=self.last_checkpoint(),
+            best_model=saved_path(run_dir, "best", self.best), profile=profile,
+            replica_digests=digests, peak_memory_per_rank=memory, extras=extras)
+        results = report(record) if self.rank == 0 else None  # rank 0 writes results.json
+        if self.rank == 0:  # the tracker is optional: after results.json, a failure is a warning
+            from distkit.observe.reporting import optional_output
+
+            optional_output(f"the --logger {config.logger} files", run_dir,
+                            lambda: self.tracker.close(profile))
+        check_replicas_identical(digests)  # on every rank: replicas apart are an error
+        return results
+
+
+def _train(local_rank: int, config, task: Task, run_dir: str) -> dict | None:
+    """Build the run, attach its handlers in the order they must fire, resume, train, report."""
+    torch.set_num_threads(config.threads_per_process or threads_per_process(ranks_on_this_host()))
+    run = Run(config, task, run_dir)
+    run.attach_step()
+    run.attach_validation()
+    run.attach_judges()
     if task.handlers is not None:  # the task's own, after the kit's, before the checkpoint
-        task.handlers(trainer, evaluator, config)
-    # the settings a resumed run must share with this one (checked before it starts)
-    settings = RunSettings(resume_settings(config, task.name, world_size, type(optimizer).__name__))
-    objects = to_save(trainer, saved_model, saved_optimizer, lr_scheduler, settings)
-    # resumed as they were: early stopping's counter, the best model's score, the task's own
-    objects.update(resumable_state(stopper, best, task, trainer, evaluator, config))
-    objects["history"] = History(history)  # a resumed run's results, summary, plot: every epoch
-    checkpoint = Checkpoint(
-        objects, checkpoint_saver(os.path.join(run_dir, "checkpoints")),  # full disk: one line
-        filename_prefix=CHECKPOINT_PREFIX, n_saved=2,
-        global_step_transform=lambda engine, _: engine.state.iteration)
-    save_at = Events.EPOCH_COMPLETED
-    if config.checkpoint_every > 0:
-        save_at = save_at | Events.ITERATION_COMPLETED(every=config.checkpoint_every)
-    trainer.add_event_handler(save_at, checkpoint)
-
-    def save_now(engine):  # the checkpoint of this iteration (written once)
-        if checkpoint_iteration(checkpoint.last_checkpoint or "") != engine.state.iteration:
-            checkpoint(engine)
-        return saved_path(run_dir, "checkpoints", checkpoint)
-
-    # a stop signal or --max-iters: every rank at the same iteration, after the epoch's
-    # validation and schedule step when that iteration ends an epoch (distkit.train.stopping)
-    stop = stopping.attach(trainer, save_now, config.max_iters)
-
+        task.handlers(run.trainer, run.evaluator, config)
+    run.attach_checkpoints()
     if config.resume_from:
-        resume_objects(objects, config, run_dir)
-
-    @trainer.on(Events.ITERATION_COMPLETED(once=1))
-    def first_step_done(engine):  # start-up as a learner feels it (distkit bench's peers)
-        engine.state.first_step_unix_s = time.time()
-
-    if rank == 0 and show_bar:
-        # rank 0's own batch loss: showing it needs no communication
-        ProgressBar(persist=False).attach(trainer, output_transform=lambda out: {"loss": out["loss"]},
-                                          event_name=Events.ITERATION_COMPLETED(
-                                              event_filter=at_most_every(0.1)))
-
-    tracer = tracing.attach(trainer, evaluator, run_dir, _planned_steps(config, train_loader)) \
-        if config.trace else None
-    tracker = tracking.attach(config, trainer, evaluator, optimizer, run_dir)  # --logger, rank 0
-    start = time.perf_counter()
-    trainer.run(train_loader, max_epochs=config.epochs)
-    wall = time.perf_counter() - start
-    if stop.stopped and stop.signum:  # stopped by a signal: the checkpoint says where
-        tracker.close(None)
-        return signals.Preempted(
-            signals.stopped_line(stop.signum, stop.iteration, stop.epoch, stop.checkpoint),
-            stop.signum, stop.checkpoint)
-
-    profile = profiling.summarize(profiler) if profiler is not None else None
-    trace = tracer.finish() if tracer is not None else None  # a collective; paths on rank 0
-    digests = {"initial": initial_digests, "final": replica_digests(model)}
-    memory = peak_memory_per_rank()
-    # every rank: a task's summary may run the model (a collective under fsdp)
-    extras = {**throughput.report(clock),
-              "task_summary": task.summary(model, config) if task.summary else None,
-              # kit: --lr and its schedule; none: the optimizer's own lr; task: its scheduler
-              "lr_schedule": schedule_kind(task), "lr_scheduler": scheduler_name(lr_scheduler),
-              "scheduler_step": scheduler_step(task, lr_event), "lr_trace": lr_trace.record(),
-              "optimizer": {"type": type(optimizer).__name__,
-                            **{k: _jsonable(v) for k, v in optimizer.defaults.items()
-                               if isinstance(v, (int, float, bool, str, torch.Tensor))}},
-              "train_step": "task" if task.train_step is not None else "kit",
-              "amp": "bfloat16 autocast" if config.amp else None,
-              "stopped_early": stopped_early(trainer, evaluator, config)}
-    if trace is not None:
-        extras["trace"] = trace
-    record = RunRecord(
-        run_dir=run_dir, config=config, task=task, settings=effective_config(config, task),
-        history=history,
-        iterations=trainer.state.iteration, samples_trained=trainer.state.samples * world_size,
-        wall_time_s=wall, first_step_unix_s=getattr(trainer.state, "first_step_unix_s", None),
-        peak_lr=peak_lr(config, world_size) if schedule_kind(task) == "kit" else None,
-        last_checkpoint=saved_path(run_dir, "checkpoints", checkpoint),
-        best_model=saved_path(run_dir, "best", best), profile=profile, replica_digests=digests,
-        peak_memory_per_rank=memory, extras=extras)
-    results = report(record) if rank == 0 else None  # rank 0 writes results.json and the plot
-    if rank == 0:  # the tracker is optional: after results.json, a failure is a warning
-        from distkit.observe.reporting import optional_output
-
-        optional_output(f"the --logger {config.logger} files", run_dir, lambda: tracker.close(profile))
-    check_replicas_identical(digests)  # on every rank: replicas apart are an error, not a field
-    return results
+        resume_objects(run.objects, config, run_dir)
+    run.attach_display()
+    return run.report(run.train())
 
 
 def _planned_steps(config, train_loader) -> int | None:

@@ -42,26 +42,10 @@ def layout_changed(saved: dict, current: dict) -> bool:
                for k in LAYOUT)
 
 
-def check_layout_change(path: str, saved: dict, current: dict, batch_size: int) -> None:
-    """Refuse, in one line naming what to change, a resume on another layout where the
-    global batches after it cannot be the uninterrupted run's: the global batch must
-    divide by the new world size (every rank takes B/W samples of the same global
-    batch). Other layout changes are resharded at load (:func:`adapt_checkpoint`)."""
-    if not layout_changed(saved, current):
-        return
-    world = current.get("world_size")
-    if world and batch_size % world:
-        near = sorted((w for w in range(1, batch_size + 1) if batch_size % w == 0),
-                      key=lambda w: (abs(w - world), w))[:2]
-        raise DistkitError(
-            f"--resume-from {path!r} cannot continue its global batches of {batch_size} on "
-            f"{world} processes ({batch_size} does not divide by {world}): resume on "
-            f"{' or '.join(map(str, sorted(near)))} processes (the global batch stays "
-            f"--batch-size {batch_size}), or start a new run without --resume-from")
-
-
 def check_task_state_reshards(path: str, objects: dict) -> None:
-    """Refuse a layout change for a task whose own state says it belongs to one layout
+    """The one check of a layout change that only the running ranks can make (the other,
+    a global batch that divides by the new world size, is ``Config.check_batch_fits``,
+    before any process starts). Refuse a layout change for a task whose own state says it belongs to one layout
     (an object of ``Task.stateful`` with ``reshardable = False``: a count per rank, a
     buffer per shard); the checkpoint holds rank 0's copy only, which another layout
     would silently misread."""

@@ -528,10 +528,9 @@ _REQUIRED_KEYS = {"trainer": ("iteration", "epoch_length", "max_epochs"), "model
 
 def check_checkpoint_fits(path: str, config, task=None, world_size: int | None = None) -> None:
     """Fail early if the checkpoint was written for another task's model (``task``
-    default: the config's, see ``distkit.tasks.resolve_task``), with settings this
-    run would silently change (see ``_MUST_MATCH``), or for a layout this run cannot
-    continue (``reshard.check_layout_change``; ``world_size`` None: not compared)."""
-    from distkit.checkpoint.reshard import check_layout_change
+    default: the config's, see ``distkit.tasks.resolve_task``), or with settings this
+    run would silently change (see ``_MUST_MATCH``; ``world_size`` None: not compared;
+    another world size, nodes or strategy is resharded: ``distkit.checkpoint.reshard``)."""
     from distkit.tasks import resolve_task
 
     ckpt = load_checkpoint(path)
@@ -556,11 +555,9 @@ def check_checkpoint_fits(path: str, config, task=None, world_size: int | None =
             "by an older distkit, or not by distkit train): start a new run without --resume-from")
     optimizer = type(task.optimizer(model.parameters(), config)).__name__
     current = resume_settings(config, task.name, world_size if world_size else 0, optimizer)
-    current.pop("nnodes")  # not known for sure before the group forms; it changes nothing
     if not world_size:
         current.pop("world_size")
     check_settings_match(path, ckpt[SETTINGS], current)
-    check_layout_change(path, ckpt[SETTINGS], current, config.batch_size)
 
 
 def checkpoint_is_finished(ckpt: dict) -> bool:

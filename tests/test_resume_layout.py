@@ -118,11 +118,15 @@ TASKS = {"default": ["--epochs", "3", "--batch-size", "96"],
                     "--early-stopping-patience", "3"]}
 STOP_AT = {"default": 20, "course": 12}
 COMMON = ["--no-progress", "--timeout", "60"]
-# The largest difference a layout change made to any weight (max |resumed - uninterrupted|
-# over every parameter), with what it comes from; measured in docs/resume.md.
-WEIGHT_TOLERANCE = {"default": 5e-3,  # rounding, and the epoch's padded last batch
-                    "course": 5e-2}   # rounding, and dropout drawn per rank
-ACCURACY_TOLERANCE, LOSS_TOLERANCE = 0.01, 0.02
+# How far a resume on another layout may end from the uninterrupted run: the largest
+# difference of any weight (max |resumed - uninterrupted|), and the final validation
+# accuracy and relative loss; measured in docs/resume.md. The default task (no dropout)
+# differs by rounding and the epoch's padded last batch only: 5e-4 measured. The course
+# task draws its dropout masks per rank, so another world size draws other masks and the
+# run takes another path, on the same global batches: 0.21-0.24 measured, and one of its
+# 48 validation samples (0.021) classified otherwise.
+TOLERANCE = {"default": {"weights": 5e-3, "accuracy": 0.01, "loss": 0.02},
+             "course": {"weights": 0.5, "accuracy": 2 / 48, "loss": 0.05}}
 
 
 def train(out: Path, layout: tuple, task: str, *extra) -> dict:
@@ -184,6 +188,14 @@ def resume_and_compare(runs: Runs, task: str, before: tuple, after: tuple) -> di
         "world_size": before[0], "nnodes": 1, "strategy": before[1]}
     assert resumed["iterations"] == whole["iterations"]
     assert resumed["final"]["epoch"] == whole["final"]["epoch"], "early stopping at another epoch"
+    if task == "course":  # every global batch after the resume is the uninterrupted run's
+        from layout_course import global_batches
+
+        want, got = global_batches(whole_dir), global_batches(out)
+        after_stop = [it for it in want if it > STOP_AT[task]]
+        assert sorted(got) == after_stop, "other iterations trained after the resume"
+        for it in after_stop:
+            assert got[it] == want[it], f"global batch of iteration {it} differs"
     a, b = weights(whole), weights(resumed)
     assert a.keys() == b.keys()
     diff = max((a[k].double() - b[k].double()).abs().max().item() for k in a)
@@ -193,16 +205,10 @@ def resume_and_compare(runs: Runs, task: str, before: tuple, after: tuple) -> di
           f"accuracy {accuracy:.4f} apart, loss {100 * loss:.2f} % apart", flush=True)
     if before == after:  # the same layout: nothing resharded, bit for bit
         assert diff == 0, "a resume on the same layout is no longer bit-identical"
-    assert diff <= WEIGHT_TOLERANCE[task], f"weights {diff:.2e} apart"
-    assert accuracy <= ACCURACY_TOLERANCE and loss <= LOSS_TOLERANCE
-    if task == "course":  # every global batch after the resume is the uninterrupted run's
-        from layout_course import global_batches
-
-        want, got = global_batches(whole_dir), global_batches(out)
-        after_stop = [it for it in want if it > STOP_AT[task]]
-        assert sorted(got) == after_stop, "other iterations trained after the resume"
-        for it in after_stop:
-            assert got[it] == want[it], f"global batch of iteration {it} differs"
+    bound = TOLERANCE[task]
+    assert diff <= bound["weights"], f"weights {diff:.2e} apart"
+    assert accuracy <= bound["accuracy"] + 1e-9, f"validation accuracy {accuracy:.4f} apart"
+    assert loss <= bound["loss"], f"validation loss {100 * loss:.2f} % apart"
     return {"weights": diff, "accuracy": accuracy, "loss": loss}
 
 

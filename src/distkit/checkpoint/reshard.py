@@ -45,10 +45,10 @@ def layout_changed(saved: dict, current: dict) -> bool:
 def check_task_state_reshards(path: str, objects: dict) -> None:
     """The one check of a layout change that only the running ranks can make (the other,
     a global batch that divides by the new world size, is ``Config.check_batch_fits``,
-    before any process starts). Refuse a layout change for a task whose own state says it belongs to one layout
-    (an object of ``Task.stateful`` with ``reshardable = False``: a count per rank, a
-    buffer per shard); the checkpoint holds rank 0's copy only, which another layout
-    would silently misread."""
+    before any process starts). Refuse a layout change for a task whose own state says
+    it belongs to one layout (an object of ``Task.stateful`` with ``reshardable =
+    False``: a count per rank, a buffer per shard); the checkpoint holds rank 0's copy
+    only, which another layout would silently misread."""
     stuck = [name[len("task."):] for name, obj in objects.items()
              if name.startswith("task.") and getattr(obj, "reshardable", True) is False]
     if stuck:

@@ -158,11 +158,19 @@ class Runs:
     def __init__(self, folder: Path):
         self.folder, self.done = folder, {}
 
+    def fresh(self, name: str) -> Path:
+        """A new folder (a case drawn twice resumes twice, each into its own)."""
+        for n in range(100):
+            out = self.folder / (name if n == 0 else f"{name}-{n}")
+            if not out.exists():
+                out.mkdir(parents=True)
+                return out
+        raise AssertionError(f"no fresh folder for {name}")
+
     def get(self, kind: str, task: str, layout: tuple) -> dict:
         key = (kind, task, layout)
         if key not in self.done:
-            out = self.folder / f"{kind}-{task}-{layout[0]}-{layout[1]}"
-            out.mkdir(parents=True)
+            out = self.fresh(f"{kind}-{task}-{layout[0]}-{layout[1]}")
             extra = ("--max-iters", STOP_AT[task]) if kind == "stopped" else ()
             self.done[key] = (out, train(out, layout, task, *extra))
         return self.done[key]
@@ -178,8 +186,7 @@ def resume_and_compare(runs: Runs, task: str, before: tuple, after: tuple) -> di
     run never stopped; return what was measured."""
     whole_dir, whole = runs.get("whole", task, before)
     stopped_dir, stopped = runs.get("stopped", task, before)
-    out = runs.folder / f"resumed-{task}-{before[0]}{before[1]}-{after[0]}{after[1]}"
-    out.mkdir()
+    out = runs.fresh(f"resumed-{task}-{before[0]}{before[1]}-{after[0]}{after[1]}")
     resumed = train(out, after, task, "--resume-from", stopped["last_checkpoint"])
 
     assert (resumed["world_size"], resumed["strategy"]) == after, "another layout than asked"

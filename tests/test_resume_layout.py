@@ -101,12 +101,13 @@ def test_a_task_state_kept_per_rank_is_refused_on_another_layout():
         def state_dict(self):
             return {}
 
+    saved = {"world_size": 2, "nnodes": 1, "strategy": "fsdp"}
     with pytest.raises(DistkitError) as caught:
-        check_task_state_reshards("ck.pt", {"task.count": PerRank(), "task.ema": object()})
+        check_task_state_reshards("ck.pt", {"task.count": PerRank(), "task.ema": object()}, saved)
     line = str(caught.value)
     assert "\n" not in line and "count" in line and "ema" not in line
-    assert "resume with the world size, nodes and --strategy" in line
-    check_task_state_reshards("ck.pt", {"task.ema": object(), "model": PerRank()})  # fine
+    assert "resume on the checkpoint's 2 processes (1 node(s), --strategy fsdp)" in line
+    check_task_state_reshards("ck.pt", {"task.ema": object(), "model": PerRank()}, saved)  # fine
 
 
 # --- real runs: stopped on one layout, resumed on another ----------------------------------
@@ -239,3 +240,29 @@ LAYOUTS = [(1, "ddp"), (2, "ddp"), (3, "ddp"), (4, "ddp"), (2, "fsdp")]
 def test_any_layout_resumes_any_other(runs, task, before, after):
     print(f"case: task={task!r} before={before} after={after}", flush=True)
     resume_and_compare(runs, task, before, after)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_course_task_with_state_per_rank_is_refused_on_another_layout_in_one_line(tmp_path):
+    """tests/preemption_course.py counts tokens per rank (``reshardable = False``): its
+    checkpoint of 2 processes resumed on 1 ends in one line naming the state and the layout
+    to resume on, exit 1, and leaves no run folder behind."""
+    path = os.pathsep.join([str(TESTS), str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    course = [sys.executable, "-m", "distkit", "train", "--task", "preemption_course:task", "--epochs",
+              "2", "--batch-size", "16", *COMMON]
+    first = subprocess.run([*course, "--nproc-per-node", "2", "--max-iters", "4", "--output-dir",
+                            str(tmp_path / "runs")], cwd=tmp_path, env=subprocess_env(PYTHONPATH=path),
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    checkpoint = sorted((tmp_path / "runs").glob("*/checkpoints/*.pt"))[-1]
+    refused = subprocess.run([*course, "--nproc-per-node", "1", "--resume-from", str(checkpoint),
+                              "--output-dir", str(tmp_path / "again")], cwd=tmp_path,
+                             env=subprocess_env(PYTHONPATH=path), capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 1
+    lines = [line for line in refused.stderr.splitlines() if line.startswith("distkit:")]
+    assert len(lines) == 1, refused.stderr[-3000:]
+    assert "tokens_seen is kept per rank" in lines[0]
+    assert "resume on the checkpoint's 2 processes (1 node(s), --strategy ddp)" in lines[0]
+    assert not any((tmp_path / "again").glob("*/")), "a run folder was left behind"

@@ -42,7 +42,7 @@ def layout_changed(saved: dict, current: dict) -> bool:
                for k in LAYOUT)
 
 
-def check_task_state_reshards(path: str, objects: dict) -> None:
+def check_task_state_reshards(path: str, objects: dict, saved: dict) -> None:
     """The one check of a layout change that only the running ranks can make (the other,
     a global batch that divides by the new world size, is ``Config.check_batch_fits``,
     before any process starts). Refuse a layout change for a task whose own state says
@@ -54,8 +54,9 @@ def check_task_state_reshards(path: str, objects: dict) -> None:
     if stuck:
         raise DistkitError(
             f"--resume-from {path!r}: the task's state {', '.join(stuck)} is kept per rank and "
-            "cannot move to another layout: resume with the world size, nodes and --strategy "
-            "the checkpoint was written with, or make that state the same on every rank")
+            f"cannot move to another layout: resume on the checkpoint's {saved.get('world_size')} "
+            f"processes ({saved.get('nnodes')} node(s), --strategy {saved.get('strategy')}), or make "
+            "that state the same on every rank")
 
 
 def parameter_names(objects: dict) -> list[str]:
@@ -98,7 +99,7 @@ def adapt_checkpoint(ckpt: dict, objects: dict, path: str) -> dict:
     saved, current = ckpt.get("settings") or {}, objects["settings"].settings
     if not layout_changed(saved, current):
         return ckpt
-    check_task_state_reshards(path, objects)
+    check_task_state_reshards(path, objects, saved)
     state = ckpt["optimizer"]
     wants_names = hasattr(objects["optimizer"], "model")  # FullOptimizerState: fsdp
     if wants_names != _keyed_by_name(state):

@@ -99,6 +99,7 @@ def per_iteration_schedule(optimizer, config, epoch_length):
 class TokensSeen:
     """A stateful handler of the task's own: tokens trained on, counted per rank."""
 
+    reshardable = False  # rank 0's count means nothing to another layout: resume refused
     def __init__(self):
         self.count = 0
 

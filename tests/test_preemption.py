@@ -53,7 +53,7 @@ def env() -> dict:
 
 
 def command(launcher: str, args) -> list[str]:
-    if launcher in ("spawn", "one"):  # "one": one process, the layout with no sampler to shard
+    if launcher in ("spawn", "one"):  # "one": one process, a sampler of one replica
         nproc = "1" if launcher == "one" else "2"
         return [sys.executable, "-m", "distkit", "train", "--nproc-per-node", nproc, *args]
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -179,8 +179,8 @@ CASES = [
     # its group get it; the workers, in sessions of their own, hear it from their launcher
     ("sigterm-group", "default", "spawn"),
     ("sigterm-group", "course", "torchrun"),
-    # one process: no DistributedSampler, so a RandomSampler orders the epoch (ignite drew
-    # that order from the generators the checkpoint put back: other weights, until 26 Nov)
+    # one process: its DistributedSampler of one replica, under ignite's ReproducibleBatchSampler
+    # resumed mid-epoch (a RandomSampler there once took its order from the restored generators)
     ("max-iters", "course", "one"),
     ("sigterm", "default", "one"),
 ]

@@ -146,6 +146,35 @@ def test_srun_resumes_its_own_checkpoint(slurm_cluster, tmp_path):
     assert all(torch.equal(a[n], b[n]) for n in a), "the resumed job step ends elsewhere"
 
 
+def test_a_job_of_two_tasks_resumed_with_one_task(slurm_cluster, tmp_path):
+    """A job step of 2 tasks stopped mid-epoch, then the job submitted again with 1 task and
+    --resume-from latest (a job that comes back with less): it reshards the checkpoint, says
+    so in results.json and ends within the layout's rounding of the uninterrupted job
+    (docs/resume.md, tests/test_resume_layout.py)."""
+    import torch
+
+    def step(folder, ntasks, *args):
+        out = slurm_cluster.srun(["-n", str(ntasks), "--kill-on-bad-exit=1", sys.executable, "-m",
+                                  "distkit", "train", *TINY, "--epochs", "2", "--checkpoint-every", "4",
+                                  "--output-dir", str(tmp_path / folder), *args],
+                                 cwd=tmp_path, env=job_env(), timeout=240)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        return _results(tmp_path / folder)[-1]
+
+    whole = step("whole", 2)
+    first = step("parts", 2, "--max-iters", "6")
+    resumed = step("parts", 1, "--resume-from", "latest")
+    assert (resumed["world_size"], resumed["nnodes"]) == (1, 1)
+    assert resumed["resumed_from"]["checkpoint"] == first["last_checkpoint"]
+    assert (resumed["resumed_from"]["iteration"], resumed["resumed_from"]["world_size"]) == (6, 2)
+    assert resumed["iterations"] == whole["iterations"]
+    a, b = (torch.load(r["last_checkpoint"], map_location="cpu", weights_only=True)["model"]
+            for r in (whole, resumed))
+    assert max((a[n] - b[n]).abs().max().item() for n in a) <= 5e-3
+    assert abs(resumed["final"]["val_accuracy"] - whole["final"]["val_accuracy"]) <= 0.01
+    assert abs(resumed["final"]["val_loss"] / whole["final"]["val_loss"] - 1) <= 0.02
+
+
 LONGER = ["--epochs", "3", "--no-progress", "--dataset", "synthetic", "--dataset-size", "1536"]
 
 

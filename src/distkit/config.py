@@ -187,6 +187,13 @@ class Config:
                 f"global --batch-size {self.batch_size} is smaller than the world size "
                 f"{world_size}: every process needs at least one sample; use --batch-size "
                 f">= {world_size} or fewer processes")
+        if self.batch_size % world_size and self.resume_from:  # the global batch must stay
+            near = sorted((w for w in range(1, self.batch_size + 1) if self.batch_size % w == 0),
+                          key=lambda w: (abs(w - world_size), w))[:2]
+            raise DistkitError(
+                f"global --batch-size {self.batch_size} does not divide by the world size "
+                f"{world_size}, and a run resumed with --resume-from keeps its global batch: resume on "
+                f"{' or '.join(map(str, sorted(near)))} processes")
         if self.batch_size % world_size:
             lower = self.batch_size // world_size * world_size
             raise DistkitError(

@@ -142,6 +142,8 @@ class Task:
       anything with ``state_dict`` / ``load_state_dict``) and returns them by name; each
       is saved in every checkpoint (under ``task.<name>``) and loaded back on resume, so
       a resumed run continues them exactly. Called once per process, after ``handlers``.
+      The checkpoint holds rank 0's copy; an object whose state is kept per rank says
+      ``reshardable = False``, and a resume on another layout is then refused.
     - ``settings={name: default}``: the task's own settings; each is given on the
       command line as ``--set name=value`` (converted to its default's type) or in
       ``Config(task_settings={...})``, and reaches every function of the task as

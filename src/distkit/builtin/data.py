@@ -258,10 +258,25 @@ def get_dataflow(config, datasets=None, collate_fn=None):
     extra = {"collate_fn": collate_fn} if collate_fn is not None else {}
     train_loader = idist.auto_dataloader(
         train_set, batch_size=config.batch_size, num_workers=config.num_workers,
-        shuffle=True, drop_last=False, pin_memory=pin, **extra)
+        drop_last=False, pin_memory=pin, **extra, **same_order_at_any_world_size(train_set))
     val_loader = validation_loader(val_set, 2 * config.batch_size, config.num_workers,
                                    pin_memory=pin, **extra)
     return train_loader, val_loader
+
+
+def same_order_at_any_world_size(dataset) -> dict:
+    """The sampler arguments of the training loader: shuffled by a ``DistributedSampler``
+    at every world size. ``auto_dataloader`` adds one (seed 0, reshuffled per epoch by
+    ``set_epoch``) when there are several processes; one process gets the same one
+    (``num_replicas=1``) instead of a ``RandomSampler``, so the epoch's order is the same
+    permutation at any world size W, and global batch i is ``perm[i*B:(i+1)*B]`` whether
+    1, 2 or 4 processes train it: a run resumed on another world size continues the
+    uninterrupted run's batches (distkit.checkpoint.reshard)."""
+    if idist.get_world_size() > 1:
+        return {"shuffle": True}
+    from torch.utils.data.distributed import DistributedSampler
+
+    return {"sampler": DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True)}
 
 
 def validation_loader(dataset, batch_size: int, num_workers: int = 0, **kwargs):

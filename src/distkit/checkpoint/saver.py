@@ -410,12 +410,11 @@ def to_save(trainer, model, optimizer, lr_scheduler, settings=None) -> dict:
 SETTINGS = "settings"
 # What a resumed run must share with the run that wrote the checkpoint, and why: the
 # trainer, optimizer and lr schedule come back from the checkpoint as they were, so a
-# changed value here would be silently ignored or would silently change the run.
+# changed value here would be silently ignored or would silently change the run. The
+# layout (world size, nodes, strategy) is recorded too but may change: distkit.checkpoint.reshard.
 _MUST_MATCH = {
     "task": ("--task (or --dataset/--model)", "the weights, data and metrics belong to it"),
     "dataset_size": ("--dataset-size", "the synthetic data and the epoch length depend on it"),
-    "world_size": ("the world size (--nproc-per-node x --nnodes)",
-                   "every process's shard, batch and data order depend on it"),
     "batch_size": ("--batch-size", "the epoch length and the order of batches depend on it"),
     "epochs": ("--epochs", "the lr schedule, restored from the checkpoint, ends at its last epoch"),
     "lr": ("--lr", "the lr schedule is restored from the checkpoint"),
@@ -424,7 +423,6 @@ _MUST_MATCH = {
     "momentum": ("Config.momentum", "the optimizer is restored from the checkpoint"),
     "weight_decay": ("Config.weight_decay", "the optimizer is restored from the checkpoint"),
     "seed": ("--seed", "the train/validation split and the data order depend on it"),
-    "strategy": ("--strategy", "the model and optimizer state are saved per strategy"),
     "optimizer": ("the task's optimizer", "its state is restored from the checkpoint"),
     "task_settings": ("the task's settings (--set)", "the task's data, model or step depend on them"),
 }
@@ -433,7 +431,8 @@ _MUST_MATCH = {
 def resume_settings(config, task_name: str, world_size: int, optimizer: str | None = None) -> dict:
     """The values of ``_MUST_MATCH`` for this run (plain values: loadable with
     ``weights_only=True``); ``optimizer``: the optimizer's class name."""
-    settings = {"task": task_name, "world_size": int(world_size)}
+    settings = {"task": task_name, "world_size": int(world_size), "nnodes": _nnodes(config),
+                "strategy": config.strategy}
     if optimizer is not None:
         settings["optimizer"] = optimizer
     for name in _MUST_MATCH:
@@ -442,6 +441,13 @@ def resume_settings(config, task_name: str, world_size: int, optimizer: str | No
     if config.dataset != "synthetic" or getattr(config, "task", None):
         settings.pop("dataset_size", None)  # only the synthetic set has a size to choose
     return settings
+
+
+def _nnodes(config) -> int:
+    """The nodes of this run: the process group's where one is formed, else the config's."""
+    import ignite.distributed as idist
+
+    return int(idist.get_nnodes()) if idist.get_world_size() > 1 else int(config.nnodes)
 
 
 class RunSettings:
@@ -473,8 +479,6 @@ def check_settings_match(path: str, saved: dict, current: dict) -> None:
             fix = " ".join(f"--set {k}={v}" for k, v in saved[name].items()) or "no --set"
         elif isinstance(saved[name], bool):
             fix = flag if saved[name] else f"no {flag}"
-        elif name == "world_size":
-            fix = f"{saved[name]} processes in all"
         else:
             fix = f"{flag} {saved[name]}"
         raise DistkitError(
@@ -526,7 +530,8 @@ _REQUIRED_KEYS = {"trainer": ("iteration", "epoch_length", "max_epochs"), "model
 def check_checkpoint_fits(path: str, config, task=None, world_size: int | None = None) -> None:
     """Fail early if the checkpoint was written for another task's model (``task``
     default: the config's, see ``distkit.tasks.resolve_task``), or with settings this
-    run would silently change (see ``_MUST_MATCH``; ``world_size`` None: not compared)."""
+    run would silently change (see ``_MUST_MATCH``; ``world_size`` None: not compared;
+    another world size, nodes or strategy is resharded: ``distkit.checkpoint.reshard``)."""
     from distkit.tasks import resolve_task
 
     ckpt = load_checkpoint(path)

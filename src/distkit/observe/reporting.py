@@ -96,10 +96,22 @@ def results_of(record: RunRecord) -> dict:
         "replica_param_sha256": digests,
         "replicas_identical": all(len(set(d)) == 1 for d in digests.values()),
         "strategy": config.strategy,
+        # the checkpoint this run went on from, and the layout that wrote it
+        "resumed_from": resume_record(getattr(config, "resume_from", None)),
         "peak_memory_per_rank": record.peak_memory_per_rank,  # {"bytes": [rank 0, ...], "measure": ...}
         "versions": versions(),
         **record.extras,
     }
+
+
+def resume_record(path: str | None) -> dict | None:
+    """What results.json says of the checkpoint a run resumed from (None: it did not)."""
+    if not path:
+        return None
+    from distkit.checkpoint.reshard import resumed_from
+    from distkit.checkpoint.saver import load_checkpoint
+
+    return resumed_from(path, load_checkpoint(path))  # proven by its checksum, as at the resume
 
 
 def best_epoch(history: list, task) -> dict | None:

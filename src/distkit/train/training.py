@@ -28,6 +28,7 @@ from distkit.train.agreement import check_replicas_identical, check_same_setting
 from distkit.checkpoint.saver import (CHECKPOINT_PREFIX, RunSettings, checkpoint_iteration,
                                 checkpoint_saver, load_checkpoint, make_run_dir, resume_settings,
                                 to_save)
+from distkit.checkpoint.reshard import adapt_checkpoint
 from distkit.builtin.data import get_dataflow
 from distkit.host.facts import ranks_on_this_host, threads_per_process
 from distkit.host.layout import world_layout
@@ -602,7 +603,8 @@ def resume_objects(objects: dict, config, run_dir: str) -> None:
     import shutil
     import sys
 
-    ckpt = load_checkpoint(config.resume_from)
+    # another world size, nodes or strategy: resharded as it loads (distkit.checkpoint.reshard)
+    ckpt = adapt_checkpoint(load_checkpoint(config.resume_from), objects, config.resume_from)
     Checkpoint.load_objects({k: v for k, v in objects.items() if k in ckpt}, ckpt)
     rank = idist.get_rank()
     if "best_model" in ckpt and rank == 0:  # the tracker names a file of the old run

@@ -60,6 +60,7 @@ import time
 from dataclasses import dataclass, field
 
 from distkit.errors import DistkitError
+from distkit.observe.hang_records import doctor_lines
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, check_address_resolves, check_port_free,
                              free_port, in_ipython, socket_interface, threads_per_process)
 
@@ -401,6 +402,8 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
                 seen.setdefault(rank, polls)
         failed = [r for r, c in codes.items() if c not in (None, 0)]
         if failed:
+            # the hang doctor reads every rank's record while the others still run
+            doctor = doctor_lines(folder, {r: p.poll() for r, (_, p) in procs.items()})
             # the first failure: stop the others now (they would wait on it in a collective)
             _stop(procs, signal.SIGTERM, min(grace_s, 3.0))
             lines = [_describe(r, procs[r][0], codes[r], folder, ranks) for r in failed]
@@ -412,6 +415,8 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
             lines[0] += "; the other ranks were stopped"
             for line in lines:
                 sys.stderr.write(f"distkit: error: {line}\n")
+            for line in doctor:
+                sys.stderr.write(f"distkit: hang: {line}\n")
             sys.stderr.flush()
             if ranks.mode == "torchrun":  # torchrun's summary names it as the root cause
                 from distkit.observe.failures import write_error_file

@@ -34,6 +34,7 @@ import sys
 import traceback
 
 from distkit.observe.failures import cause, write_traceback
+from distkit.observe.hang_records import arm, write_raised
 
 
 def _end_with_parent(launcher_pid: int | None) -> None:
@@ -54,6 +55,8 @@ def _report(error: BaseException) -> None:
     nnodes = int(os.environ.get("GROUP_WORLD_SIZE", "1") or 1)
     node = f", node {os.environ.get('GROUP_RANK', '0')} of {nnodes}" if nnodes > 1 else ""
     folder = os.environ.get("DISTKIT_SCRIPT_REPORTS")
+    if folder:
+        write_raised(folder, int(rank), error)  # before the traceback: the supervisor's cue
     path = write_traceback(folder, int(rank), error) if folder else None
     where = f"; full traceback in {path}" if path else ""
     line = f"rank {rank} (local rank {local_rank}{node}) raised {cause(error)}{where}"
@@ -91,6 +94,8 @@ def main(argv: list[str]) -> int:
         return 2
     launcher = os.environ.get("DISTKIT_LAUNCHER_PID")
     _end_with_parent(int(launcher) if launcher else None)
+    if os.environ.get("DISTKIT_SCRIPT_REPORTS"):
+        arm(os.environ["DISTKIT_SCRIPT_REPORTS"], int(os.environ.get("RANK", "0")))
     if os.environ.get("DISTKIT_TIMEOUT"):
         bound_waits(float(os.environ["DISTKIT_TIMEOUT"]))
     tracer = None

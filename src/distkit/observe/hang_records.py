@@ -23,13 +23,11 @@ import signal
 import sys
 import threading
 import time
-import traceback
 
 from distkit.observe.failures import KIT_ROOT, _library_roots, shown_path
-from distkit.observe.hangs import collectives_from_fr
+from distkit.observe.hangs import collectives_from_fr, without_fingerprints
 
 REQUEST = "hang-request"  # the supervisor creates it: every live rank writes its record
-_C10D = os.sep + os.path.join("torch", "distributed") + os.sep
 
 
 def record_path(folder: str, rank: int) -> str:
@@ -40,59 +38,113 @@ def _flight_recorder() -> list[dict]:
     try:
         import torch._C._distributed_c10d as c10d
 
-        return collectives_from_fr(json.loads(c10d._dump_fr_trace_json()))
+        collectives = collectives_from_fr(json.loads(c10d._dump_fr_trace_json()))
     except Exception:  # no process group yet, or a torch without the recorder
         return []
+    if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":
+        collectives = without_fingerprints(collectives)
+    return collectives
 
 
-def _where(frames) -> tuple[str | None, str | None]:
-    """``(file:line, call)``: the innermost frame of the user's code, and the
-    torch.distributed function it called (None when it is not inside one)."""
+def _stack(frame) -> list:
+    """The frames from the outermost to ``frame``."""
+    frames = []
+    while frame is not None:
+        frames.append(frame)
+        frame = frame.f_back
+    return frames[::-1]
+
+
+def _where(frames) -> tuple[str | None, object | None]:
+    """``(file:line, c10d frame)``: the innermost frame of the user's code, and the frame
+    of the torch.distributed function it called (None when it is not inside one)."""
     libraries = _library_roots()
     user_at = None
     for i, f in enumerate(frames):
-        path = os.path.realpath(f.filename)
-        if not (f.filename.startswith("<") or path.startswith(libraries)
-                or path.startswith(KIT_ROOT)):
+        name = f.f_code.co_filename
+        path = os.path.realpath(name)
+        if not (name.startswith("<") or path.startswith(libraries) or path.startswith(KIT_ROOT)):
             user_at = i
     if user_at is None:
         return None, None
-    where = f"{shown_path(frames[user_at].filename)}:{frames[user_at].lineno}"
+    f = frames[user_at]
+    where = f"{shown_path(f.f_code.co_filename)}:{f.f_lineno}"
     called = [f for f in frames[user_at + 1:]
-              if _C10D in f.filename and os.path.basename(f.filename) == "distributed_c10d.py"]
-    return where, (called[0].name if called else None)
+              if f.f_code.co_filename.endswith(os.path.join("torch", "distributed",
+                                                            "distributed_c10d.py"))]
+    return where, (called[0] if called else None)
 
 
-def _current(collectives: list[dict], call: str | None, raised: bool) -> int | None:
-    """The number of the collective the rank is in (or raised in)."""
+_TENSOR_ARGUMENTS = ("tensor", "input_tensor", "input", "tensor_list", "input_tensor_list",
+                     "object_list", "obj")
+
+
+def _called(c10d_frame) -> dict | None:
+    """A collective the rank called but torch did not record (it raised before), from
+    its call's arguments: op, shapes, dtypes, its group's name."""
+    import torch
+
+    args = c10d_frame.f_locals
+    for name in _TENSOR_ARGUMENTS:
+        value = args.get(name)
+        found = [value] if isinstance(value, torch.Tensor) else (
+            [v for v in value if isinstance(v, torch.Tensor)] if isinstance(value, list) else [])
+        if found:
+            return {"op": c10d_frame.f_code.co_name, "shapes": [list(t.shape) for t in found],
+                    "dtypes": [str(t.dtype).replace("torch.", "") for t in found],
+                    "done": False}
+    return None
+
+
+def _record(rank: int, state: str, innermost, raised: bool) -> dict:
+    where, c10d_frame = _where(_stack(innermost)) if innermost is not None else (None, None)
+    call = c10d_frame.f_code.co_name if c10d_frame is not None else None
+    collectives = _flight_recorder()
+    # a collective that raised before torch started it (its checks, or DETAIL's
+    # fingerprints disagreeing) has no ``work`` yet and no entry: make it from its call
+    started = c10d_frame is not None and "work" in c10d_frame.f_locals
+    seq = _current(collectives, call) if started or not raised else None
+    if seq is None and c10d_frame is not None:
+        made = _called(c10d_frame)  # raised before torch recorded it: the next number
+        if made is not None:
+            group = collectives[-1]["group"] if collectives else "0"
+            seq = 1 + max([c["seq"] for c in collectives if c["group"] == group], default=0)
+            collectives.append({"group": group, "seq": seq, **made})
+    if state == "live":
+        state = "in collective" if call else "computing"
+    return {"rank": rank, "state": state, "where": where, "call": call, "current": seq,
+            "collectives": collectives}
+
+
+def _same_op(call: str, op: str) -> bool:
+    """Whether torch.distributed's function ``call`` records as ``op``
+    (``all_gather_into_tensor`` as ``_allgather_base``)."""
+    return call.replace("_", "")[:6] == op.replace("_", "")[:6]
+
+
+def _current(collectives: list[dict], call: str | None) -> int | None:
+    """The number of the collective the rank is in (or raised in): torch records a
+    collective as it starts, so it is the last one recorded when that is the call."""
     if not call or not collectives:
         return None
-    pending = [c for c in collectives if not c["done"]]
-    if pending:
-        return pending[-1]["seq"]
     last = collectives[-1]
-    return last["seq"] if raised and call.lstrip("_").startswith(last["op"].lstrip("_")) else None
+    return last["seq"] if _same_op(call, last["op"]) else None
 
 
 def live_record(rank: int, frame) -> dict:
     """The record of a rank that is still running, its main thread at ``frame``."""
-    where, call = _where(traceback.extract_stack(frame)) if frame else (None, None)
-    collectives = _flight_recorder()
-    seq = _current(collectives, call, raised=False)
-    state = "in collective" if call else "computing"
-    return {"rank": rank, "state": state, "where": where, "call": call, "current": seq,
-            "collectives": collectives}
+    return _record(rank, "live", frame, raised=False)
 
 
 def raised_record(rank: int, error: BaseException) -> dict:
     from distkit.observe.failures import first_line
 
-    where, call = _where(traceback.extract_tb(error.__traceback__))
-    collectives = _flight_recorder()
-    return {"rank": rank, "state": "raised", "where": where, "call": call,
-            "current": _current(collectives, call, raised=True),
-            "error": f"{type(error).__name__}: {first_line(error)}"[:200],
-            "collectives": collectives}
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    record = _record(rank, "raised", tb.tb_frame if tb is not None else None, raised=True)
+    record["error"] = f"{type(error).__name__}: {first_line(error)}"[:200]
+    return record
 
 
 def _write(folder: str, record: dict) -> None:
@@ -121,6 +173,12 @@ def arm(folder: str, rank: int, poll_s: float = 0.1) -> threading.Thread:
         if not os.path.exists(record_path(folder, rank)):
             _write(folder, live_record(rank, sys._current_frames().get(main)))
 
+    try:  # a rank that gloo aborts (SIGABRT) or that crashes leaves its Python stack here
+        import faulthandler
+
+        faulthandler.enable(open(os.path.join(folder, f"crash-rank{rank}.txt"), "w"))
+    except OSError:
+        pass
     thread = threading.Thread(target=watch, name="distkit-hang-records", daemon=True)
     thread.start()
     return thread
@@ -153,7 +211,26 @@ def gather(folder: str, codes: dict, wait_s: float = 3.0) -> list[dict]:
     for rank, code in codes.items():
         if rank not in records:
             records[rank] = _ended(rank, code)
+            records[rank]["where"] = crash_site(os.path.join(folder, f"crash-rank{rank}.txt"))
     return [records[r] for r in sorted(records)]
+
+
+def crash_site(path: str) -> str | None:
+    """The user's line in ``faulthandler``'s report of a crashed rank (its format:
+    ``File "train.py", line 21 in <module>``, most recent call first), or None."""
+    import re
+
+    libraries = _library_roots()
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError:
+        return None
+    for name, line in re.findall(r'File "([^"]+)", line (\d+)', text):
+        path = os.path.realpath(name)
+        if not (name.startswith("<") or path.startswith(libraries) or path.startswith(KIT_ROOT)):
+            return f"{shown_path(name)}:{line}"
+    return None
 
 
 def _ended(rank: int, code: int | None) -> dict:

@@ -39,12 +39,21 @@ def collectives_from_fr(fr: dict) -> list[dict]:
         if e.get("is_p2p"):
             continue
         op = e.get("profiling_name", "?").split(":")[-1]
-        out.append({"group": str(e.get("process_group", ["0"])[0]),
+        out.append({"group": str(e.get("pg_id", 0)),
                     "seq": int(e.get("collective_seq_id", 0)), "op": op,
                     "shapes": [list(s) for s in e.get("input_sizes", [])],
                     "dtypes": [_DTYPES.get(d, d) for d in e.get("input_dtypes", [])],
                     "done": bool(e.get("retired"))})
     return out
+
+
+def without_fingerprints(collectives: list[dict]) -> list[dict]:
+    """Under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` each group has a helper group on which
+    torch all-gathers every collective's fingerprint (int64 tensors) before running it:
+    leave the helper groups' entries out."""
+    helpers = {c["group"] for c in collectives} - {
+        c["group"] for c in collectives if not (c["op"] == "all_gather" and c["dtypes"] == ["int64"])}
+    return [c for c in collectives if c["group"] not in helpers]
 
 
 def tensors(c: dict) -> str:
@@ -82,7 +91,7 @@ def rank_line(record: dict) -> str:
     who, state, where = f"rank {record['rank']}", record.get("state"), record.get("where")
     at = f" at {where}" if where else ""
     if state == "died":
-        return f"{who}: died" + (f" ({record['signal']})" if record.get("signal") else "")
+        return f"{who}: died" + (f" ({record['signal']})" if record.get("signal") else "") + at
     if state == "ended":
         return f"{who}: ended"
     c = current(record)
@@ -158,8 +167,17 @@ def _behind(waiting: dict, c: dict, other: dict) -> str:
         how = f"it is in {named(mine)}{line_of(other, mine)}"
     else:
         how = f"it is {how}"
-    return (f"rank {other['rank']} never reached {c['op']} #{c['seq']}{line_of(waiting, c)} "
-            f"({how})")
+    if other.get("state") == "died":
+        said = (f"rank {other['rank']} {how[3:]} while rank {waiting['rank']} was in "
+                f"{c['op']} #{c['seq']}{line_of(waiting, c)}")
+    else:
+        said = (f"rank {other['rank']} never reached {c['op']} #{c['seq']}"
+                f"{line_of(waiting, c)} ({how})")
+    if other.get("signal") == "SIGABRT":  # gloo aborts a rank sent more bytes than it expects
+        said += (f"; gloo aborts a rank that receives more data than its tensor holds: do the "
+                 f"ranks' shapes or dtypes differ at {c['op']} #{c['seq']}? --debug-collectives "
+                 "compares them before each collective")
+    return said
 
 
 def verdict(records: list[dict]) -> str:

@@ -150,10 +150,19 @@ def first_difference(records: list[dict]) -> str | None:
     keys = sorted({k for _, t in tables for k in t}, key=lambda k: (k[1], k[0]))
     for key in keys:
         having = [(r, t[key]) for r, t in tables if key in t]
-        for (ra, a), (rb, b) in zip(having, having[1:]):
-            said = _differ(a, ra, b, rb)
-            if said:
-                return said
+        kinds = {}
+        for r, c in having:
+            kinds.setdefault((c["op"], str(c["shapes"]), str(c["dtypes"])), []).append((r, c))
+        if len(kinds) < 2:
+            continue
+        # the odd one out against the most common call (the lower rank on a tie)
+        ranked = sorted(kinds.values(), key=lambda g: (-len(g), g[0][0]["rank"]))
+        (ra, a), (rb, b) = ranked[0][0], ranked[1][0]
+        if ra["rank"] > rb["rank"]:
+            (ra, a), (rb, b) = (rb, b), (ra, a)
+        said = _differ(a, ra, b, rb)
+        if said:
+            return said
     return None
 
 
@@ -171,8 +180,8 @@ def _behind(waiting: dict, c: dict, other: dict) -> str:
         said = (f"rank {other['rank']} {how[3:]} while rank {waiting['rank']} was in "
                 f"{c['op']} #{c['seq']}{line_of(waiting, c)}")
     else:
-        said = (f"rank {other['rank']} never reached {c['op']} #{c['seq']}"
-                f"{line_of(waiting, c)} ({how})")
+        said = (f"rank {other['rank']} never reached {c['op']} #{c['seq']}, which rank "
+                f"{waiting['rank']} waits in{line_of(waiting, c)} ({how})")
     if other.get("signal") == "SIGABRT":  # gloo aborts a rank sent more bytes than it expects
         said += (f"; gloo aborts a rank that receives more data than its tensor holds: do the "
                  f"ranks' shapes or dtypes differ at {c['op']} #{c['seq']}? --debug-collectives "

@@ -80,3 +80,107 @@ def test_torchs_dump_is_read_as_collectives():
     assert hangs.collectives_from_fr(fr) == [{"group": "0", "seq": 2, "op": "all_gather",
                                               "shapes": [[64]], "dtypes": ["float32"],
                                               "done": False}]
+
+
+# --- real gloo ranks under distkit launch: a generated script per family ---------------
+
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+
+TIMEOUT_S = 6
+
+
+def _script(family: str, world: int, odd: int, n: int, seed: int) -> tuple[str, dict]:
+    """A script whose rank ``odd`` goes its own way after ``n`` all_reduces; returns its
+    text and what the doctor must name: ``lines`` (the calls' line numbers by name)."""
+    rng = random.Random(seed)
+    size = rng.randint(8, 2000)
+    body = ["import os, signal, time", "import torch, torch.distributed as dist",
+            "dist.init_process_group('gloo')", "rank = dist.get_rank()",
+            f"t = torch.ones({size})", f"for _ in range({n}):", "    dist.all_reduce(t)",
+            f"if rank == {odd}:"]
+    odd_calls = {
+        "wrong_op": ["dist.broadcast(t, 0)"], "order": ["dist.broadcast(t, 0)", "dist.all_reduce(t)"],
+        "shape": [f"x = torch.ones({size + 1 + rng.randint(0, 50)})",
+                  "dist.all_gather([torch.zeros_like(x) for _ in range(dist.get_world_size())], x)"],
+        "skip": ["pass"], "one_more": ["dist.all_reduce(t)", "dist.all_reduce(t)"],
+        "computes": ["while True:", "    time.sleep(0.01)"],
+        "dies": ["os.kill(os.getpid(), signal.SIGKILL)"],
+        "new_group": ["g = dist.new_group([0, 1])"]}[family]
+    others = {
+        "wrong_op": ["dist.all_reduce(t)"], "order": ["dist.all_reduce(t)", "dist.broadcast(t, 0)"],
+        "shape": [f"x = torch.ones({size})",
+                  "dist.all_gather([torch.zeros_like(x) for _ in range(dist.get_world_size())], x)"],
+        "skip": ["dist.barrier()"], "one_more": ["dist.all_reduce(t)"],
+        "computes": ["pass"], "dies": ["pass"], "new_group": ["pass"]}[family]
+    lines = {}
+    for block, name in ((odd_calls, "odd"), (["else:"], None), (others, "others")):
+        for code in block:
+            body.append(("    " + code) if name else code)
+            if name and "dist." in code and name + "_first" not in lines:
+                lines[name + "_first"] = len(body)
+    body.append("dist.all_reduce(t)")
+    lines["after"] = len(body)
+    body.append("print('rank', rank, 'went on', flush=True)")
+    return "\n".join(body) + "\n", lines
+
+
+def _expected(family, odd, lines, script):
+    """Words the verdict must hold: the odd rank, the op and a line."""
+    at = lambda key: f"{script}:{lines.get(key)}"  # noqa: E731
+    return {"wrong_op": ["called different collectives", "broadcast", at("odd_first")],
+            "order": ["called different collectives", "broadcast", at("odd_first")],
+            "shape": ["all-gathered different sizes", at("odd_first")],
+            "skip": ["never reached barrier", at("others_first")],
+            "one_more": ["never reached all_reduce", "ended"],
+            "computes": ["never reached all_reduce", "not in a collective"],
+            "dies": ["died (SIGKILL)", "all_reduce", at("after")],
+            "new_group": ["never reached all_reduce", "new_group"]}[family]
+
+
+LAUNCH_FAMILIES = ("wrong_op", "order", "shape", "skip", "one_more", "computes", "dies",
+                   "new_group")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("draw", range(3))
+def test_real_hangs_under_distkit_launch_are_named(tmp_path, draw):
+    seed = int(os.environ.get("DISTKIT_HANG_SEED", random.randrange(2**32))) + draw
+    rng = random.Random(seed)
+    family = rng.choice(LAUNCH_FAMILIES)
+    world = rng.choice((2, 3))
+    odd = rng.randrange(world) if family != "new_group" else rng.choice((0, 1))
+    n = rng.randint(0, 4)
+    debug = rng.random() < 0.5
+    print(f"seed {seed}: {family}, {world} ranks, rank {odd} odd after {n} all_reduces, "
+          f"debug_collectives={debug} (DISTKIT_HANG_SEED={seed - draw} to rerun)")
+    text, lines = _script(family, world, odd, n, seed)
+    (tmp_path / "hang.py").write_text(text)
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "distkit", "launch", "--nproc-per-node",
+                           str(world), "--timeout", str(TIMEOUT_S),
+                           *(["--debug-collectives"] if debug else []), "hang.py"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=TIMEOUT_S * 6 + 60)
+    took = time.monotonic() - start
+    hang = [ln for ln in done.stderr.splitlines() if ln.startswith("distkit: hang: ")]
+    assert done.returncode != 0 and hang, (text, done.stderr[-3000:])
+    if debug or family not in ("skip", "shape"):  # gloo pairs some mismatches silently
+        assert "went on" not in done.stdout, (text, done.stdout)
+    verdict = hang[-1]
+    assert f"rank {odd}" in verdict, (text, hang)
+    expected = _expected(family, odd, lines, "hang.py")
+    if family == "shape" and "SIGABRT" in verdict:
+        # gloo aborted the rank that received more than its tensor holds, before the
+        # doctor could read its record: the verdict names where it died and why
+        expected = ["died (SIGABRT) in all_gather", "shapes or dtypes differ"]
+    for words in expected:
+        assert words in verdict, (words, text, hang)
+    assert len(hang) == world + 1, hang
+    # the timeout, the records (3 s at most), and starting 2-3 Pythons with torch: up to a
+    # minute on the loaded 2-core VM
+    assert took < TIMEOUT_S * 3 + 90, took

@@ -35,6 +35,13 @@ of the step's node list, ``MASTER_PORT`` 15000 + the job id's last 4 digits, as 
 derives them) and runs the script once, as this task's rank. Inside torchrun
 (``WORLD_SIZE`` set) it runs the script once with torchrun's variables.
 
+When a rank fails, the hang doctor (:mod:`distkit.observe.hangs`) prints one line per
+rank (``distkit: hang: rank 1: in all_reduce #6 (float32[1000]) at train.py:21``) and a
+verdict. ``debug_collectives=True`` (``--debug-collectives``) sets
+``TORCH_DISTRIBUTED_DEBUG=DETAIL`` in the ranks: torch compares every collective's op,
+shapes and dtypes across ranks before running it, so no rank goes on with the data of a
+mismatched one (it costs a collective per collective; torch 2.15's DDP crashes under it).
+
 ``trace=True`` (``--trace``, one node): every rank is profiled for a few optimizer steps
 (:mod:`distkit.observe.script_tracing`); the launcher merges the ranks' traces into one and
 draws it, as ``distkit train --trace`` does, into ``<output_dir>/<time>-<backend>-
@@ -245,7 +252,8 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
                   master_port: int | None = None, backend: str = "auto",
                   timeout_s: float = DEFAULT_TIMEOUT_S, end_timeout_s: float | None = None,
                   grace_s: float = 10.0, module: bool = False, verbose: bool = False,
-                  cwd: str | None = None, trace: bool = False, output_dir: str = "runs") -> int:
+                  cwd: str | None = None, trace: bool = False, output_dir: str = "runs",
+                  debug_collectives: bool = False) -> int:
     """Run ``script`` (a path; ``module=True``: a module name, as ``python -m``) with
     ``args`` on ``nproc_per_node`` ranks of this node, as torchrun would, with the kit's
     supervision (see the module's docstring). Returns 0 when every rank ended with 0;
@@ -279,6 +287,8 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
         for local_rank in ranks.local_ranks:
             env = _child_env(ranks, local_rank, folder, verbose)
             env["DISTKIT_TIMEOUT"] = repr(float(timeout_s))
+            if debug_collectives:  # torch compares each collective across ranks first
+                env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
             if run_dir is not None:
                 env["DISTKIT_TRACE"] = os.path.join(run_dir, "trace")
             p = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True,

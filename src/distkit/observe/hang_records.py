@@ -84,16 +84,19 @@ def _called(c10d_frame) -> dict | None:
     its call's arguments: op, shapes, dtypes, its group's name."""
     import torch
 
+    op = c10d_frame.f_code.co_name
+    if op.startswith(("new_", "init_", "destroy_", "_")):  # makes or ends groups
+        return None
     args = c10d_frame.f_locals
     for name in _TENSOR_ARGUMENTS:
         value = args.get(name)
         found = [value] if isinstance(value, torch.Tensor) else (
             [v for v in value if isinstance(v, torch.Tensor)] if isinstance(value, list) else [])
         if found:
-            return {"op": c10d_frame.f_code.co_name, "shapes": [list(t.shape) for t in found],
+            return {"op": op, "shapes": [list(t.shape) for t in found],
                     "dtypes": [str(t.dtype).replace("torch.", "") for t in found],
                     "done": False}
-    return None
+    return {"op": op, "shapes": [], "dtypes": [], "done": False}  # barrier: no tensors
 
 
 def _record(rank: int, state: str, innermost, raised: bool) -> dict:
@@ -211,13 +214,15 @@ def gather(folder: str, codes: dict, wait_s: float = 3.0) -> list[dict]:
     for rank, code in codes.items():
         if rank not in records:
             records[rank] = _ended(rank, code)
-            records[rank]["where"] = crash_site(os.path.join(folder, f"crash-rank{rank}.txt"))
+            where, call = crash_site(os.path.join(folder, f"crash-rank{rank}.txt"))
+            records[rank].update(where=where, call=call)
     return [records[r] for r in sorted(records)]
 
 
-def crash_site(path: str) -> str | None:
-    """The user's line in ``faulthandler``'s report of a crashed rank (its format:
-    ``File "train.py", line 21 in <module>``, most recent call first), or None."""
+def crash_site(path: str) -> tuple[str | None, str | None]:
+    """``(file:line, torch.distributed call)`` of the main thread in ``faulthandler``'s
+    report of a crashed rank (its format: ``File "train.py", line 21 in <module>``, most
+    recent call first; the main thread is the one running ``<module>``), or Nones."""
     import re
 
     libraries = _library_roots()
@@ -225,12 +230,17 @@ def crash_site(path: str) -> str | None:
         with open(path) as f:
             text = f.read()
     except OSError:
-        return None
-    for name, line in re.findall(r'File "([^"]+)", line (\d+)', text):
+        return None, None
+    threads = re.split(r"\n(?=(?:Current thread|Thread) 0x)", text)
+    main = next((t for t in threads if " in <module>" in t), threads[-1])
+    call = None
+    for name, line, function in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main):
         path = os.path.realpath(name)
-        if not (name.startswith("<") or path.startswith(libraries) or path.startswith(KIT_ROOT)):
-            return f"{shown_path(name)}:{line}"
-    return None
+        if name.endswith(os.path.join("torch", "distributed", "distributed_c10d.py")):
+            call = function  # the outermost torch.distributed frame is the user's call
+        elif not (name.startswith("<") or path.startswith(libraries) or path.startswith(KIT_ROOT)):
+            return f"{shown_path(name)}:{line}", call
+    return None, None
 
 
 def _ended(rank: int, code: int | None) -> dict:

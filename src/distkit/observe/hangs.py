@@ -91,12 +91,15 @@ def rank_line(record: dict) -> str:
     who, state, where = f"rank {record['rank']}", record.get("state"), record.get("where")
     at = f" at {where}" if where else ""
     if state == "died":
-        return f"{who}: died" + (f" ({record['signal']})" if record.get("signal") else "") + at
+        inside = f" in {record['call']}" if record.get("call") else ""
+        return f"{who}: died" + (f" ({record['signal']})" if record.get("signal") else "") + \
+            inside + at
     if state == "ended":
         return f"{who}: ended"
     c = current(record)
     if state == "raised":
-        what = f"{named(c)} failed" if c else "raised"
+        what = f"{named(c)} failed" if c else (
+            f"{record['call']} failed" if record.get("call") else "raised")
         error = record.get("error")
         return f"{who}: {what}{at}" + (f": {error}" if error else "")
     if c is not None:
@@ -133,9 +136,10 @@ def _differ(a: dict, ra: dict, b: dict, rb: dict) -> str | None:
                 f"{b['op']}{wb})")
     if a["shapes"] != b["shapes"]:
         if a["op"] in ("all_gather", "_allgather_base", "allgather_into_tensor_coalesced"):
-            return (f"the ranks all-gathered different sizes ({elements(a)} vs {elements(b)} "
-                    f"elements{wa or wb}; rank {ra['rank']} and rank {rb['rank']}, "
-                    f"{a['op']} #{a['seq']})")
+            sizes = (f"{elements(a)} vs {elements(b)} elements{wa or wb}" if wa == wb or not
+                     (wa and wb) else f"{elements(a)} elements{wa} vs {elements(b)}{wb}")
+            return (f"the ranks all-gathered different sizes ({sizes}; rank {ra['rank']} and "
+                    f"rank {rb['rank']}, {a['op']} #{a['seq']})")
         return (f"{who} passed different shapes to {a['op']} #{a['seq']} ({tensors(a)}{wa} "
                 f"vs {tensors(b)}{wb})")
     if a["dtypes"] != b["dtypes"]:
@@ -169,11 +173,14 @@ def first_difference(records: list[dict]) -> str | None:
 def _behind(waiting: dict, c: dict, other: dict) -> str:
     """Rank ``other`` never reached collective ``c`` that rank ``waiting`` is in."""
     how = rank_line(other).split(": ", 1)[1]
-    mine = current(other)
+    mine, at = current(other), f" at {other['where']}" if other.get("where") else ""
     if other.get("state") in ("died", "ended"):
         how = f"it {how}"
     elif mine is not None:
         how = f"it is in {named(mine)}{line_of(other, mine)}"
+    elif other.get("state") == "raised":
+        inside = f" in {other['call']}" if other.get("call") else ""
+        how = f"it raised{inside}{at}: {other.get('error', '')}"
     else:
         how = f"it is {how}"
     if other.get("state") == "died":

@@ -32,6 +32,7 @@ import torch
 from distkit.train import signals
 from distkit.checkpoint.saver import latest_checkpoint_in, remove_run_dir_if_empty
 from distkit.errors import DistkitError
+from distkit.observe import hang_records
 from distkit.observe.failures import RankFailed, Reporter, first_on_this_node, report_from_worker, run_reporting
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, in_ipython,
                              process_state, restore_environment, set_ignite_verbosity, socket_interface,
@@ -124,6 +125,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     if not config.verbose:  # "Terminating process N via signal SIGTERM": the kit's line says it
         spawn_log.setLevel(logging.ERROR)
     before = set(multiprocessing.active_children())  # a notebook's other children stay
+    hangs = hang_records.folder_for_ranks()  # the ranks inherit it; the doctor reads it
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
     forwarding = ForwardStopSignals(before)
@@ -168,6 +170,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
                 f"debugger); the other ranks gave up after --timeout {config.timeout_s:g} s and "
                 "the job was ended. Resume with --resume-from latest (the newest checkpoint "
                 "under --output-dir)") from None
+        hang_records.print_doctor_lines(hangs, config.nproc_per_node * config.nnodes)
         failure = describe_process_failure(e, config.node_rank or 0, config.nproc_per_node,
                                            config)
         if forwarding.signum and not isinstance(failure, signals.Preempted):
@@ -186,6 +189,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         logs.restore()  # a notebook's own ignite calls log as before
         spawn_log.setLevel(spawn_level)
         restore_environment(interface)
+        hang_records.drop_folder(hangs)
         del master_store  # node 0's store closes with the run
         _discard_if_empty(run_dir)
 
@@ -275,6 +279,7 @@ def _own_session(local_rank, reporter, fn, *args):
         except OSError:  # already a session leader
             pass
     _end_with_parent()
+    hang_records.arm_from_environment()
     return run_reporting(reporter, fn, local_rank, *args)
 
 

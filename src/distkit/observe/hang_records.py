@@ -266,3 +266,85 @@ def doctor_lines(folder: str, codes: dict, wait_s: float = 3.0) -> list[str]:
 
     records = gather(folder, codes, wait_s)
     return diagnose(records) if involves_collectives(records) else []
+
+
+# --- ranks under a launcher that ends them all when one fails (torch's spawn, torchrun) ---
+
+FOLDER_VARIABLE = "DISTKIT_HANG_RECORDS"  # the launcher's folder for the records
+
+
+def in_collective(error: BaseException) -> bool:
+    """Whether ``error`` was raised inside a torch.distributed call."""
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename.endswith(
+                os.path.join("torch", "distributed", "distributed_c10d.py")):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def on_rank_failure(rank: int, world: int, error: BaseException, wait_s: float = 2.0) -> None:
+    """In a rank whose collective raised, before it exits (its launcher then ends the
+    others): write its record and ask the others for theirs, waiting up to ``wait_s``."""
+    folder = os.environ.get(FOLDER_VARIABLE)
+    if not folder or not in_collective(error):
+        return
+    write_raised(folder, rank, error)
+    try:
+        open(os.path.join(folder, REQUEST), "w").close()
+    except OSError:
+        return
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not all(
+            os.path.exists(record_path(folder, r)) for r in range(world)):
+        time.sleep(0.05)
+
+
+def doctor_lines_after(folder: str, world: int) -> list[str]:
+    """The doctor's lines from the records the ranks left in ``folder`` (a rank with none
+    was ended before it could write one), or [] when no rank was in a collective."""
+    from distkit.observe.hangs import diagnose
+
+    records = []
+    for rank in range(world):
+        try:
+            with open(record_path(folder, rank)) as f:
+                records.append(json.load(f))
+        except (OSError, ValueError):
+            where, call = crash_site(os.path.join(folder, f"crash-rank{rank}.txt"))
+            records.append({"rank": rank, "state": "died" if where else "computing",
+                            "where": where, "call": call, "collectives": []})
+    return diagnose(records) if involves_collectives(records) else []
+
+
+def folder_for_ranks() -> str:
+    """A folder for the records of the ranks this launcher starts, named to them in
+    :data:`FOLDER_VARIABLE`."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="distkit-hangs-")
+    os.environ[FOLDER_VARIABLE] = folder
+    return folder
+
+
+def arm_from_environment() -> None:
+    folder = os.environ.get(FOLDER_VARIABLE)
+    if folder and os.path.isdir(folder):
+        import ignite.distributed as idist
+
+        arm(folder, idist.get_rank())
+
+
+def print_doctor_lines(folder: str, world: int) -> None:
+    for line in doctor_lines_after(folder, world):
+        sys.stderr.write(f"distkit: hang: {line}\n")
+    sys.stderr.flush()
+
+
+def drop_folder(folder: str) -> None:
+    import shutil
+
+    if os.environ.get(FOLDER_VARIABLE) == folder:
+        del os.environ[FOLDER_VARIABLE]
+    shutil.rmtree(folder, ignore_errors=True)

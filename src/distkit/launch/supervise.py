@@ -280,7 +280,13 @@ def _own_session(local_rank, reporter, fn, *args):
             pass
     _end_with_parent()
     hang_records.arm_from_environment()
-    return run_reporting(reporter, fn, local_rank, *args)
+    try:
+        return run_reporting(reporter, fn, local_rank, *args)
+    except RankFailed as failed:  # the records, while every rank still runs
+        if failed.__context__ is not None:
+            hang_records.on_rank_failure(idist.get_rank(), idist.get_world_size(),
+                                         failed.__context__)
+        raise
 
 
 def _end_with_parent() -> None:

@@ -316,19 +316,7 @@ def run_reporting(reporter: Reporter, fn, local_rank: int, *args):
     except DistkitError:
         raise
     except Exception as e:
-        from distkit.observe.hang_records import on_rank_failure
-
-        on_rank_failure(_rank(), _world(), e)  # the hang doctor's records, while all live
         raise reporter.failure(e, _rank(), local_rank) from None
-
-
-def _world() -> int:
-    try:
-        import ignite.distributed as idist
-
-        return idist.get_world_size()
-    except Exception:
-        return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def _rank() -> int:

@@ -184,3 +184,47 @@ def test_real_hangs_under_distkit_launch_are_named(tmp_path, draw):
     # the timeout, the records (3 s at most), and starting 2-3 Pythons with torch: up to a
     # minute on the loaded 2-core VM
     assert took < TIMEOUT_S * 3 + 90, took
+
+
+# --- the same under the kit's spawning launcher (distkit train's, launch_function's) ------
+
+def _odd_rank_body(local_rank, family, odd):
+    import ignite.distributed as idist
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(100)
+    dist.all_reduce(t)
+    if idist.get_rank() == odd:
+        if family == "wrong_op":
+            dist.broadcast(t, 0)  # ODD LINE
+        else:
+            while True:  # ODD LINE
+                time.sleep(0.01)
+    dist.all_reduce(t)  # OTHERS LINE
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["wrong_op", "computes"])
+def test_a_hang_under_the_kits_spawning_launcher_is_named(capfd, family):
+    from distkit.errors import DistkitError
+    from distkit.launch.runner import run_per_rank
+
+    odd = random.randrange(2)
+    print(f"{family}: rank {odd} odd")
+    source = open(__file__).read().splitlines()
+    odd_line = next(i for i, s in enumerate(source, 1) if "# ODD LINE" in s
+                    and (("broadcast" in s) == (family == "wrong_op")))
+    others_line = next(i for i, s in enumerate(source, 1) if "# OTHERS LINE" in s)
+    with pytest.raises(DistkitError):
+        run_per_rank(_odd_rank_body, 2, "gloo", family, odd, timeout_s=5, start_method="spawn")
+    hang = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("distkit: hang: ")]
+    assert len(hang) == 3, hang
+    verdict = hang[-1]
+    assert f"rank {odd}" in verdict and f"test_hangs.py:{others_line}" in verdict, hang
+    if family == "wrong_op":
+        assert "called different collectives" in verdict and "broadcast" in verdict, hang
+        assert f"test_hangs.py:{odd_line}" in verdict, hang
+    else:  # the computing rank's line: its loop (the sleep inside it, or the while)
+        assert "not in a collective" in verdict, hang
+        assert any(f"test_hangs.py:{odd_line + k}" in verdict for k in (0, 1)), hang

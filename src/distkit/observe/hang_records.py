@@ -255,8 +255,14 @@ def _ended(rank: int, code: int | None) -> dict:
 
 
 def involves_collectives(records: list[dict]) -> bool:
-    """Whether the doctor has something to say: a rank is in, or raised in, a collective."""
-    return any(r.get("current") is not None or r.get("call") for r in records)
+    """Whether the run failed on a collective: a rank raised inside torch.distributed, or
+    one died while another waited in a collective. A rank that raised in its own code
+    while the others waited for it is the failure line's business alone."""
+    raised = [r for r in records if r.get("state") == "raised"]
+    if raised:
+        return any(r.get("call") for r in raised)
+    return any(r.get("state") == "died" for r in records) and \
+        any(r.get("call") for r in records if r.get("state") == "in collective")
 
 
 def doctor_lines(folder: str, codes: dict, wait_s: float = 3.0) -> list[str]:

@@ -82,6 +82,46 @@ def test_torchs_dump_is_read_as_collectives():
                                               "done": False}]
 
 
+def test_a_rank_aborted_by_gloo_is_found_at_its_line_in_faulthandlers_report(tmp_path):
+    # a real abort (SIGABRT, as gloo's EnforceNotMet ends a rank) inside a function that
+    # stands for torch.distributed's, with a second thread running: the main thread's
+    # user line and the call are read back
+    import subprocess
+    import sys
+
+    from distkit.observe.hang_records import crash_site
+
+    fake = tmp_path / "torch" / "distributed"
+    fake.mkdir(parents=True)
+    (fake / "distributed_c10d.py").write_text("import os\ndef all_gather(x):\n    os.abort()\n")
+    (tmp_path / "user.py").write_text(
+        "import faulthandler, sys, threading, time\n"
+        "faulthandler.enable(open(sys.argv[1], 'w'))\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "sys.path.insert(0, 'torch/distributed')\n"
+        "import distributed_c10d\n"
+        "distributed_c10d.all_gather(1)\n")
+    report = tmp_path / "crash.txt"
+    done = subprocess.run([sys.executable, "user.py", str(report)], cwd=tmp_path)
+    assert done.returncode < 0
+    where, call = crash_site(str(report))
+    assert where.endswith("user.py:6") and call == "all_gather", report.read_text()
+
+
+def test_the_doctor_speaks_only_of_a_run_that_failed_on_a_collective():
+    from distkit.observe.hang_records import involves_collectives
+
+    waiting = {"rank": 0, "state": "in collective", "call": "all_reduce", "current": 3}
+    own_error = {"rank": 1, "state": "raised", "call": None, "error": "ValueError: x"}
+    in_c10d = {"rank": 1, "state": "raised", "call": "all_reduce", "current": 3}
+    died = {"rank": 1, "state": "died", "signal": "SIGKILL"}
+    computing = {"rank": 0, "state": "computing"}
+    assert not involves_collectives([waiting, own_error])
+    assert involves_collectives([waiting, in_c10d])
+    assert involves_collectives([waiting, died])
+    assert not involves_collectives([computing, died])
+
+
 # --- real gloo ranks under distkit launch: a generated script per family ---------------
 
 import os

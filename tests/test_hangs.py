@@ -268,3 +268,52 @@ def test_a_hang_under_the_kits_spawning_launcher_is_named(capfd, family):
     else:  # the computing rank's line: its loop (the sleep inside it, or the while)
         assert "not in a collective" in verdict, hang
         assert any(f"test_hangs.py:{odd_line + k}" in verdict for k in (0, 1)), hang
+
+
+# --- distkit train, a course task whose own model stalls on one rank ---------------------
+
+STALLING_COURSE = '''
+import time
+import torch.nn as nn
+import ignite.distributed as idist
+from distkit import Task
+from distkit.builtin.data import get_datasets
+
+
+class Stall(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        while idist.get_rank() == ODD and self.calls == CALL:
+            time.sleep(0.01)  # line 17
+        return self.fc(x)
+
+
+def model(config):
+    return Stall()
+
+
+task = Task(datasets=get_datasets, model=model)
+'''
+
+
+@pytest.mark.slow
+def test_distkit_train_names_the_rank_whose_step_stalls(tmp_path):
+    odd, call = random.randrange(2), random.randint(1, 4)
+    print(f"rank {odd} stalls in its forward call {call}")
+    (tmp_path / "course_stall.py").write_text(
+        STALLING_COURSE.lstrip("\n").replace("ODD", str(odd)).replace("CALL", str(call)))
+    done = subprocess.run([sys.executable, "-m", "distkit", "train", "--task",
+                           "course_stall.py:task", "--epochs", "1", "--no-progress",
+                           "--nproc-per-node", "2", "--timeout", "8", "--output-dir", "runs"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=400)
+    hang = [ln for ln in done.stderr.splitlines() if ln.startswith("distkit: hang: ")]
+    assert done.returncode != 0 and len(hang) == 3, done.stderr[-3000:]
+    assert hang[odd] == f"distkit: hang: rank {odd}: not in a collective: at course_stall.py:17"
+    # the other rank waits in DDP's gradient all-reduce, started from autograd's hooks
+    assert f"rank {1 - odd}: all_reduce #" in hang[1 - odd] and "distkit/train/" in hang[1 - odd]
+    assert hang[-1].startswith(f"distkit: hang: verdict: rank {odd} never reached all_reduce #")

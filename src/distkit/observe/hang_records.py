@@ -24,10 +24,20 @@ import sys
 import threading
 import time
 
-from distkit.observe.failures import KIT_ROOT, _library_roots, shown_path
+from distkit.observe.failures import _PEER_LOST, _library_roots, shown_path
 from distkit.observe.hangs import collectives_from_fr, without_fingerprints
 
+# the whole package (failures.KIT_ROOT is the folder of failures.py itself)
+KIT_ROOT = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 REQUEST = "hang-request"  # the supervisor creates it: every live rank writes its record
+
+
+def _shown(path: str) -> str:
+    """``distkit/train/training.py`` for the kit's files, else as a learner reads it."""
+    real = os.path.realpath(path)
+    if real.startswith(KIT_ROOT):
+        return "distkit/" + real[len(KIT_ROOT):]
+    return shown_path(path)
 
 
 def record_path(folder: str, rank: int) -> str:
@@ -59,16 +69,20 @@ def _where(frames) -> tuple[str | None, object | None]:
     """``(file:line, c10d frame)``: the innermost frame of the user's code, and the frame
     of the torch.distributed function it called (None when it is not inside one)."""
     libraries = _library_roots()
-    user_at = None
+    user_at = kit_at = None
     for i, f in enumerate(frames):
         name = f.f_code.co_filename
         path = os.path.realpath(name)
-        if not (name.startswith("<") or path.startswith(libraries) or path.startswith(KIT_ROOT)):
+        if path.startswith(KIT_ROOT):
+            kit_at = i
+        elif not (name.startswith("<") or path.startswith(libraries)):
             user_at = i
+    if user_at is None:  # the kit's own step (DDP's backward, say): its line then
+        user_at = kit_at
     if user_at is None:
         return None, None
     f = frames[user_at]
-    where = f"{shown_path(f.f_code.co_filename)}:{f.f_lineno}"
+    where = f"{_shown(f.f_code.co_filename)}:{f.f_lineno}"
     called = [f for f in frames[user_at + 1:]
               if f.f_code.co_filename.endswith(os.path.join("torch", "distributed",
                                                             "distributed_c10d.py"))]
@@ -99,7 +113,7 @@ def _called(c10d_frame) -> dict | None:
     return {"op": op, "shapes": [], "dtypes": [], "done": False}  # barrier: no tensors
 
 
-def _record(rank: int, state: str, innermost, raised: bool) -> dict:
+def _record(rank: int, state: str, innermost, raised: bool, error_text: str = "") -> dict:
     where, c10d_frame = _where(_stack(innermost)) if innermost is not None else (None, None)
     call = c10d_frame.f_code.co_name if c10d_frame is not None else None
     collectives = _flight_recorder()
@@ -113,6 +127,10 @@ def _record(rank: int, state: str, innermost, raised: bool) -> dict:
             group = collectives[-1]["group"] if collectives else "0"
             seq = 1 + max([c["seq"] for c in collectives if c["group"] == group], default=0)
             collectives.append({"group": group, "seq": seq, **made})
+    peer_lost = bool(_PEER_LOST.search(error_text)) if error_text else False
+    if seq is None and call is None and collectives and (not collectives[-1]["done"] or peer_lost):
+        # a collective started outside Python (DDP's all-reduce from autograd's hooks)
+        seq, call = collectives[-1]["seq"], collectives[-1]["op"]
     if state == "live":
         state = "in collective" if call else "computing"
     return {"rank": rank, "state": state, "where": where, "call": call, "current": seq,
@@ -145,7 +163,8 @@ def raised_record(rank: int, error: BaseException) -> dict:
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
-    record = _record(rank, "raised", tb.tb_frame if tb is not None else None, raised=True)
+    record = _record(rank, "raised", tb.tb_frame if tb is not None else None, raised=True,
+                     error_text=str(error))
     record["error"] = f"{type(error).__name__}: {first_line(error)}"[:200]
     return record
 
@@ -239,7 +258,7 @@ def crash_site(path: str) -> tuple[str | None, str | None]:
         if name.endswith(os.path.join("torch", "distributed", "distributed_c10d.py")):
             call = function  # the outermost torch.distributed frame is the user's call
         elif not (name.startswith("<") or path.startswith(libraries) or path.startswith(KIT_ROOT)):
-            return f"{shown_path(name)}:{line}", call
+            return f"{_shown(name)}:{line}", call
     return None, None
 
 
@@ -294,7 +313,9 @@ def on_rank_failure(rank: int, world: int, error: BaseException, wait_s: float =
     """In a rank whose collective raised, before it exits (its launcher then ends the
     others): write its record and ask the others for theirs, waiting up to ``wait_s``."""
     folder = os.environ.get(FOLDER_VARIABLE)
-    if not folder or not in_collective(error):
+    # a collective started outside Python (DDP's, from autograd's hooks) raises from the
+    # backward call: its message says a peer was lost or late
+    if not folder or not (in_collective(error) or _PEER_LOST.search(str(error))):
         return
     write_raised(folder, rank, error)
     try:

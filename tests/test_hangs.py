@@ -2,10 +2,17 @@
 (pure functions over records), and on real gloo ranks under distkit launch."""
 from __future__ import annotations
 
+import os
+import random
+import subprocess
+import sys
+import time
+
+import pytest
 from hypothesis import given, settings
 
 from distkit.observe import hangs
-from hang_families import FAMILIES, cases
+from hang_families import cases
 
 
 def _where(records, rank):
@@ -86,9 +93,6 @@ def test_a_rank_aborted_by_gloo_is_found_at_its_line_in_faulthandlers_report(tmp
     # a real abort (SIGABRT, as gloo's EnforceNotMet ends a rank) inside a function that
     # stands for torch.distributed's, with a second thread running: the main thread's
     # user line and the call are read back
-    import subprocess
-    import sys
-
     from distkit.observe.hang_records import crash_site
 
     fake = tmp_path / "torch" / "distributed"
@@ -123,14 +127,6 @@ def test_the_doctor_speaks_only_of_a_run_that_failed_on_a_collective():
 
 
 # --- real gloo ranks under distkit launch: a generated script per family ---------------
-
-import os
-import random
-import subprocess
-import sys
-import time
-
-import pytest
 
 TIMEOUT_S = 6
 

@@ -51,8 +51,9 @@ def without_fingerprints(collectives: list[dict]) -> list[dict]:
     """Under ``TORCH_DISTRIBUTED_DEBUG=DETAIL`` each group has a helper group on which
     torch all-gathers every collective's fingerprint (int64 tensors) before running it:
     leave the helper groups' entries out."""
+    fingerprint = lambda c: c["op"] == "all_gather" and c["dtypes"] == ["int64"]  # noqa: E731
     helpers = {c["group"] for c in collectives} - {
-        c["group"] for c in collectives if not (c["op"] == "all_gather" and c["dtypes"] == ["int64"])}
+        c["group"] for c in collectives if not fingerprint(c)}
     return [c for c in collectives if c["group"] not in helpers]
 
 

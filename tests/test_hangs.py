@@ -205,7 +205,9 @@ def test_real_hangs_under_distkit_launch_are_named(tmp_path, draw):
     took = time.monotonic() - start
     hang = [ln for ln in done.stderr.splitlines() if ln.startswith("distkit: hang: ")]
     assert done.returncode != 0 and hang, (text, done.stderr[-3000:])
-    if debug or family not in ("skip", "shape"):  # gloo pairs some mismatches silently
+    # gloo pairs some mismatches silently and the ranks go on; DETAIL stops them, except a
+    # skipped barrier, which once went on under it too (docs/hangs.md)
+    if family != "skip" and (debug or family != "shape"):
         assert "went on" not in done.stdout, (text, done.stdout)
     verdict = hang[-1]
     assert f"rank {odd}" in verdict, (text, hang)

@@ -8,7 +8,7 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.usage = ("distkit launch [--nproc-per-node N] [--nnodes N --node-rank R --master-addr A "
-               "--master-port P] [--timeout S] [--end-timeout S] [--trace] SCRIPT [ARGS...] | "
+               "--master-port P] [--timeout S] [--end-timeout S] [--trace] [--debug-collectives] SCRIPT [ARGS...] | "
                "-m MODULE [ARGS...]")
     p.description = ("Run SCRIPT on N ranks as torchrun would (RANK, WORLD_SIZE, LOCAL_RANK, "
                      "LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT set; threads per "
@@ -38,6 +38,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch.profiler on every rank for 3 optimizer steps after 3 (one node): "
                         "one trace per rank, a merged trace and its drawing in "
                         "OUTPUT_DIR/<time>-<backend>-<N>procs/trace/, named in results.json there")
+    p.add_argument("--debug-collectives", action="store_true",
+                   help="TORCH_DISTRIBUTED_DEBUG=DETAIL in every rank: torch checks each "
+                        "collective's op, shapes and dtypes across ranks before it runs, so a "
+                        "mismatch fails at once on every rank instead of hanging or going on "
+                        "with garbage (one extra collective each; not with DDP: torch 2.15's "
+                        "DDP crashes under it)")
     p.add_argument("--output-dir", default="runs", metavar="D",
                    help="where --trace makes its run folder (default: runs)")
     p.add_argument("--grace", dest="grace_s", type=float, default=10.0, metavar="S",
@@ -62,7 +68,8 @@ def main(args) -> int:
                              master_addr=args.master_addr, master_port=args.master_port,
                              backend=args.backend, timeout_s=args.timeout_s,
                              end_timeout_s=args.end_timeout_s, trace=args.trace,
-                             output_dir=args.output_dir, grace_s=args.grace_s, module=args.module, verbose=args.verbose)
+                             output_dir=args.output_dir, grace_s=args.grace_s, module=args.module, verbose=args.verbose,
+                             debug_collectives=args.debug_collectives)
     except ScriptStopped as e:
         sys.stderr.write(f"distkit: {e}\n")
         return e.exit_code

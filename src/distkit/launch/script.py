@@ -35,6 +35,13 @@ of the step's node list, ``MASTER_PORT`` 15000 + the job id's last 4 digits, as 
 derives them) and runs the script once, as this task's rank. Inside torchrun
 (``WORLD_SIZE`` set) it runs the script once with torchrun's variables.
 
+When a rank fails, the hang doctor (:mod:`distkit.observe.hangs`) prints one line per
+rank (``distkit: hang: rank 1: in all_reduce #6 (float32[1000]) at train.py:21``) and a
+verdict. ``debug_collectives=True`` (``--debug-collectives``) sets
+``TORCH_DISTRIBUTED_DEBUG=DETAIL`` in the ranks: torch compares every collective's op,
+shapes and dtypes across ranks before running it, so no rank goes on with the data of a
+mismatched one (it costs a collective per collective; torch 2.15's DDP crashes under it).
+
 ``trace=True`` (``--trace``, one node): every rank is profiled for a few optimizer steps
 (:mod:`distkit.observe.script_tracing`); the launcher merges the ranks' traces into one and
 draws it, as ``distkit train --trace`` does, into ``<output_dir>/<time>-<backend>-
@@ -59,6 +66,7 @@ import time
 from dataclasses import dataclass, field
 
 from distkit.errors import DistkitError
+from distkit.observe.hang_records import doctor_lines
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, check_address_resolves, check_port_free,
                              free_port, in_ipython, socket_interface, stop_processes,
                              threads_per_process)
@@ -210,7 +218,8 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
                   master_port: int | None = None, backend: str = "auto",
                   timeout_s: float = DEFAULT_TIMEOUT_S, end_timeout_s: float | None = None,
                   grace_s: float = 10.0, module: bool = False, verbose: bool = False,
-                  cwd: str | None = None, trace: bool = False, output_dir: str = "runs") -> int:
+                  cwd: str | None = None, trace: bool = False, output_dir: str = "runs",
+                  debug_collectives: bool = False) -> int:
     """Run ``script`` (a path; ``module=True``: a module name, as ``python -m``) with
     ``args`` on ``nproc_per_node`` ranks of this node, as torchrun would, with the kit's
     supervision (see the module's docstring). Returns 0 when every rank ended with 0;
@@ -245,6 +254,8 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
             env = _child_env(ranks, local_rank, folder, verbose)
             env["DISTKIT_TIMEOUT"] = repr(float(timeout_s))
             env["DISTKIT_GRACE"] = repr(float(grace_s))  # a rank outliving the launcher: SIGKILL after
+            if debug_collectives:  # torch compares each collective across ranks first
+                env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
             if run_dir is not None:
                 env["DISTKIT_TRACE"] = os.path.join(run_dir, "trace")
             p = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True,
@@ -357,6 +368,8 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
                 seen.setdefault(rank, polls)
         failed = [r for r, c in codes.items() if c not in (None, 0)]
         if failed:
+            # the hang doctor reads every rank's record while the others still run
+            doctor = doctor_lines(folder, {r: p.poll() for r, (_, p) in procs.items()})
             # the first failure: stop the others now (they would wait on it in a collective)
             _stop(procs, signal.SIGTERM, min(grace_s, 3.0))
             records = read_records(folder)
@@ -372,6 +385,8 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
             note = timeout_note(records, failed, [r for r, c in codes.items() if c is None], timeout_s)
             if note:
                 sys.stderr.write(f"distkit: {note}\n")
+            for line in doctor:
+                sys.stderr.write(f"distkit: hang: {line}\n")
             sys.stderr.flush()
             if ranks.mode == "torchrun":  # torchrun's summary names it as the root cause
                 from distkit.observe.failures import write_error_file

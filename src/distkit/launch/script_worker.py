@@ -38,6 +38,7 @@ from distkit.host.facts import end_with_parent
 from distkit.host.layout import world_layout
 from distkit.errors import DistkitError
 from distkit.observe.failures import cause, record_of, write_record, write_traceback
+from distkit.observe.hang_records import arm, write_raised
 
 
 def _report(error: BaseException) -> None:
@@ -45,6 +46,8 @@ def _report(error: BaseException) -> None:
     rank, local_rank = layout.rank, layout.local_rank
     node = f", node {layout.node_rank} of {layout.nnodes}" if layout.nnodes > 1 else ""
     folder = os.environ.get("DISTKIT_SCRIPT_REPORTS")
+    if folder:
+        write_raised(folder, int(rank), error)  # before the traceback: the supervisor's cue
     if isinstance(error, DistkitError):  # the kit's own refusal: its line names the fix
         write_record(folder, record_of(error, rank, local_rank, str(error), node=layout.node_rank))
         return
@@ -103,6 +106,8 @@ def main(argv: list[str]) -> int:
         return 2
     launcher = os.environ.get("DISTKIT_LAUNCHER_PID")
     end_with_parent(float(os.environ.get("DISTKIT_GRACE", "10")), int(launcher) if launcher else None)
+    if os.environ.get("DISTKIT_SCRIPT_REPORTS"):
+        arm(os.environ["DISTKIT_SCRIPT_REPORTS"], world_layout().rank)
     if os.environ.get("DISTKIT_TIMEOUT"):
         bound_waits(float(os.environ["DISTKIT_TIMEOUT"]))
     refuse_own_processes(world_layout().world_size)

@@ -32,6 +32,7 @@ import torch
 from distkit.train import signals
 from distkit.checkpoint.saver import latest_checkpoint_in, remove_run_dir_if_empty
 from distkit.errors import DistkitError
+from distkit.observe import hang_records
 from distkit.observe.failures import (RankFailed, Reporter, first_on_this_node, read_records,
                                      report_from_worker, run_reporting)
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, end_with_parent, in_ipython,
@@ -101,6 +102,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     if not config.verbose:  # "Terminating process N via signal SIGTERM": the kit's line says it
         spawn_log.setLevel(logging.ERROR)
     before = set(multiprocessing.active_children())  # a notebook's other children stay
+    hangs = hang_records.folder_for_ranks()  # the ranks inherit it; the doctor reads it
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
     forwarding = ForwardStopSignals(before)
@@ -124,6 +126,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         raise KeyboardInterrupt(interrupted_message(run_dir, stopped)) from None
     except Exception as e:
         watchdog.finish()
+        hang_records.print_doctor_lines(hangs, config.nproc_per_node * config.nnodes)
         failure = _spawn_failure(e, config, watchdog, forwarding, reporter, run_dir)
         if failure is None:
             raise
@@ -133,6 +136,7 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
         logs.restore()  # a notebook's own ignite calls log as before
         spawn_log.setLevel(spawn_level)
         restore_environment(interface)
+        hang_records.drop_folder(hangs)
         del master_store  # node 0's store closes with the run
         _discard_if_empty(run_dir)
         shutil.rmtree(reporter.records, ignore_errors=True)
@@ -297,7 +301,14 @@ def _own_session(local_rank, reporter, fn, *args):
         except OSError:  # already a session leader
             pass
     end_with_parent()
-    return run_reporting(reporter, fn, local_rank, *args)
+    hang_records.arm_from_environment()
+    try:
+        return run_reporting(reporter, fn, local_rank, *args)
+    except RankFailed as failed:  # the records, while every rank still runs
+        if failed.__context__ is not None:
+            hang_records.on_rank_failure(idist.get_rank(), idist.get_world_size(),
+                                         failed.__context__)
+        raise
 
 
 class StoppedRankWatchdog:

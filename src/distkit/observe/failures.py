@@ -63,7 +63,7 @@ def _library_roots() -> tuple[str, ...]:
     return tuple(os.path.realpath(r) + os.sep for r in roots if r)
 
 
-KIT_ROOT = os.path.realpath(os.path.dirname(os.path.abspath(__file__))) + os.sep
+KIT_ROOT = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep  # src/distkit
 
 
 def raise_site(error: BaseException) -> tuple[str, int] | None:

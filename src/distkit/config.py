@@ -146,8 +146,12 @@ class Config:
     def validate(self) -> "Config":
         """Check every field that can be checked without touching the hardware: choices,
         and every number finite and in range (``nan <= 0`` is False, so a plain ``<= 0``
-        test lets NaN through)."""
-        self.validate_processes()
+        test lets NaN through). The checks ``process_settings`` and ``training_settings``
+        of :mod:`distkit.launch.checks`, in that order."""
+        return self.validate_processes().validate_training()
+
+    def validate_training(self) -> "Config":
+        """Check the fields of training (all but the processes')."""
         _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
         if self.task is None and (self.dataset, self.model) not in builtin_pairs():

@@ -8,13 +8,13 @@ and nothing half-written. The checks, in the order they run (:data:`CHECKS`):
 ========================  ==========  =====================================================
 name                      scope       what it refuses (where its body lives)
 ========================  ==========  =====================================================
-``task``                  training    a task that cannot be built or scored (``Task.check``)
-``task_settings``         training    an unknown ``--set`` name or a value of the wrong type
-                                      (``Task.configure``, which also completes them)
 ``process_settings``      processes   a backend, count, node, port, timeout or thread count
                                       out of range (``Config.validate_processes``)
 ``training_settings``     training    a dataset, model, logger, strategy or number out of
                                       range, NaN or inf (``Config.validate_training``)
+``task``                  training    a task that cannot be built or scored (``Task.check``)
+``task_settings``         training    an unknown ``--set`` name or a value of the wrong type
+                                      (``Task.configure``, which also completes them)
 ``flags_reach_task``      training    a flag with nothing to act on in the task
                                       (``distkit.train.effective.check_settings``)
 ``launch``                processes   a backend that cannot run here, a process count,
@@ -45,7 +45,7 @@ call it; it is listed here so the order is read in one place)::
     >>> plan.config.backend, plan.config.nproc_per_node, plan.launch.world_size
     ('gloo', 2, 2)
     >>> [c.name for c in CHECKS][:3]
-    ['task', 'task_settings', 'process_settings']
+    ['process_settings', 'training_settings', 'task']
 """
 from __future__ import annotations
 
@@ -433,10 +433,10 @@ def _agreement(plan):
 
 
 CHECKS = (
-    Check("task", "training", _task),
-    Check("task_settings", "training", _task_settings),
     Check("process_settings", "processes", _process_settings),
     Check("training_settings", "training", _training_settings),
+    Check("task", "training", _task),
+    Check("task_settings", "training", _task_settings),
     Check("flags_reach_task", "training", _flags_reach_task),
     Check("launch", "processes", _launch),
     Check("strategy_on_backend", "training", _strategy_on_backend),

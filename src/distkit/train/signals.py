@@ -102,7 +102,8 @@ class Preempted(DistkitError):
 
         m = re.search(r"stopped by (SIG[A-Z0-9]+)", line)
         signum = getattr(signal, m.group(1), signal.SIGTERM) if m else signal.SIGTERM
-        path = re.search(r"checkpoint: (\S+?)(?:;|$)", line)
+        # the checkpoint ends the line (stopped_line): a path may hold spaces and ';'
+        path = re.search(r"; checkpoint: (.+)$", line)
         return cls(line, int(signum), path.group(1) if path else None)
 
     def __reduce__(self):  # crosses process boundaries whole

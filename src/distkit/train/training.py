@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from distkit.observe import profiling, throughput, tracing, tracking
 from distkit.train import signals, stopping
+from distkit.compat.shims import broadcast_text
 from distkit.train.agreement import check_in_ranks, check_replicas_identical
 from distkit.checkpoint.saver import (CHECKPOINT_PREFIX, RunSettings, checkpoint_iteration,
                                 checkpoint_saver, load_checkpoint, make_run_dir, resume_settings,
@@ -406,7 +407,7 @@ def resolve_run_dir(config, run_dir: str | None = None) -> str:
         run_dir = make_run_dir(config.output_dir, idist.backend() or "none", idist.get_world_size())
     # Every rank takes part, even where the launcher set run_dir: with --nnodes 2 only
     # node 0's launcher made the folder, and node 1's ranks must learn its name.
-    return idist.broadcast(run_dir, src=0, safe_mode=True)
+    return broadcast_text(run_dir, src=0)  # a name in any script (idist.broadcast's is ASCII)
 
 
 def param_digest(model) -> str:

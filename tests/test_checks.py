@@ -29,23 +29,25 @@ DRAWN = settings(max_examples=60, deadline=None, database=None,
 
 def test_the_checks_run_in_one_order_under_their_names():
     assert [(c.name, c.scope) for c in CHECKS] == [
-        ("process_settings", "processes"), ("training_settings", "training"),
-        ("task", "training"), ("task_settings", "training"),
-        ("flags_reach_task", "training"), ("launch", "processes"),
-        ("strategy_on_backend", "training"), ("synthetic_memory", "training"),
-        ("batch_on_world", "training"), ("checkpoint_fits", "training"),
+        ("process_settings", "processes"), ("launch", "processes"),
+        ("training_settings", "training"), ("task", "training"),
+        ("flags_reach_task", "training"), ("strategy_on_backend", "training"),
+        ("synthetic_memory", "training"), ("checkpoint_fits", "training"),
         ("max_iters_after_resume", "training"), ("download", "training"),
         ("sizes", "training"), ("output_dir", "training"), ("agreement", "ranks")]
 
 
 def test_the_order_decides_which_refusal_is_said():
-    """Two wrong settings: the earlier check speaks (a NaN lr before a backend this machine lacks)."""
-    with pytest.raises(DistkitError) as e:
+    """Two wrong settings: the earlier check speaks."""
+    with pytest.raises(DistkitError) as e:  # a backend this machine lacks, before a NaN lr
         check_run(Config(lr=float("nan"), backend="nccl"), spawning=True)
-    assert e.value.check == "training_settings"
-    with pytest.raises(DistkitError) as e:
-        check_run(Config(backend="nccl"), spawning=True)  # no CUDA on this machine
     assert e.value.check == "launch" and "--backend nccl" in str(e.value)
+    with pytest.raises(DistkitError) as e:  # a NaN lr, before a setting the task lacks
+        check_run(Config(lr=float("nan"), task_settings={"nope": "1"}), spawning=True)
+    assert e.value.check == "training_settings" and "--lr" in str(e.value)
+    with pytest.raises(DistkitError) as e:
+        check_run(Config(task_settings={"nope": "1"}), spawning=True)
+    assert e.value.check == "task" and "--set nope" in str(e.value)
 
 
 NOT_FINITE = st.sampled_from([math.nan, math.inf, -math.inf])

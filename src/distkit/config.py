@@ -187,8 +187,9 @@ class Config:
         of :mod:`distkit.launch.checks`, in that order."""
         return self.validate_processes().validate_training()
 
-    def validate_training(self) -> "Config":
-        """Check the fields of training (all but the processes')."""
+    def validate_training(self, world_size: int | None = None) -> "Config":
+        """Check the fields of training (all but the processes'), and the global batch on
+        ``world_size`` processes (None: on ``nproc_per_node`` x ``nnodes`` if given)."""
         _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
         if self.task is None and (self.dataset, self.model) not in builtin_pairs():
@@ -215,8 +216,10 @@ class Config:
         if self.warmup_epochs > self.epochs:
             raise DistkitError(f"--warmup-epochs {self.warmup_epochs} is longer than --epochs "
                                f"{self.epochs}: use --warmup-epochs {self.epochs} or less")
-        if self.nproc_per_node is not None:
-            self.check_batch_fits(self.nproc_per_node * self.nnodes)
+        if world_size is None and self.nproc_per_node is not None:
+            world_size = self.nproc_per_node * self.nnodes
+        if world_size is not None:
+            self.check_batch_fits(world_size)
         return self
 
     def check_batch_fits(self, world_size: int) -> None:

@@ -10,19 +10,19 @@ name                      scope       what it refuses (where its body lives)
 ========================  ==========  =====================================================
 ``process_settings``      processes   a backend, count, node, port, timeout or thread count
                                       out of range (``Config.validate_processes``)
+``launch``                processes   a backend that cannot run here, a process count,
+                                      address or port that cannot work (:func:`check_launch`)
 ``training_settings``     training    a dataset, model, logger, strategy or number out of
-                                      range, NaN or inf (``Config.validate_training``)
-``task``                  training    a task that cannot be built or scored (``Task.check``)
-``task_settings``         training    an unknown ``--set`` name or a value of the wrong type
-                                      (``Task.configure``, which also completes them)
+                                      range, NaN or inf; a global batch that does not split
+                                      over the world the launch settled
+                                      (``Config.validate_training``)
+``task``                  training    a task that cannot be built or scored, an unknown
+                                      ``--set`` name or a value of the wrong type
+                                      (``distkit.tasks.configured_task``)
 ``flags_reach_task``      training    a flag with nothing to act on in the task
                                       (``distkit.train.effective.check_settings``)
-``launch``                processes   a backend that cannot run here, a process count,
-                                      address or port that cannot work
-                                      (:func:`check_launch`)
 ``strategy_on_backend``   training    ``--strategy fsdp`` on the backend ``auto`` became
 ``synthetic_memory``      training    a synthetic set too large for this machine's memory
-``batch_on_world``        training    a global batch that does not split over the world
 ``checkpoint_fits``       training    a checkpoint to resume from that is missing, damaged,
                                       finished, of another model or of other settings
 ``max_iters_after_resume`` training   ``--max-iters`` at or below the resumed iteration
@@ -45,7 +45,7 @@ call it; it is listed here so the order is read in one place)::
     >>> plan.config.backend, plan.config.nproc_per_node, plan.launch.world_size
     ('gloo', 2, 2)
     >>> [c.name for c in CHECKS][:3]
-    ['process_settings', 'training_settings', 'task']
+    ['process_settings', 'launch', 'training_settings']
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ from distkit.errors import DistkitError
 from distkit.host.facts import (available_memory, check_address_resolves, check_not_sbatch_without_srun,
                                 check_port_free, free_port, in_ipython, inside_launch,
                                 launched_externally, local_world_size, tpu_available, world_layout)
-from distkit.tasks import resolve_task
+from distkit.tasks import configured_task
 from distkit.train import agreement, effective
 
 CPU_DEFAULT_NPROC = 2
@@ -212,7 +212,7 @@ def dataset_sizes(config, task=None) -> tuple[int, int] | None:
     """``(training samples, validation samples)`` of ``task`` (default: the config's),
     built once here as every process will build them; None where they have no length or
     building them fails (the ranks then report it as they would)."""
-    from distkit.tasks import resolve_task
+    from distkit.tasks import configured_task
 
     try:
         train_set, val_set = resolve_task(task if task is not None else config).datasets(config)
@@ -239,7 +239,7 @@ def check_sizes(config, world_size: int, task=None) -> None:
     sizes = dataset_sizes(config, task)
     if sizes is None:
         return
-    from distkit.tasks import resolve_task
+    from distkit.tasks import configured_task
 
     name = resolve_task(task if task is not None else config).name
     n_train, n_val = sizes
@@ -344,11 +344,8 @@ class Check:
 
 
 def _task(plan):
-    plan.task = resolve_task(plan.task if plan.task is not None else plan.config).check()
-
-
-def _task_settings(plan):
-    plan.config = plan.task.configure(plan.config)
+    plan.task, plan.config = configured_task(
+        plan.task if plan.task is not None else plan.config, plan.config)
 
 
 def _process_settings(plan):
@@ -356,7 +353,12 @@ def _process_settings(plan):
 
 
 def _training_settings(plan):
-    plan.config.validate_training()
+    launch = plan.launch
+    # the global batch on the world the launch settled (torchrun's and SLURM's too)
+    world = launch.world_size if launch.spawning or world_layout().launcher != "none" else None
+    plan.config.validate_training(world)
+    plan.config = dataclasses.replace(plan.config, backend=launch.backend,
+                                      nproc_per_node=launch.nproc_per_node)
 
 
 def _flags_reach_task(plan):
@@ -383,18 +385,11 @@ def _synthetic_memory(plan):
         plan.config, launch.nproc_per_node if launch.spawning else local_world_size())
 
 
-def _batch_on_world(plan):
-    launch, config = plan.launch, plan.config
-    if launch.spawning or world_layout().launcher != "none":
-        config.check_batch_fits(launch.world_size)
-    plan.config = config.replace(backend=launch.backend, nproc_per_node=launch.nproc_per_node)
-
-
 def _checkpoint_fits(plan):
     config = plan.config
     if not config.resume_from and restarted_by_torchrun():
         # the same run, started again: it goes on from its newest checkpoint by itself
-        config = config.replace(resume_from="latest")
+        config = dataclasses.replace(config, resume_from="latest")
     if config.resume_from == "latest":  # the newest checkpoint under --output-dir, if any
         config = resolve_resume_from(config)
     if config.resume_from:
@@ -434,14 +429,12 @@ def _agreement(plan):
 
 CHECKS = (
     Check("process_settings", "processes", _process_settings),
+    Check("launch", "processes", _launch),
     Check("training_settings", "training", _training_settings),
     Check("task", "training", _task),
-    Check("task_settings", "training", _task_settings),
     Check("flags_reach_task", "training", _flags_reach_task),
-    Check("launch", "processes", _launch),
     Check("strategy_on_backend", "training", _strategy_on_backend),
     Check("synthetic_memory", "training", _synthetic_memory),
-    Check("batch_on_world", "training", _batch_on_world),
     Check("checkpoint_fits", "training", _checkpoint_fits),
     Check("max_iters_after_resume", "training", _max_iters_after_resume),
     Check("download", "training", _download),

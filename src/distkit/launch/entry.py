@@ -11,6 +11,7 @@ line within seconds, with nothing half-written.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -62,7 +63,7 @@ def run(config, task=None) -> dict | None:
     if launch.backend != "none":
         check_picklable("the task", task)
     launch = prepare_fork(launch)
-    config = config.replace(threads_per_process=launch.threads_per_process)
+    config = dataclasses.replace(config, threads_per_process=launch.threads_per_process)
     # The launcher makes the run folder where it can (one process, or node 0 of a spawn)
     # and passes it to training; on node 1 training learns it from rank 0.
     run_dir = None

@@ -155,6 +155,8 @@ def check_in_ranks(config, task) -> None:
     then :func:`check_same_settings`."""
     import ignite.distributed as idist
 
+    if idist.get_world_size() == 1:
+        return  # one process: every batch fits it, and it agrees with itself
     config.check_batch_fits(idist.get_world_size())
     check_same_settings(config, task)
 

@@ -375,8 +375,8 @@ def _launch(plan):
 
 
 def _strategy_on_backend(plan):
-    if plan.config.backend == "auto":  # training_settings checked it against a named backend
-        check_strategy(plan.config.strategy, plan.launch.backend)
+    # training_settings checked it against the backend asked for, which may be auto
+    check_strategy(plan.config.strategy, plan.launch.backend)
 
 
 def _synthetic_memory(plan):

@@ -68,7 +68,7 @@ from distkit.errors import DistkitError
 from distkit.host.facts import (available_memory, check_address_resolves, check_not_sbatch_without_srun,
                                 check_port_free, free_port, in_ipython, inside_launch,
                                 launched_externally, local_world_size, tpu_available, world_layout)
-from distkit.tasks import configured_task
+from distkit.tasks import configured_task, resolve_task
 from distkit.train import agreement, effective
 
 CPU_DEFAULT_NPROC = 2
@@ -212,7 +212,6 @@ def dataset_sizes(config, task=None) -> tuple[int, int] | None:
     """``(training samples, validation samples)`` of ``task`` (default: the config's),
     built once here as every process will build them; None where they have no length or
     building them fails (the ranks then report it as they would)."""
-    from distkit.tasks import configured_task
 
     try:
         train_set, val_set = resolve_task(task if task is not None else config).datasets(config)
@@ -239,7 +238,6 @@ def check_sizes(config, world_size: int, task=None) -> None:
     sizes = dataset_sizes(config, task)
     if sizes is None:
         return
-    from distkit.tasks import configured_task
 
     name = resolve_task(task if task is not None else config).name
     n_train, n_val = sizes

@@ -42,7 +42,7 @@ def in_colab() -> bool:
 def choose(argv: list) -> tuple[list, dict]:
     """The ``distkit train`` command line and the environment for this runtime. Flags the
     user gave win over the chosen ones."""
-    from distkit.launch.preflight import default_nproc, resolve_backend
+    from distkit.launch.checks import default_nproc, resolve_backend
 
     backend = resolve_backend("auto")
     env = dict(os.environ)

@@ -69,7 +69,7 @@ def test_doc_examples_run_as_scripts_under_spawn(doc, tmp_path):
 
 # --- docstrings of the public API ---------------------------------------------------------
 
-DOCTESTED = ["distkit.tasks", "distkit.train.training", "distkit.train.schedules", "distkit.builtin.data", "distkit.launch.preflight",
+DOCTESTED = ["distkit.tasks", "distkit.train.training", "distkit.train.schedules", "distkit.builtin.data", "distkit.launch.checks", "distkit.launch.checks",
              "distkit.host.facts", "distkit.observe.reporting", "distkit.builtin.models", "distkit.train.agreement",
              "distkit.checkpoint.saver"]
 # public callables whose docstring example is a script (a literal block after "::")

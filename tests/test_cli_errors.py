@@ -9,7 +9,7 @@ import torch
 
 from distkit.config import Config
 from distkit.errors import DistkitError
-from distkit.launch.preflight import preflight
+from distkit.launch.checks import preflight
 
 from conftest import within_seconds
 

@@ -87,7 +87,7 @@ def test_far_more_processes_than_cores_warn_with_a_memory_estimate(run_cli, tmp_
 
 
 def test_oversubscription_threshold():
-    from distkit.launch.preflight import OVERSUBSCRIBED, oversubscription_warning
+    from distkit.launch.checks import OVERSUBSCRIBED, oversubscription_warning
 
     assert oversubscription_warning(OVERSUBSCRIBED * 2, cores=2) is None
     assert oversubscription_warning(9, cores=2).startswith("--nproc-per-node 9 on 2 cores: 4 ")
@@ -99,7 +99,7 @@ def test_sizes_that_fit_pass(tasks_file, monkeypatch):
     import sys
 
     from distkit.config import Config
-    from distkit.launch.preflight import check_sizes
+    from distkit.launch.checks import check_sizes
 
     monkeypatch.syspath_prepend(str(tasks_file.parent))
     try:

@@ -13,7 +13,7 @@ import torch
 from distkit.config import Config
 from distkit.errors import DistkitError
 from distkit.launch.entry import describe_process_failure
-from distkit.launch.preflight import default_nproc, preflight, resolve_backend
+from distkit.launch.checks import default_nproc, preflight, resolve_backend
 from distkit.checkpoint.saver import make_run_dir
 from distkit.host.facts import check_port_free, free_port, threads_per_process
 from distkit.train.training import create_lr_scheduler, peak_lr
@@ -37,7 +37,7 @@ def test_preflight_fills_in_backend_processes_and_a_free_port():
 def test_launch_checks_need_no_training_settings():
     """launch_function and run_per_rank have no global batch: the launch checks do not
     ask for one (a batch of 64 does not divide by 3 processes)."""
-    from distkit.launch.preflight import check_launch
+    from distkit.launch.checks import check_launch
 
     launch = check_launch(Config(backend="gloo", nproc_per_node=3).validate_processes(),
                           spawning=True)

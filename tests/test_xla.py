@@ -137,7 +137,7 @@ def test_import_distkit_applies_every_shim_and_the_pitfalls_show(xla_python, tmp
         from distkit.compat.shims import APPLIED
         from distkit.config import Config
         from distkit.errors import DistkitError
-        from distkit.launch.preflight import default_nproc, preflight
+        from distkit.launch.checks import default_nproc, preflight
         from distkit.lessons import xla_pitfalls as xp
         out = {"applied": APPLIED, "rank": idist.get_rank(), "backend": idist.backend(),
                "runtime_started": torch_xla._XLAC._xla_runtime_is_initialized(),

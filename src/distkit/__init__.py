@@ -85,7 +85,7 @@ PUBLIC_MODULES = {
     "training": "train.training", "strategies": "train.strategies",
     "schedules": "train.schedules", "stopping": "train.stopping",
     "signals": "train.signals", "agreement": "train.agreement",
-    "effective": "train.effective", "launch": "launch", "preflight": "launch.preflight",
+    "effective": "train.effective", "launch": "launch", "preflight": "launch.checks",
     "supervise": "launch.supervise", "runner": "launch.runner",
     "rendezvous": "launch.rendezvous", "script_launch": "launch.script",
     "script_worker": "launch.script_worker",

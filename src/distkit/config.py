@@ -43,80 +43,117 @@ STRATEGIES = ("ddp", "fsdp")
 SHARDING_BACKENDS = ("gloo", "nccl")  # fully_shard needs a torch.distributed process group
 
 
+def _cli(default=None, factory=None, **how) -> dataclasses.Field:
+    """A field whose ``distkit train`` flag needs more than the field itself gives:
+    ``flag`` (the name, where not the field's with dashes), ``alias`` (torchrun's
+    spelling), ``metavar``, ``choices``, ``group`` (the help section this field and the
+    ones after it are listed in), ``action``. ``distkit.commands.train`` makes every flag
+    from the fields, these and the fields' docstrings (the help text)."""
+    if factory is not None:
+        return dataclasses.field(default_factory=factory, metadata={"cli": how})
+    return dataclasses.field(default=default, metadata={"cli": how})
+
+
 @dataclass
 class Config:
     # --- where and how many processes -------------------------------------------------
-    backend: str = "auto"
-    """auto picks nccl with CUDA, xla-tpu with a TPU, else gloo; none = one plain process."""
-    nproc_per_node: Optional[int] = None
-    """Processes to spawn on this node. None: join a torchrun/SLURM launch if there is
-    one, else 1 per GPU, or 2 on a CPU-only machine."""
-    nnodes: int = 1
-    node_rank: Optional[int] = None
-    master_addr: Optional[str] = None
-    master_port: Optional[int] = None
-    timeout_s: float = 120.0
-    """Bound on every collective: a dead peer ends the run instead of hanging it."""
-    threads_per_process: Optional[int] = None
-    """torch threads per process. None: the cores this process may use divided by the
-    processes on this node, so processes never oversubscribe the cores."""
+    backend: str = _cli("auto", choices=BACKENDS, group="processes and nodes")
+    """auto: nccl with CUDA, xla-tpu with a TPU, else gloo; none: one plain process."""
+    nproc_per_node: Optional[int] = _cli(None, alias="--nproc_per_node", metavar="N")
+    """Processes to spawn on this node (default: join torchrun/SLURM if launched by one,
+    else one per GPU, or 2 on a CPU)."""
+    nnodes: int = _cli(1, metavar="N")
+    """Machines (nodes) in the run, each started with the same flags."""
+    node_rank: Optional[int] = _cli(None, alias="--node_rank", metavar="R")
+    """This node's number: 0 on the node at --master-addr, 1..nnodes-1 on the others."""
+    master_addr: Optional[str] = _cli(None, alias="--master_addr", metavar="ADDR")
+    """Address of the node with --node-rank 0, the same on every node."""
+    master_port: Optional[int] = _cli(None, alias="--master_port", metavar="PORT")
+    """Port on the master node (default: a free port, on a single node)."""
+    timeout_s: float = _cli(120.0, flag="timeout", metavar="S")
+    """Seconds any collective may wait before the run fails: a dead peer ends the run
+    instead of hanging it."""
+    threads_per_process: Optional[int] = _cli(None, metavar="N")
+    """torch threads per process (default: this machine's cores / the processes of the run
+    on this machine, so processes never oversubscribe the cores; all launches: two
+    torchrun "nodes" on one machine share it)."""
 
     # --- what to train ----------------------------------------------------------------
-    dataset: str = "digits"
-    data_dir: str = "data"
-    dataset_size: int = 2048
-    """Samples in the synthetic dataset (train + validation)."""
-    model: str = "cnn"
-    strategy: str = "ddp"
-    """ddp: every rank holds the whole model (DistributedDataParallel); fsdp: each holds
-    1/N of the parameters, gradients and optimizer state (FSDP2 fully_shard; gloo/nccl)."""
-    task: Optional[str] = None
-    """A course's own task, ``module:attr`` or ``path/to/file.py:attr`` naming a
-    ``distkit.Task``; it replaces ``dataset`` and ``model`` (see ``distkit.tasks``)."""
-    task_settings: dict = dataclasses.field(default_factory=dict)
-    """The task's own settings, ``{name: value}`` (``--set name=value``): names the task
-    declares in ``Task(settings=...)``; the launcher completes them with the task's
-    defaults, and the task's functions read ``config.task_settings[name]``."""
-    epochs: int = 10
-    batch_size: int = 64
-    """GLOBAL batch: summed over all processes. Each process gets batch_size // world_size."""
+    dataset: str = _cli("digits", choices=DATASETS, group="data, model and optimization")
+    """The built-in dataset; digits, synthetic and text need no download."""
+    data_dir: str = _cli("data", metavar="DIR")
+    """Folder of downloaded datasets (mnist, cifar10), also given to a task's functions."""
+    dataset_size: int = _cli(2048, metavar="N")
+    """Training samples of the synthetic dataset."""
+    model: str = _cli("cnn", choices=MODELS)
+    """The built-in model; gpt trains on --dataset text, the others on images."""
+    strategy: str = _cli("ddp", choices=STRATEGIES)
+    """ddp: a whole model per process (DistributedDataParallel); fsdp: each process holds
+    1/N of the parameters, gradients and optimizer state (FSDP2 fully_shard; gloo or nccl)."""
+    task: Optional[str] = _cli(None, metavar="MODULE:ATTR")
+    """A course's own distkit.Task: module:attr (module importable from the current folder)
+    or path/to/file.py:attr; replaces --dataset/--model (see ``distkit.tasks``)."""
+    task_settings: dict = _cli(factory=dict, flag="set", action="append", metavar="NAME=VALUE")
+    """A setting of the --task's own, declared in Task(settings=...): e.g. --set hidden=64
+    --set max_norm=1.0, repeated for each (from Python: ``{name: value}``). The launcher
+    completes them with the task's defaults; the task's functions read
+    ``config.task_settings[name]``."""
+    epochs: int = _cli(10, metavar="E")
+    """Passes over the training set."""
+    batch_size: int = _cli(64, metavar="B")
+    """GLOBAL batch size, summed over all processes: each of N processes gets
+    batch-size / N samples per step."""
     lr: float = 0.05
+    """Peak learning rate of the kit's schedule (the optimizer's lr for a task that keeps its own)."""
     scale_lr: bool = False
-    """Linear scaling rule (Goyal et al. 2017): peak lr = lr * world_size."""
-    warmup_epochs: float = 0.0
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    num_workers: int = 0
-    """GLOBAL data-loader workers; auto_dataloader divides them among the processes."""
-    seed: int = 0
+    """Linear scaling rule (Goyal et al. 2017): peak lr = lr x world size."""
+    warmup_epochs: float = _cli(0.0, metavar="W")
+    """Epochs of linear warm-up to the peak lr, then cosine decay to the end."""
+    momentum: float = _cli(0.9, flag=None)
+    """SGD momentum of the built-in tasks (no flag: set it from Python)."""
+    weight_decay: float = _cli(1e-4, flag=None)
+    """SGD weight decay of the built-in tasks (no flag: set it from Python)."""
+    num_workers: int = _cli(0, metavar="W")
+    """GLOBAL data-loader workers, divided among the processes (auto_dataloader)."""
+    seed: int = _cli(0, metavar="S")
+    """Seed of every random generator (each rank derives its own from it)."""
     amp: bool = False
-    """bfloat16 autocast on CUDA (and CPU)."""
-    early_stopping_patience: int = 0
-    """Stop when validation loss has not improved for this many epochs (0 = off)."""
-    early_stopping_min_delta: float = 0.0
+    """bfloat16 autocast (on CUDA and CPU), around the kit's step or a task's own."""
+    early_stopping_patience: int = _cli(0, metavar="N")
+    """Stop after this many epochs without a better validation score (the task's; built-in
+    tasks: a lower validation loss) (0: off)."""
+    early_stopping_min_delta: float = _cli(0.0, metavar="D")
+    """The smallest improvement of the score that counts as better (with a patience)."""
 
     # --- what to observe and keep ----------------------------------------------------
-    profile: bool = False
+    profile: bool = _cli(False, group="output")
+    """Profile handlers and data/compute time; summary in results.json."""
     trace: bool = False
-    """torch.profiler on every rank for a few steps after a warm-up; per-rank traces, one
-    merged Chrome trace and its drawing in ``<run dir>/trace/`` (see ``distkit.observe.tracing``)."""
-    progress_bar: bool = True
-    """Show ignite's progress bar where someone watches it: stdout a terminal or a notebook.
-    Elsewhere (CI logs, SLURM output files) one line per epoch instead."""
+    """torch.profiler on every rank for a few steps after a warm-up: per-rank traces, one
+    merged Chrome trace (one row per rank, clocks aligned) and its timeline.png in
+    <run dir>/trace/, named in results.json (see ``distkit.observe.tracing``)."""
+    progress_bar: bool = _cli(True, flag="no-progress", action="store_false")
+    """One line per epoch even in a terminal (the progress bar shows only when output goes
+    to a terminal or a notebook; in logs, CI and SLURM output files, one line per epoch)."""
     verbose: bool = False
-    """Let ignite's INFO lines through (launcher parameters, data loaders, model wrapping)."""
-    logger: str = "none"
-    """Experiment tracker, on rank 0: none, tensorboard or mlflow (see ``distkit.observe.tracking``)."""
-    output_dir: str = "runs"
-    """Parent folder: every run gets a fresh sub-folder, never overwriting another run."""
-    checkpoint_every: int = 0
-    """Also checkpoint every N iterations (a checkpoint is always saved at each epoch end)."""
-    resume_from: Optional[str] = None
-    max_iters: Optional[int] = None
-    """Stop (and checkpoint) after this many iterations in total; for testing resume."""
-    peak_flops: Optional[float] = None
-    """The machine's peak FLOP/s (all processes together) that MFU is measured against.
-    None: measured at the start of the run, a large matmul on every process at once."""
+    """Also print ignite's INFO lines (launcher parameters, data loaders, model wrapping)."""
+    logger: str = _cli("none", choices=LOGGERS)
+    """Experiment tracker on rank 0 (ignite's TensorboardLogger / MLflowLogger): loss, lr,
+    validation metrics per epoch, the profile with --profile; pip install tensorboard /
+    mlflow first (see ``distkit.observe.tracking``)."""
+    output_dir: str = _cli("runs", metavar="DIR")
+    """Each run writes to a fresh sub-folder of this, never overwriting another run."""
+    checkpoint_every: int = _cli(0, metavar="N")
+    """Also checkpoint every N iterations (always at each epoch end)."""
+    resume_from: Optional[str] = _cli(None, metavar="PATH")
+    """Checkpoint .pt file to resume from, or 'latest': the newest checkpoint under
+    --output-dir (none yet: start from scratch; for torchrun --max-restarts)."""
+    max_iters: Optional[int] = _cli(None, metavar="N")
+    """Stop (with a checkpoint) after this many iterations in total."""
+    peak_flops: Optional[float] = _cli(None, metavar="FLOPS")
+    """The machine's peak FLOP/s, all processes together, for the MFU of models that count
+    their FLOPs (--model gpt) (default: measured at the start, a large matmul on every
+    process at once)."""
 
     def validate_processes(self) -> "Config":
         """Check the settings of the processes alone (backend, counts, node, port,
@@ -146,8 +183,13 @@ class Config:
     def validate(self) -> "Config":
         """Check every field that can be checked without touching the hardware: choices,
         and every number finite and in range (``nan <= 0`` is False, so a plain ``<= 0``
-        test lets NaN through)."""
-        self.validate_processes()
+        test lets NaN through). The checks ``process_settings`` and ``training_settings``
+        of :mod:`distkit.launch.checks`, in that order."""
+        return self.validate_processes().validate_training()
+
+    def validate_training(self, world_size: int | None = None) -> "Config":
+        """Check the fields of training (all but the processes'), and the global batch on
+        ``world_size`` processes (None: on ``nproc_per_node`` x ``nnodes`` if given)."""
         _choice("dataset", self.dataset, DATASETS)
         _choice("model", self.model, MODELS)
         if self.task is None and (self.dataset, self.model) not in builtin_pairs():
@@ -174,8 +216,10 @@ class Config:
         if self.warmup_epochs > self.epochs:
             raise DistkitError(f"--warmup-epochs {self.warmup_epochs} is longer than --epochs "
                                f"{self.epochs}: use --warmup-epochs {self.epochs} or less")
-        if self.nproc_per_node is not None:
-            self.check_batch_fits(self.nproc_per_node * self.nnodes)
+        if world_size is None and self.nproc_per_node is not None:
+            world_size = self.nproc_per_node * self.nnodes
+        if world_size is not None:
+            self.check_batch_fits(world_size)
         return self
 
     def check_batch_fits(self, world_size: int) -> None:
@@ -248,18 +292,42 @@ _REAL_NUMBERS = (
     ("weight_decay", 0.0, False, None, False),
     ("early_stopping_min_delta", 0.0, False, None, False),
 )
-# Fields whose CLI flag is not the field name with dashes, and fields with no flag.
-_FLAGS = {"timeout_s": "timeout"}
-_NO_FLAG = {"momentum", "weight_decay"}
+def cli_spec(name: str) -> dict:
+    """How field ``name`` is given on the command line (see :func:`_cli`)."""
+    return dict(Config.__dataclass_fields__[name].metadata.get("cli", {}))
 
 
-def _flag(name: str) -> str:
-    return _FLAGS.get(name, name.replace("_", "-"))
+def _flag(name: str) -> str | None:
+    """The flag's name without dashes (None: the field has no flag)."""
+    spec = cli_spec(name)
+    return spec["flag"] if "flag" in spec else name.replace("_", "-")
 
 
 def _label(name: str) -> str:
     """How the learner set it: ``--flag`` on the command line, else ``Config.field``."""
-    return f"Config.{name}" if name in _NO_FLAG else f"--{_flag(name)}"
+    flag = _flag(name)
+    return f"Config.{name}" if flag is None else f"--{flag}"
+
+
+def field_docs() -> dict:
+    """``{field: docstring}``: the string under each field of :class:`Config`, its help
+    text on the command line too."""
+    global _DOCS
+    if _DOCS is None:
+        import ast
+        import inspect
+        import textwrap
+
+        body = ast.parse(textwrap.dedent(inspect.getsource(Config))).body[0].body
+        _DOCS = {}
+        for field, doc in zip(body, body[1:]):
+            if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) \
+                    and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str):
+                _DOCS[field.target.id] = inspect.cleandoc(doc.value.value)
+    return _DOCS
+
+
+_DOCS = None
 
 
 def _choice(name, value, choices):

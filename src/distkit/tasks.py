@@ -466,6 +466,14 @@ def resolve_task(spec) -> Task:
                        "'module:attr'")
 
 
+def configured_task(spec, config) -> tuple:
+    """``(task, config)``: the task ``spec`` means (see :func:`resolve_task`), checked
+    (:meth:`Task.check`), and ``config`` with its settings complete and typed
+    (:meth:`Task.configure`): what the launcher's ``task`` check settles."""
+    task = resolve_task(spec).check()
+    return task, task.configure(config)
+
+
 def load_task(spec: str) -> Task:
     """Import ``"module:attr"`` or ``"path/to/file.py:attr"`` and return that Task."""
     module_name, sep, attr = spec.rpartition(":")

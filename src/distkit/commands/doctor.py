@@ -73,7 +73,7 @@ def report() -> dict:
 
     import distkit
     from distkit.compat.shims import APPLIED
-    from distkit.launch.preflight import default_nproc, resolve_backend
+    from distkit.launch.checks import default_nproc, resolve_backend
     from distkit.host.facts import threads_per_process, tpu_available
 
     gpus = [{"name": torch.cuda.get_device_name(i),

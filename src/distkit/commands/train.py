@@ -1,16 +1,19 @@
-"""``distkit train``: flags map one-to-one onto :class:`distkit.config.Config`.
+"""``distkit train``: one flag per field of :class:`distkit.config.Config`, made from the
+field (its name, type, default, docstring as help, and its ``cli`` metadata), so the
+command line and the dataclass cannot drift apart.
 
 ``--task module:attr`` trains a course's own :class:`distkit.Task` (see
 ``distkit.tasks``); without it, ``--dataset`` and ``--model`` pick a built-in task."""
 from __future__ import annotations
 
 import argparse
-import os
+import dataclasses
 
-from distkit.config import (BACKENDS, DATASET_DEFAULTS, DATASETS, LOGGERS, MODELS, STRATEGIES,
-                            Config)
+from distkit.config import DATASET_DEFAULTS, Config, _flag, cli_spec, field_docs
 
 DEFAULTS = Config()
+# How a field's type annotation reads on the command line (Optional[...] included).
+_TYPES = (("int", int), ("float", float))
 
 
 def _default(field: str) -> str:
@@ -19,86 +22,62 @@ def _default(field: str) -> str:
     return f"default: {getattr(DEFAULTS, field)}" + (f" ({per_dataset})" if per_dataset else "")
 
 
+def flag_options(field) -> tuple[list, dict] | None:
+    """``(option strings, add_argument keywords)`` of ``field`` (a dataclass field of
+    :class:`Config`): its flag, help from its docstring, type and default from the field,
+    the rest from its ``cli`` metadata. None: the field has no flag."""
+    spec = cli_spec(field.name)
+    flag = _flag(field.name)
+    if flag is None:
+        return None
+    names = [f"--{flag}"] + ([spec["alias"]] if "alias" in spec else [])
+    help_text = field_docs().get(field.name, "")
+    kw = {"dest": field.name, "help": help_text}
+    if field.type == "bool":
+        kw["action"] = spec.get("action", "store_true")
+        return names, kw
+    if spec.get("action") == "append":
+        kw.update(action="append", default=[], metavar=spec.get("metavar"))
+        return names, kw
+    kw["type"] = next((t for name, t in _TYPES if name in field.type), str)
+    kw["default"] = getattr(DEFAULTS, field.name)
+    for key in ("choices", "metavar"):
+        if key in spec:
+            kw[key] = spec[key]
+    if any(field.name in v for v in DATASET_DEFAULTS.values()):
+        # given or not must stay visible: None until config_from_args fills the dataset's
+        kw["default"] = None
+        kw["help"] = f"{help_text.rstrip('.')}; {_default(field.name)}"
+    return names, kw
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    g = p.add_argument_group("processes and nodes")
-    g.add_argument("--backend", choices=BACKENDS, default=DEFAULTS.backend,
-                   help="auto: nccl with CUDA, xla-tpu with a TPU, else gloo")
-    g.add_argument("--nproc-per-node", "--nproc_per_node", type=int, metavar="N", default=None,
-                   help="processes to spawn on this node (default: join torchrun/SLURM if "
-                        "launched by one, else one per GPU, or 2 on a CPU)")
-    g.add_argument("--nnodes", type=int, default=DEFAULTS.nnodes)
-    g.add_argument("--node-rank", "--node_rank", type=int, default=None, metavar="R")
-    g.add_argument("--master-addr", "--master_addr", default=None, metavar="ADDR")
-    g.add_argument("--master-port", "--master_port", type=int, metavar="PORT", default=None,
-                   help="default: a free port (single node)")
-    g.add_argument("--timeout", dest="timeout_s", type=float, default=DEFAULTS.timeout_s,
-                   help="seconds any collective may wait before the run fails")
-    g.add_argument("--threads-per-process", type=int, default=None,
-                   help="default: this machine's cores / the processes of the run on this machine "
-                        "(all launches: two torchrun \"nodes\" on one machine share it)")
-    g = p.add_argument_group("data, model and optimization")
-    g.add_argument("--task", default=None, metavar="MODULE:ATTR",
-                   help="a course's own distkit.Task: module:attr (module importable from the "
-                        "current folder) or path/to/file.py:attr; replaces --dataset/--model")
-    g.add_argument("--set", dest="task_settings", action="append", default=[],
-                   metavar="NAME=VALUE",
-                   help="a setting of the --task's own (declared in Task(settings=...)), e.g. "
-                        "--set hidden=64 --set max_norm=1.0; repeat for each")
-    g.add_argument("--dataset", choices=DATASETS, default=DEFAULTS.dataset,
-                   help="digits and synthetic need no download")
-    g.add_argument("--data-dir", default=DEFAULTS.data_dir)
-    g.add_argument("--dataset-size", type=int, default=DEFAULTS.dataset_size,
-                   help="training samples of the synthetic dataset")
-    g.add_argument("--model", choices=MODELS, default=DEFAULTS.model)
-    g.add_argument("--strategy", choices=STRATEGIES, default=DEFAULTS.strategy,
-                   help="ddp: a whole model per process; fsdp: each process holds 1/N of the "
-                        "parameters, gradients and optimizer state (gloo or nccl)")
-    g.add_argument("--epochs", type=int, default=None, help=_default("epochs"))
-    g.add_argument("--batch-size", type=int, default=None,
-                   help="GLOBAL batch size, summed over all processes: each of N processes "
-                        "gets batch-size / N samples per step; " + _default("batch_size"))
-    g.add_argument("--lr", type=float, default=None, help=_default("lr"))
-    g.add_argument("--scale-lr", action="store_true",
-                   help="linear scaling rule: peak lr = lr x world size")
-    g.add_argument("--warmup-epochs", type=float, default=DEFAULTS.warmup_epochs)
-    g.add_argument("--num-workers", type=int, default=DEFAULTS.num_workers,
-                   help="GLOBAL data-loader workers, divided among the processes")
-    g.add_argument("--seed", type=int, default=DEFAULTS.seed)
-    g.add_argument("--amp", action="store_true", help="bfloat16 autocast")
-    g.add_argument("--early-stopping-patience", type=int, default=0,
-                   help="stop after this many epochs without a better validation score (the "
-                        "task's; built-in tasks: a lower validation loss) (0: off)")
-    g.add_argument("--early-stopping-min-delta", type=float, default=0.0)
-    g = p.add_argument_group("output")
-    g.add_argument("--profile", action="store_true",
-                   help="profile handlers and data/compute time; summary in results.json")
-    g.add_argument("--trace", action="store_true",
-                   help="torch.profiler on every rank for a few steps after a warm-up: per-rank "
-                        "traces, one merged Chrome trace (one row per rank, clocks aligned) and "
-                        "its timeline.png in <run dir>/trace/, named in results.json")
-    g.add_argument("--no-progress", dest="progress_bar", action="store_false",
-                   help="one line per epoch even in a terminal (the progress bar shows only when "
-                        "output goes to a terminal or a notebook; in logs, one line per epoch)")
-    g.add_argument("--verbose", action="store_true",
-                   help="also print ignite's INFO lines (launcher parameters, data loaders, model wrapping)")
-    g.add_argument("--logger", choices=LOGGERS, default=DEFAULTS.logger,
-                   help="experiment tracker on rank 0 (ignite's TensorboardLogger / MLflowLogger): "
-                        "loss, lr, validation metrics per epoch, the profile with --profile; "
-                        "pip install tensorboard / mlflow first")
-    g.add_argument("--output-dir", default=DEFAULTS.output_dir,
-                   help="each run writes to a fresh sub-folder of this")
-    g.add_argument("--checkpoint-every", type=int, default=0,
-                   help="also checkpoint every N iterations (always at each epoch end)")
-    g.add_argument("--resume-from", default=None,
-                   help="checkpoint .pt file to resume from, or 'latest': the newest checkpoint "
-                        "under --output-dir (none yet: start from scratch; for torchrun --max-restarts)")
-    g.add_argument("--max-iters", type=int, default=None,
-                   help="stop (with a checkpoint) after this many iterations in total")
-    g.add_argument("--peak-flops", type=float, default=None, metavar="FLOPS",
-                   help="the machine's peak FLOP/s, all processes together, for the MFU of "
-                        "models that count their FLOPs (--model gpt); default: measured at "
-                        "the start (a large matmul on every process at once)")
+    """One flag per field of :class:`Config` (but those without one: ``momentum``,
+    ``weight_decay``), made from the field by :func:`flag_options`, in the field's order,
+    in the help sections its ``cli`` metadata opens."""
+    group = p
+    for field in dataclasses.fields(Config):
+        spec = cli_spec(field.name)
+        if "group" in spec:
+            group = p.add_argument_group(spec["group"])
+        made = flag_options(field)
+        if made is not None:
+            group.add_argument(*made[0], **made[1])
+
+
+def flag_table() -> str:
+    """docs/cli.md's table of ``distkit train``'s flags, made as the flags are."""
+    rows = ["| flag | default | what it sets |", "| --- | --- | --- |"]
+    for field in dataclasses.fields(Config):
+        made = flag_options(field)
+        if made is None:
+            continue
+        names, kw = made
+        default = kw.get("default")
+        shown = "" if default in (None, "", []) or kw.get("action") else f"`{default}`"
+        text = " ".join(kw["help"].split()).replace("``", "`").replace("|", "\\|")
+        rows.append(f"| `{' / '.join(names)}` | {shown} | {text} |")
+    return "\n".join(rows) + "\n"
 
 
 def config_from_args(args) -> Config:

@@ -267,3 +267,16 @@ def tpu_chips(sys_root: str = "/sys") -> dict:
         if generation:
             found[generation] = found.get(generation, 0) + 1
     return found
+
+
+def broadcast_text(text: str, src: int = 0) -> str:
+    """``text`` from rank ``src`` to every rank (a collective). ignite's
+    ``idist.broadcast`` of a ``str`` sizes its buffer in characters and fills it with UTF-8
+    bytes, so a non-ASCII string (a folder named ``données``) arrives cut, or the
+    broadcast fails. Sent as JSON's ASCII escapes, every character is one byte; a name
+    that is not valid UTF-8 (``surrogateescape``) comes back as it was."""
+    import json
+
+    import ignite.distributed as idist
+
+    return json.loads(idist.broadcast(json.dumps(text), src=src, safe_mode=True))

@@ -11,6 +11,7 @@ line within seconds, with nothing half-written.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -20,14 +21,13 @@ import torch
 import torch.distributed as dist
 
 from distkit.train import signals
-from distkit.checkpoint.saver import check_output_dir, make_run_dir
+from distkit.checkpoint.saver import make_run_dir
 from distkit.config import Config
-from distkit.train.effective import check_settings
 from distkit.errors import DistkitError
 from distkit.observe.failures import Reporter, default_folder, for_function_callers
 from distkit.host.facts import ranks_on_this_host, threads_per_process
 from distkit.host.layout import inside_launch, launched_externally
-from distkit.launch.preflight import check_launch, check_picklable, preflight
+from distkit.launch.checks import check_picklable, check_run
 # The process-start core and its supervision live in distkit.launch.supervise; these names stay
 # importable from here, where courses and notebooks found them.
 from distkit.launch.supervise import (_fork_is_safe, check_spawned_can_import,  # noqa: F401
@@ -35,7 +35,6 @@ from distkit.launch.supervise import (_fork_is_safe, check_spawned_can_import,  
                                openmp_pool_forks_cleanly, prepare_fork, start, stop_workers)
 from distkit.launch.supervise import read_result, write_result
 from distkit.launch.script import call_with_kits_group
-from distkit.tasks import resolve_task
 from distkit.train.training import training
 
 
@@ -55,20 +54,17 @@ def run(config, task=None) -> dict | None:
             print(f"val accuracy {results['final']['val_accuracy']:.3f}")
     """
     try:
-        task = resolve_task(task if task is not None else config).check()  # a wrong task: one line, now
-        config = task.configure(config)  # its own settings (--set), complete and typed
-        check_settings(task, config.replace().validate())  # a flag with nothing to act on: one line
-        config, launch = preflight(config, task=task)  # launch checks, then training checks
-        check_output_dir(config.output_dir)
+        plan = check_run(config, task)  # every check, in one order: a wrong input is one line, now
     except DistkitError as e:
         e.every_rank = True  # under torchrun every rank fails here alike: one of them says so
         raise
+    config, task, launch = plan.config, plan.task, plan.launch
     if not launch.spawning:  # the run folder: rank 0's training makes it, tells the others
         return start(launch, Reporter(verbose=launch.verbose, timeout_s=launch.timeout_s), _training_everywhere, config, task)
     if launch.backend != "none":
         check_picklable("the task", task)
     launch = prepare_fork(launch)
-    config = config.replace(threads_per_process=launch.threads_per_process)
+    config = dataclasses.replace(config, threads_per_process=launch.threads_per_process)
     # The launcher makes the run folder where it can (one process, or node 0 of a spawn)
     # and passes it to training; on node 1 training learns it from rank 0.
     run_dir = None
@@ -132,11 +128,11 @@ def _launch_function(fn, args, backend, nproc_per_node, nnodes, node_rank, maste
     if not spawning:
         nproc_per_node = None  # torchrun / srun started the processes: join them
     # the launch checks only: fn has no global batch, dataset or checkpoint to check
-    launch = check_launch(Config(backend=backend, nproc_per_node=nproc_per_node, nnodes=nnodes,
-                                 node_rank=node_rank, master_addr=master_addr,
-                                 master_port=master_port, timeout_s=timeout_s,
-                                 threads_per_process=threads_per_process,
-                                 verbose=verbose).validate_processes(), spawning)
+    launch = check_run(Config(backend=backend, nproc_per_node=nproc_per_node, nnodes=nnodes,
+                              node_rank=node_rank, master_addr=master_addr,
+                              master_port=master_port, timeout_s=timeout_s,
+                              threads_per_process=threads_per_process, verbose=verbose),
+                       spawning=spawning, scopes=("processes",)).launch
     if not spawning:
         return start(launch, Reporter(verbose=verbose, timeout_s=launch.timeout_s), _shared_result, fn,
                      launch.threads_per_process, all_ranks, *args)

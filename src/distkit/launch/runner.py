@@ -29,7 +29,7 @@ from distkit.config import Config
 from distkit.observe.failures import Reporter, default_folder
 from distkit.launch.entry import pinned, prepare_fork, start
 from distkit.host.facts import quiet_ignite_logs
-from distkit.launch.preflight import check_launch
+from distkit.launch.checks import check_launch
 from distkit.launch.supervise import read_result, write_result
 
 

@@ -40,7 +40,7 @@ from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, end_wi
                              process_state, restore_environment, set_ignite_verbosity, socket_interface,
                              threads_per_process)
 from distkit.host.layout import elastic, world_layout
-from distkit.launch.preflight import Launch
+from distkit.launch.checks import Launch
 from distkit.launch.rendezvous import host_master_store, node0_waiting_line, wait_for_master
 
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
@@ -57,7 +57,7 @@ def start(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = N
           start_method: str | None = None):
     """The one process-start core: ``run``, ``launch_function`` and
     ``distkit.launch.runner.run_per_rank`` are thin callers of it. ``fn(local_rank, *args)`` on
-    every rank of ``launch`` (:func:`distkit.launch.preflight.check_launch` made it): collectives
+    every rank of ``launch`` (:func:`distkit.launch.checks.check_launch` made it): collectives
     bounded by ``launch.timeout_s``, a failed rank reported in one line by ``reporter``.
 
     - joining torchrun / SLURM (``launch.spawning`` False): this process is one rank;

@@ -148,6 +148,19 @@ def setting_label(name: str) -> str:
     }.get(name, name.replace("versions.", "the version of "))
 
 
+def check_in_ranks(config, task) -> None:
+    """The check ``agreement`` of :mod:`distkit.launch.checks`, the last one, run by every
+    rank inside the process group before the first step: the global batch on the world
+    this rank is part of (a notebook may call ``training`` without the launcher's checks),
+    then :func:`check_same_settings`."""
+    import ignite.distributed as idist
+
+    if idist.get_world_size() == 1:
+        return  # one process: every batch fits it, and it agrees with itself
+    config.check_batch_fits(idist.get_world_size())
+    check_same_settings(config, task)
+
+
 def check_same_settings(config, task) -> None:
     """Compare this rank's :func:`effective_settings` with rank 0's (a collective: call on
     every rank, before the first step); where any rank differs, raise on every rank the

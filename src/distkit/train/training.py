@@ -23,8 +23,9 @@ from torch.utils.data import DataLoader
 
 from distkit.observe import profiling, throughput, tracing, tracking
 from distkit.train import signals, stopping
+from distkit.compat.shims import broadcast_text
 from distkit.train.finite import FiniteGuard
-from distkit.train.agreement import check_replicas_identical, check_same_settings
+from distkit.train.agreement import check_in_ranks, check_replicas_identical
 from distkit.checkpoint.saver import (CHECKPOINT_PREFIX, RunSettings, checkpoint_iteration,
                                 checkpoint_saver, load_checkpoint, make_run_dir, resume_settings,
                                 to_save)
@@ -469,7 +470,7 @@ def resolve_run_dir(config, run_dir: str | None = None) -> str:
         run_dir = make_run_dir(config.output_dir, idist.backend() or "none", idist.get_world_size())
     # Every rank takes part, even where the launcher set run_dir: with --nnodes 2 only
     # node 0's launcher made the folder, and node 1's ranks must learn its name.
-    return idist.broadcast(run_dir, src=0, safe_mode=True)
+    return broadcast_text(run_dir, src=0)  # a name in any script (idist.broadcast's is ASCII)
 
 
 def param_digest(model) -> str:
@@ -512,9 +513,9 @@ def training(local_rank: int, config, task: Task | None = None,
     """
     task = resolve_task(task if task is not None else config)
     config = task.configure(config)  # the task's own settings, complete and typed
-    config.check_batch_fits(idist.get_world_size())
-    # every rank trains what rank 0 trains, or none does (before anything is written)
-    check_same_settings(config, task)
+    # every rank trains what rank 0 trains, or none does (before anything is written):
+    # the last of distkit.launch.checks' checks, the one that needs the process group
+    check_in_ranks(config, task)
     run_dir = resolve_run_dir(config, run_dir)
     signals.clear()  # a stop asked of an earlier run in this process is not this run's
     restore_handlers = signals.install(stop_signals())

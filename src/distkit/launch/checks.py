@@ -1,42 +1,76 @@
-"""Checks before any process starts, and the choices they settle: the backend
-(``auto`` resolved to nccl, xla-tpu or gloo, and refused where it cannot run), the
-process count, the master address and port, memory for the synthetic set, a checkpoint
-to resume from, a dataset to download. A wrong input ends here in one line, within
-seconds, with nothing started and nothing half-written.
+"""The one place that decides whether a run may start: every check of a run's settings,
+named, in one order, run by :func:`check_run`.
 
-Two kinds of check, kept apart: :func:`check_launch` (backend, process count, address,
-port; it returns the :class:`Launch` the process-start core runs) and
-:func:`check_training` (strategy, memory, batch, checkpoint, download). ``distkit.launch.entry``
-runs both before :func:`~distkit.launch.entry.run` starts or joins processes, only the first
-for :func:`~distkit.launch.entry.launch_function` and ``run_per_rank``; notebooks call
-:func:`preflight` to show a refusal::
+A wrong input ends here in one line (a :class:`~distkit.errors.DistkitError` whose
+``check`` field names the check that refused), within seconds, with nothing started
+and nothing half-written. The checks, in the order they run (:data:`CHECKS`):
+
+========================  ==========  =====================================================
+name                      scope       what it refuses (where its body lives)
+========================  ==========  =====================================================
+``process_settings``      processes   a backend, count, node, port, timeout or thread count
+                                      out of range (``Config.validate_processes``)
+``launch``                processes   a backend that cannot run here, a process count,
+                                      address or port that cannot work (:func:`check_launch`)
+``training_settings``     training    a dataset, model, logger, strategy or number out of
+                                      range, NaN or inf; a global batch that does not split
+                                      over the world the launch settled
+                                      (``Config.validate_training``)
+``task``                  training    a task that cannot be built or scored, an unknown
+                                      ``--set`` name or a value of the wrong type
+                                      (``distkit.tasks.configured_task``)
+``flags_reach_task``      training    a flag with nothing to act on in the task
+                                      (``distkit.train.effective.check_settings``)
+``strategy_on_backend``   training    ``--strategy fsdp`` on the backend ``auto`` became
+``synthetic_memory``      training    a synthetic set too large for this machine's memory
+``checkpoint_fits``       training    a checkpoint to resume from that is missing, damaged,
+                                      finished, of another model or of other settings
+``max_iters_after_resume`` training   ``--max-iters`` at or below the resumed iteration
+``download``              training    a dataset that needs a download this machine cannot do
+``sizes``                 training    empty sets, a world or batch larger than the data
+``output_dir``            training    an output folder that cannot be written
+``agreement``             ranks       ranks whose settings differ from rank 0's
+========================  ==========  =====================================================
+
+The checks of scope ``processes`` are all that :func:`~distkit.launch.entry.launch_function`
+has (a function, no training settings); ``distkit train`` and :func:`~distkit.launch.entry.run`
+run every check of scopes ``processes`` and ``training`` before any process starts.
+``agreement`` needs the process group: every rank runs it inside
+:func:`distkit.train.training.training`, before the first step (its body,
+:func:`distkit.train.agreement.check_in_ranks`, sits below this module so training can
+call it; it is listed here so the order is read in one place)::
 
     >>> from distkit.config import Config
-    >>> from distkit.launch.preflight import preflight
-    >>> cfg, launch = preflight(Config(backend="gloo"), spawning=True)
-    >>> cfg.backend, cfg.nproc_per_node, launch.world_size, launch.master_port is not None
-    ('gloo', 2, 2, True)
+    >>> plan = check_run(Config(backend="gloo"), spawning=True)
+    >>> plan.config.backend, plan.config.nproc_per_node, plan.launch.world_size
+    ('gloo', 2, 2)
+    >>> [c.name for c in CHECKS][:3]
+    ['process_settings', 'launch', 'training_settings']
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import sys
-import dataclasses
 from dataclasses import dataclass
+from typing import Callable
 
 import ignite.distributed as idist
 import torch
 
-from distkit.checkpoint.saver import check_checkpoint_fits, resolve_resume_from
+from distkit.builtin.data import VAL_SIZE, fetch_torchvision
+from distkit.checkpoint.saver import (check_checkpoint_fits, check_output_dir, recorded_iteration,
+                                      resolve_resume_from)
 from distkit.compat.shims import pjrt_nprocs, xla_local_device_count
 from distkit.config import check_strategy
-from distkit.builtin.data import VAL_SIZE, fetch_torchvision
 from distkit.errors import DistkitError
 from distkit.host.facts import (available_memory, check_address_resolves, check_port_free, free_port,
-                             in_ipython, tpu_available)
+                                in_ipython, tpu_available)
 from distkit.host.layout import (check_not_sbatch_without_srun, elastic, inside_launch,
                                  launched_externally, local_world_size, world_layout)
+from distkit.tasks import configured_task, resolve_task
+from distkit.train import agreement, effective
 
 CPU_DEFAULT_NPROC = 2
 
@@ -169,39 +203,6 @@ def check_launch(config, spawning: bool | None = None) -> Launch:
                   verbose=config.verbose)
 
 
-def check_training(config, launch: Launch, task=None):
-    """The training checks, once the launch is known: the strategy on the resolved
-    backend, memory for the synthetic set, the global batch on the world size (where
-    ``validate`` could not), a checkpoint to resume from against ``task``'s model, a
-    dataset to download. Returns the config as it will train: backend and process count
-    resolved, ``--resume-from latest`` replaced by the file it means."""
-    if config.backend == "auto":  # validate() checked the strategy against a named backend
-        check_strategy(config.strategy, launch.backend)
-    check_synthetic_fits_in_memory(
-        config, launch.nproc_per_node if launch.spawning else local_world_size())
-    if not launch.spawning and world_layout().launcher != "none":
-        config.check_batch_fits(launch.world_size)
-    if launch.spawning and config.nproc_per_node is None:  # else validate() checked it
-        config.check_batch_fits(launch.world_size)
-    config = config.replace(backend=launch.backend, nproc_per_node=launch.nproc_per_node)
-    if not config.resume_from and restarted_by_torchrun():
-        # the same run, started again: it goes on from its newest checkpoint by itself
-        config = config.replace(resume_from="latest")
-    if config.resume_from == "latest":  # the newest checkpoint under --output-dir, if any
-        config = resolve_resume_from(config)
-    if config.resume_from:
-        check_checkpoint_fits(config.resume_from, config, task, launch.world_size)
-    if launch.spawning and config.dataset in ("mnist", "cifar10") and config.task is None:
-        # Download once here, before any process starts, so an offline machine fails fast.
-        fetch_torchvision(config.dataset, config.data_dir)
-    if launch.spawning:
-        warning = oversubscription_warning(launch.nproc_per_node)
-        if warning:
-            print(f"distkit: warning: {warning}", file=sys.stderr, flush=True)
-    check_sizes(config, launch.world_size, task)
-    return config
-
-
 def restarted_by_torchrun() -> bool:
     """True in a worker group that ``torchrun --max-restarts`` started again after a
     failure (``TORCHELASTIC_RESTART_COUNT`` > 0): the same command, the same run."""
@@ -212,7 +213,6 @@ def dataset_sizes(config, task=None) -> tuple[int, int] | None:
     """``(training samples, validation samples)`` of ``task`` (default: the config's),
     built once here as every process will build them; None where they have no length or
     building them fails (the ranks then report it as they would)."""
-    from distkit.tasks import resolve_task
 
     try:
         train_set, val_set = resolve_task(task if task is not None else config).datasets(config)
@@ -239,7 +239,6 @@ def check_sizes(config, world_size: int, task=None) -> None:
     sizes = dataset_sizes(config, task)
     if sizes is None:
         return
-    from distkit.tasks import resolve_task
 
     name = resolve_task(task if task is not None else config).name
     n_train, n_val = sizes
@@ -307,15 +306,6 @@ def oversubscription_warning(nproc: int | None, cores: int | None = None) -> str
             f"--nproc-per-node {cores} for speed, more only to rehearse a larger world")
 
 
-def preflight(config, spawning: bool | None = None, task=None):
-    """Every check before a process starts: the settings (``validate``), the launch
-    (:func:`check_launch`) and the training (:func:`check_training`). Returns the config
-    as it will train and the :class:`Launch`; the caller's config is left as it was."""
-    config = config.replace().validate()
-    launch = check_launch(config, spawning)
-    return check_training(config, launch, task), launch
-
-
 def check_picklable(what: str, obj) -> None:
     """Spawned processes receive their function and arguments pickled; fail in one line
     here rather than in every child. (Forked processes, as in notebooks, need no pickle.)"""
@@ -329,3 +319,152 @@ def check_picklable(what: str, obj) -> None:
             f"{what} cannot be sent to spawned processes ({why}): define its functions at the "
             "top level of an importable module, or of a script run under an "
             "`if __name__ == \"__main__\":` guard, not as lambdas or nested functions") from None
+
+
+@dataclass
+class Plan:
+    """What the checks settle, passed from one to the next: the config as it will train
+    (backend and process count resolved, ``--resume-from latest`` replaced by its file,
+    the task's settings complete), the task, and the :class:`Launch`."""
+
+    config: object
+    task: object = None
+    spawning: bool | None = None
+    launch: Launch | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    scope: str
+    """``processes`` (any launch), ``training`` (a training run), ``ranks`` (inside the
+    process group)."""
+    body: Callable
+
+
+def _task(plan):
+    plan.task, plan.config = configured_task(
+        plan.task if plan.task is not None else plan.config, plan.config)
+
+
+def _process_settings(plan):
+    plan.config.validate_processes()
+
+
+def _training_settings(plan):
+    launch = plan.launch
+    # the global batch on the world the launch settled (torchrun's and SLURM's too)
+    world = launch.world_size if launch.spawning or world_layout().launcher != "none" else None
+    plan.config.validate_training(world)
+    plan.config = dataclasses.replace(plan.config, backend=launch.backend,
+                                      nproc_per_node=launch.nproc_per_node)
+
+
+def _flags_reach_task(plan):
+    effective.check_settings(plan.task, plan.config)
+
+
+def _launch(plan):
+    plan.launch = check_launch(plan.config, plan.spawning)
+    plan.spawning = plan.launch.spawning
+    if plan.spawning:  # a warning, not a refusal: a large world can be worth rehearsing
+        warning = oversubscription_warning(plan.launch.nproc_per_node)
+        if warning:
+            print(f"distkit: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _strategy_on_backend(plan):
+    # training_settings checked it against the backend asked for, which may be auto
+    check_strategy(plan.config.strategy, plan.launch.backend)
+
+
+def _synthetic_memory(plan):
+    launch = plan.launch
+    check_synthetic_fits_in_memory(
+        plan.config, launch.nproc_per_node if launch.spawning else local_world_size())
+
+
+def _checkpoint_fits(plan):
+    config = plan.config
+    if not config.resume_from and restarted_by_torchrun():
+        # the same run, started again: it goes on from its newest checkpoint by itself
+        config = dataclasses.replace(config, resume_from="latest")
+    if config.resume_from == "latest":  # the newest checkpoint under --output-dir, if any
+        config = resolve_resume_from(config)
+    if config.resume_from:
+        check_checkpoint_fits(config.resume_from, config, plan.task, plan.launch.world_size)
+    plan.config = config
+
+
+def _max_iters_after_resume(plan):
+    config = plan.config
+    if config.resume_from and config.max_iters is not None:
+        done = recorded_iteration(config.resume_from)
+        if config.max_iters <= done:
+            raise DistkitError(
+                f"--max-iters {config.max_iters} is not beyond the {done} iterations "
+                f"{config.resume_from!r} already holds: nothing is left to train; use "
+                f"--max-iters {done + 1} or more, or drop --max-iters")
+
+
+def _download(plan):
+    config, launch = plan.config, plan.launch
+    if launch.spawning and config.dataset in ("mnist", "cifar10") and config.task is None:
+        # Download once here, before any process starts, so an offline machine fails fast.
+        fetch_torchvision(config.dataset, config.data_dir)
+
+
+def _sizes(plan):
+    check_sizes(plan.config, plan.launch.world_size, plan.task)
+
+
+def _output_dir(plan):
+    check_output_dir(plan.config.output_dir)
+
+
+def _agreement(plan):
+    agreement.check_in_ranks(plan.config, plan.task)
+
+
+CHECKS = (
+    Check("process_settings", "processes", _process_settings),
+    Check("launch", "processes", _launch),
+    Check("training_settings", "training", _training_settings),
+    Check("task", "training", _task),
+    Check("flags_reach_task", "training", _flags_reach_task),
+    Check("strategy_on_backend", "training", _strategy_on_backend),
+    Check("synthetic_memory", "training", _synthetic_memory),
+    Check("checkpoint_fits", "training", _checkpoint_fits),
+    Check("max_iters_after_resume", "training", _max_iters_after_resume),
+    Check("download", "training", _download),
+    Check("sizes", "training", _sizes),
+    Check("output_dir", "training", _output_dir),
+    Check("agreement", "ranks", _agreement),
+)
+"""Every check, in the order it runs."""
+
+
+def check_run(config, task=None, spawning: bool | None = None, scopes=("processes", "training"),
+              ) -> Plan:
+    """Run the checks of ``scopes`` in :data:`CHECKS`' order on a copy of ``config`` (the
+    caller's is left as it was); the first that refuses raises its ``DistkitError``, with
+    ``check`` set to its name. Returns the :class:`Plan` the launcher starts.
+    ``spawning`` None: spawn unless torchrun / SLURM launched this process."""
+    plan = Plan(config=dataclasses.replace(config), task=task, spawning=spawning)
+    for check in CHECKS:
+        if check.scope not in scopes:
+            continue
+        try:
+            check.body(plan)
+        except DistkitError as e:
+            e.check = check.name
+            raise
+    return plan
+
+
+def preflight(config, spawning: bool | None = None, task=None):
+    """Every check before a process starts (:func:`check_run`), for notebooks that show a
+    refusal: returns the config as it will train and the :class:`Launch`; the caller's
+    config is left as it was."""
+    plan = check_run(config, task, spawning)
+    return plan.config, plan.launch

@@ -56,7 +56,8 @@ def run(config, task=None) -> dict | None:
     try:
         plan = check_run(config, task)  # every check, in one order: a wrong input is one line, now
     except DistkitError as e:
-        e.every_rank = True  # under torchrun every rank fails here alike: one of them says so
+        if not hasattr(e, "every_rank"):  # a rank's own launcher variable (LayoutError) says so itself
+            e.every_rank = True  # under torchrun every rank fails here alike: one of them says so
         raise
     config, task, launch = plan.config, plan.task, plan.launch
     if not launch.spawning:  # the run folder: rank 0's training makes it, tells the others

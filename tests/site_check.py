@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import threading
+from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
 
@@ -161,3 +162,27 @@ def shown_text(text: str) -> str:
     text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
     text = "\n".join(line.split("\r")[-1] for line in text.split("\n"))
     return " ".join(text.split())
+
+
+class _LinksAndIds(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links, self.ids = [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "a" and attrs.get("href"):
+            self.links.append(attrs["href"])
+        if attrs.get("id"):
+            self.ids.append(attrs["id"])
+
+
+def static_pages(site: Path) -> dict:
+    """Every HTML page of ``site`` as its files hold it (no browser): {page: {"links",
+    "ids"}}, the shape :func:`broken_links` reads."""
+    seen = {}
+    for path in sorted(site.rglob("*.html")):
+        parser = _LinksAndIds()
+        parser.feed(path.read_text())
+        seen[path.relative_to(site).as_posix()] = {"links": parser.links, "ids": parser.ids}
+    return seen

@@ -85,15 +85,32 @@ def _grading_page() -> bool:
     return (ROOT / "docs" / "grading.md").is_file()
 
 
+def _nav_paths(nav) -> list[str]:
+    found, stack = [], list(nav)
+    while stack:
+        item = stack.pop()
+        values = item.values() if isinstance(item, dict) else [item]
+        for value in values:
+            if isinstance(value, list):
+                stack.extend(value)
+            else:
+                found.append(str(value))
+    return found
+
+
 def on_config(config):
-    """The exercises' pages in the nav, after their index (``exercises/index.md``)."""
+    """The exercises' pages in the nav, after their index (``exercises/index.md``), and
+    the page on grading a class (``docs/grading.md``) where there is one and the nav
+    does not name it yet."""
+    grading = "docs/grading.md" not in _nav_paths(config["nav"]) and _grading_page()
     stack = list(config["nav"] or [])
     while stack:
         item = stack.pop()
         for value in (item.values() if isinstance(item, dict) else ()):
             if isinstance(value, list):
                 if exercise_pages.INDEX in value:
-                    value[value.index(exercise_pages.INDEX) + 1:] = exercise_pages.nav_titles()
+                    after = exercise_pages.nav_titles() + ([{"Grading a class": "docs/grading.md"}] if grading else [])
+                    value[value.index(exercise_pages.INDEX) + 1:] = after
                 stack.extend(value)
     return config
 

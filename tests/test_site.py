@@ -139,6 +139,56 @@ def test_every_exercise_has_a_page_with_its_task_code_check_and_hint(site, stub)
     assert leading, f"no notebook page links to exercise {number}"
 
 
+def nav_sections() -> dict[str, list[str]]:
+    """{section of mkdocs.yml's nav: the site's pages in it} (Home is its own section;
+    the exercises' pages, added by the hooks, are the Exercises section's)."""
+    import yaml
+
+    sections = {}
+    for item in yaml.safe_load((REPO_ROOT / "mkdocs.yml").read_text())["nav"]:
+        ((title, value),) = item.items()
+        paths = [value] if isinstance(value, str) else [
+            v if isinstance(v, str) else next(iter(v.values())) for v in value]
+        sections[title] = [page_of(REPO_ROOT / p) if not p.startswith("exercises/") else p[:-3] + ".html"
+                           for p in paths]
+    sections["Exercises"] = sorted(set(sections.get("Exercises", []) + EXERCISE_PAGES))
+    return sections
+
+
+LEARNER_SECTIONS = ("Home", "Notebooks", "Exercises", "Course")
+# What only a maintainer needs to read: the kit's history and the machinery of its checks.
+HISTORY = re.compile(r"\bissue #?\d+|\bturn \d", re.I)  # not "TP issues 4 all-reduces"
+INTERNAL = re.compile(r"\bharness\b|KNOWN_STDERR|conftest|code_digest", re.I)
+
+
+def article(page_html: str) -> str:
+    """The text of a page's content (not the nav, whose titles name every page)."""
+    found = re.search(r"<article[^>]*>(.*)</article>", page_html, re.S)
+    return html.unescape(re.sub(r"<[^>]+>", "", found.group(1) if found else page_html))
+
+
+def test_learner_pages_carry_no_issue_numbers_history_or_internals(site):
+    """The learner's sections (home, notebooks, exercises, the course) say nothing of the
+    kit's issues, its turns or its checks' insides; the pages of "Using distkit" carry
+    no issue numbers either; the maintainers' section holds the rest."""
+    sections = nav_sections()
+    assert set(LEARNER_SECTIONS) <= set(sections) and "Maintainers" in sections
+    assert "docs/exercises.html" in sections["Maintainers"]
+    found = {}
+    for section, pages in sections.items():
+        if section == "Maintainers":
+            continue
+        for name in pages:
+            text = article((site / name).read_text())
+            bad = HISTORY.findall(text) + (INTERNAL.findall(text) if section in LEARNER_SECTIONS else [])
+            if bad:
+                found[name] = bad
+    assert not found, found
+    # the check can fail: the maintainers' page on the checks names the harness and issues
+    maintainers = article((site / "docs/exercises.html").read_text())
+    assert HISTORY.search(maintainers) and INTERNAL.search(maintainers)
+
+
 def outputs(path: Path) -> tuple[list[str], int]:
     """What the notebook's recorded run printed (stdout, each output's text) and how many
     figures it drew."""

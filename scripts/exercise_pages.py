@@ -41,7 +41,8 @@ def task_and_code(stub: Path) -> tuple[str, str, str]:
     tree = ast.parse(source)
     doc = ast.get_docstring(tree) or ""
     first, _, rest = doc.partition("\n")
-    title = re.sub(r"^Exercise \d+:\s*", "", first).rstrip(".")
+    level = re.match(r"^Exercise \d+\s*(?:\((\w+)\))?:\s*", first)
+    title = first[level.end():].rstrip(".") + (f" ({level.group(1)})" if level and level.group(1) else "")
     body_start = tree.body[1].lineno - 1 if len(tree.body) > 1 else len(source.splitlines())
     code = "\n".join(source.splitlines()[body_start:]).strip("\n")
     return title[:1].upper() + title[1:], rest.strip("\n"), code

@@ -172,24 +172,29 @@ def on_page_markdown(markdown: str, page, config, files: Files) -> str:
     return MARKDOWN_LINK.sub(link, markdown)
 
 
-HEADING_ID = re.compile(r'<h[1-6][^>]* id="([^"]+)"')
+HEADING = re.compile(r'<h([1-6])[^>]* id="([^"]+)"[^>]*>(.*?)</h\1>', re.S)
+ANCHOR_LINK = re.compile(r'<a class="anchor-link"[^>]*>.*?</a>', re.S)
 
 
-def _toc_to_heading_ids(page, html: str) -> None:
+def _toc_from_headings(page, html: str) -> None:
     """mkdocs-jupyter's table of contents (from the notebook converted to markdown) names
     each heading by the markdown slug, nbconvert's page by its own id
-    ("1.-Starting-processes-with-idist.Parallel"): both list the markdown cells' headings
-    in order, so the contents are given the page's ids."""
+    ("1.-Starting-processes-with-idist.Parallel"), and titles it by the heading's text
+    less its `code` (Python-Markdown's toc drops the code spans' placeholders: "1. What
+    did" for "1. What `auto_dataloader` did", an empty entry for a heading that is all
+    code). Both list the markdown cells' headings in order, so the contents are given
+    the page's ids, and its headings' text with their code."""
     items, stack = [], list(page.toc)[::-1]
     while stack:
         item = stack.pop()
         items.append(item)
         stack.extend(list(item.children)[::-1])
-    ids = HEADING_ID.findall(html)
-    if len(items) != len(ids):
-        raise ValueError(f"{page.file.src_uri}: {len(items)} headings in its contents, {len(ids)} on its page")
-    for item, heading_id in zip(items, ids):
+    headings = HEADING.findall(html)
+    if len(items) != len(headings):
+        raise ValueError(f"{page.file.src_uri}: {len(items)} headings in its contents, {len(headings)} on its page")
+    for item, (_, heading_id, inner) in zip(items, headings):
         item.id = heading_id
+        item.title = " ".join(re.sub(r"<[^>]+>", "", ANCHOR_LINK.sub("", inner)).split())
 
 
 def _exercises_after(notebook_uri: str, page, files: Files) -> str:
@@ -225,7 +230,7 @@ def on_page_content(html: str, page, config, files: Files) -> str:
         where = _elsewhere(href, uri, files)
         return text if where is None else m.group(0).replace(f'href="{href}"', f'href="{where}"')
 
-    _toc_to_heading_ids(page, html)
+    _toc_from_headings(page, html)
     html = COLAB_BADGE.sub("Open in Colab", html)
     html = EXTERNAL_SCRIPT.sub("", html)
     return HTML_LINK.sub(link, html) + _exercises_after(uri, page, files)

@@ -334,3 +334,15 @@ def test_hooks_send_a_link_to_a_page_to_the_page_and_others_to_the_repository(tm
     for nowhere in ("../docs/no_such_page.md", "../../outside.md", "https://pytorch.org", "#anchor"):
         assert site_hooks._elsewhere(nowhere, here, files) == nowhere
     assert "benchmarks/results/bench-quick.png" in site_hooks.image_paths(site_hooks.page_paths())
+
+
+def test_site_page_recording_times_are_the_notebooks_own():
+    """docs/site.md's table of recorded runs says what each notebook's metadata says."""
+    text = (REPO_ROOT / "docs" / "site.md").read_text()
+    rows = {m.group(1): m.groups()[1:] for m in re.finditer(
+        r"^\| (\d\d) · [^|]+\| (\d+) \| ([\d.]+) \| ([\d-]+ [\d:]+) \|$", text, re.M)}
+    assert sorted(rows) == [p.name[:2] for p in NOTEBOOKS], sorted(rows)
+    for path in NOTEBOOKS:
+        recorded = json.loads(path.read_text())["metadata"]["distkit"]["recorded"]
+        want = (f"{recorded['seconds']:.0f}", f"{recorded['load_average']:.1f}", recorded["date"].removesuffix(" UTC"))
+        assert rows[path.name[:2]] == want, (path.name, rows[path.name[:2]], want)

@@ -3,11 +3,12 @@
 
 Notebooks are written as plain Python files with cell markers, so they diff and review
 like code; this script turns each into a clean .ipynb (no outputs) and prepends the two
-cells every notebook needs: the Open-in-Colab badge and the install cell. Both are
-generated from the repository named in pyproject.toml ([project.urls] Repository), the
-one place that names it; never hand-copied. While it names the placeholder owner
-``OWNER``, the badge leads to docs/colab.md instead of Colab, and the install cell
-installs a wheel uploaded to the session, or stops in one line saying how to make one.
+cells every notebook needs: the Open-in-Colab badge (in the title cell) and the install
+cell. Both are generated from the repository named in pyproject.toml ([project.urls]
+Repository), the one place that names it; never hand-copied. While it names the
+placeholder owner ``OWNER``, there is no badge, and the install cell says to set its
+``REPO_URL`` (or upload a wheel). The install cell is left out of the recorded runs'
+code digest (scripts/record_notebooks.py), so changing it keeps their outputs.
 
     python scripts/build_notebooks.py          # rebuild every notebook that is out of date
     python scripts/build_notebooks.py --check  # exit 1 if a notebook is out of date
@@ -48,8 +49,7 @@ def repository_url(pyproject: Path = ROOT / "pyproject.toml") -> str:
 
 
 # pyproject.toml names this owner until the repository is published: then the notebooks
-# show no Colab badge (a badge would open a 404) and their install cell, with nothing
-# uploaded, stops in one line that says how to install (docs/colab.md).
+# show no Colab badge (it would open a 404) and their install cell asks for the address.
 PLACEHOLDER_OWNER = "OWNER"
 
 
@@ -57,49 +57,77 @@ def is_published(url: str) -> bool:
     return url.removeprefix("https://github.com/").split("/")[0] != PLACEHOLDER_OWNER
 
 
+def torch_floor(requirements: Path = ROOT / "requirements.txt") -> str:
+    """The oldest torch the kit runs on (``torch>=2.9`` in requirements.txt): "2.9"."""
+    found = re.search(r"^torch>=([\d.]+)", requirements.read_text(), re.M)
+    if not found:
+        raise SystemExit(f"{requirements}: no torch>=X line")
+    return found.group(1)
+
+
+# The install cell's id ends so: scripts/record_notebooks.py leaves it out of the code
+# digest, so that a new address or a better cell does not void every recorded run. It
+# prints nothing where distkit is importable, as when the notebooks were recorded.
+from record_notebooks import INSTALL_CELL_ID  # noqa: E402
+
+
 def install_cell(url: str) -> str:
     """The notebooks' first code cell, for the repository ``url``."""
-    repo = f'"{url}"' if is_published(url) else "None  # no published repository yet: see docs/colab.md"
-    return f'''# Installs distkit and what the runtime lacks (on Colab: pytorch-ignite). The runtime's own
-# torch and torchvision are pinned, so pip can neither replace nor upgrade them, and the
-# Jupyter stack is not a dependency. Locally, where distkit is installed, it does nothing.
-# It installs the first of: DISTKIT_INSTALL_SPEC (a checkout's path, or a wheel), a
-# distkit-*.whl uploaded to this session's folder, the published repository.
-import glob, importlib, importlib.metadata, importlib.util, os, subprocess, sys, tempfile
+    repo = f'"{url}"' if is_published(url) else "None  # this copy names no published repository: docs/colab.md"
+    floor = torch_floor()
+    return f'''# Installs distkit from the course's repository, with pytorch-ignite, where the runtime lacks
+# them (Colab); where distkit is already installed (your clone, after pip install -e .) it
+# does nothing. The runtime's torch and torchvision stay as they are when new enough.
+UPGRADE_TORCH = False  # True: let pip replace a torch older than {floor} (then restart the runtime)
 REPO_URL = {repo}
-WHEELS = sorted(glob.glob("distkit-*.whl"))
-SPEC = (os.environ.get("DISTKIT_INSTALL_SPEC") or (WHEELS[-1] if WHEELS else None)
-        or (f"git+{{REPO_URL}}@{BRANCH}" if REPO_URL else None))
+import glob, importlib, importlib.metadata, importlib.util, os, subprocess, sys, tempfile
 class InstallError(Exception):  # a notebook shows its one line, not a traceback
     def _render_traceback_(self):
         return [f"InstallError: {{self}}"]
+def version(name):
+    return importlib.metadata.version(name) if importlib.util.find_spec(name) else None
 if importlib.util.find_spec("distkit") is None:
-    if SPEC is None:
-        raise InstallError("distkit is not installed and this copy names no published repository: in a clone, "
-                           "run `pip wheel --no-deps -w dist .`, upload dist/distkit-*.whl to this session's "
-                           "files, then run this cell again (docs/colab.md)")
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as keep:
-        keep.write("\\n".join(f"{{p}}=={{importlib.metadata.version(p)}}" for p in ("torch", "torchvision")
-                              if importlib.util.find_spec(p)))
-    # pip install SPEC -c <the pins>: distkit and pytorch-ignite, torch left as it is
-    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", SPEC, "-c", keep.name],
-                         capture_output=True, text=True)
-    if pip.returncode != 0:
-        last = [ln.strip() for ln in (pip.stderr + pip.stdout).splitlines()
-                if ln.strip() and not ln.startswith("[notice]")] or ["no output"]
-        raise InstallError(f"pip could not install {{SPEC}}: {{last[-1]}}")
-    importlib.invalidate_caches()  # so this kernel finds the package it just installed'''
+    wheels = sorted(glob.glob("distkit-*.whl"))  # a wheel uploaded to this session's folder
+    spec = (os.environ.get("DISTKIT_INSTALL_SPEC") or (wheels[-1] if wheels else None)
+            or (f"git+{{REPO_URL}}@{BRANCH}" if REPO_URL else None))
+    if spec is None:
+        raise InstallError("distkit is not installed and this copy names no repository to install it from: "
+                           "set REPO_URL above to the course's repository, or upload a wheel "
+                           "(`pip wheel --no-deps -w dist .` in a clone) and run this cell again (docs/colab.md)")
+    torch = version("torch")
+    old = torch is not None and tuple(int(n) for n in torch.split("+")[0].split(".")[:2]) < {tuple(int(n) for n in floor.split("."))}
+    if old and not UPGRADE_TORCH:
+        raise InstallError(f"this runtime's torch {{torch}} is older than {floor}, which distkit needs: set "
+                           "UPGRADE_TORCH = True at the top of this cell and run it again (pip installs a newer "
+                           "torch, about 2 GB), or pick a newer runtime")
+    kept = [] if old else [f"{{p}}=={{version(p)}}" for p in ("torch", "torchvision") if version(p)]
+    print(f"[1/3] torch {{torch or 'not installed'}}: " + ("kept" if kept else f"pip installs torch >= {floor}"))
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
+        pins.write("\\n".join(kept))
+    print(f"[2/3] pip install {{spec}} (and pytorch-ignite): about a minute", flush=True)
+    pip = subprocess.Popen([sys.executable, "-m", "pip", "install", "--progress-bar", "off", spec, "-c", pins.name],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    for line in pip.stdout:  # pip's own steps, as it takes them
+        said.append(line.strip())
+        if line.startswith(("Collecting", "Building", "Installing", "Successfully")):
+            print("      " + line.strip()[:120], flush=True)
+    if pip.wait() != 0:
+        last = [ln for ln in said if ln and not ln.startswith("[notice]")] or ["no output"]
+        raise InstallError(f"pip could not install {{spec}}: {{last[-1]}}")
+    importlib.invalidate_caches()  # so this kernel finds the package it just installed
+    print(f"[3/3] distkit {{version('distkit')}} installed, torch {{version('torch')}}"
+          + (": restart the runtime (Runtime > Restart session), then run the notebook" if old else ""))'''
 
 
 def badge(name: str, url: str) -> str:
-    """The Open-in-Colab badge of notebook ``name``: it opens the notebook in Colab from the
-    published repository; while there is none, it leads to the page that says how to
-    open the notebook in Colab with an uploaded wheel (docs/colab.md)."""
-    image = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+    """The Open-in-Colab badge of notebook ``name``, opening it in Colab from the published
+    repository; no badge while ``url`` is the placeholder (it would open nothing)."""
     if not is_published(url):
-        return image + "(../docs/colab.md) (no published repository yet: the badge leads to how to run this on Colab)"
+        return ""
     repo = url.removeprefix("https://github.com/")
-    return image + f"(https://colab.research.google.com/github/{repo}/blob/{BRANCH}/notebooks/{name}.ipynb)"
+    return ("[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
+            f"(https://colab.research.google.com/github/{repo}/blob/{BRANCH}/notebooks/{name}.ipynb)")
 
 
 REPO_URL = repository_url()
@@ -139,7 +167,8 @@ def build(src: Path, url: str = REPO_URL) -> str:
     if not cells or cells[0][0] != "markdown":
         raise SystemExit(f"{src}: the first cell must be a markdown title")
     title_kind, title = cells[0]
-    cells = [("markdown", badge(name, url) + "\n\n" + title), ("code", install_cell(url))] + cells[1:]
+    shown = badge(name, url)
+    cells = [("markdown", (shown + "\n\n" if shown else "") + title), ("code", install_cell(url))] + cells[1:]
     nb = {
         "cells": [
             {"cell_type": k, "metadata": {}, "source": to_source(b),
@@ -157,7 +186,7 @@ def build(src: Path, url: str = REPO_URL) -> str:
     if nb["metadata"]["accelerator"] is None:
         del nb["metadata"]["accelerator"]
     for i, cell in enumerate(nb["cells"]):
-        cell["id"] = f"{name[:2]}-{i:02d}"
+        cell["id"] = f"{name[:2]}-{INSTALL_CELL_ID if i == 1 else f'{i:02d}'}"
     return json.dumps(nb, indent=1, ensure_ascii=False) + "\n"
 
 

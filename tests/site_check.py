@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import threading
+from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urljoin, urlparse
 
@@ -161,3 +162,73 @@ def shown_text(text: str) -> str:
     text = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
     text = "\n".join(line.split("\r")[-1] for line in text.split("\n"))
     return " ".join(text.split())
+
+
+class _LinksAndIds(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.links, self.ids = [], []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "a" and attrs.get("href"):
+            self.links.append(attrs["href"])
+        if attrs.get("id"):
+            self.ids.append(attrs["id"])
+
+
+def static_pages(site: Path) -> dict:
+    """Every HTML page of ``site`` as its files hold it (no browser): {page: {"links",
+    "ids"}}, the shape :func:`broken_links` reads."""
+    seen = {}
+    for path in sorted(site.rglob("*.html")):
+        parser = _LinksAndIds()
+        parser.feed(path.read_text())
+        seen[path.relative_to(site).as_posix()] = {"links": parser.links, "ids": parser.ids}
+    return seen
+
+
+# Run in a page: how wide its column, figures and code are, as the reader sees them.
+MEASURE = """() => {
+  const blocks = Array.from(document.querySelectorAll('.md-content pre'))
+      .filter(p => p.offsetParent !== null && !p.closest('details:not([open])'));
+  const figures = Array.from(document.querySelectorAll('.md-content img'))
+      .filter(i => i.naturalWidth > 300);
+  return {
+    column: document.querySelector('.md-content').clientWidth,
+    page_scrolls: document.documentElement.scrollWidth > document.documentElement.clientWidth,
+    code_blocks: blocks.length,
+    code_scrolling: blocks.filter(p => p.scrollWidth > p.clientWidth + 1).length,
+    figures: figures.map(i => ({natural: i.naturalWidth, shown: Math.round(i.getBoundingClientRect().width)})),
+  };
+}"""
+
+
+def measure(site: Path, pages: list[str], shots: Path | None = None, width: int = 1280) -> dict:
+    """{page: MEASURE's findings} in headless Chromium at ``width`` px; with ``shots``, a
+    screenshot of each (its top, the first figure scrolled into view) there too, and
+    whether a click on the first figure showed it at its natural width."""
+    from playwright.sync_api import sync_playwright
+
+    found = {}
+    with served(site) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            for name in pages:
+                page.goto(url + name, wait_until="load")
+                found[name] = page.evaluate(MEASURE)
+                figure = page.locator(".md-content img").first
+                if found[name]["figures"]:
+                    figure.scroll_into_view_if_needed()
+                if shots is not None:
+                    shots.mkdir(parents=True, exist_ok=True)
+                    page.screenshot(path=str(shots / (name.replace("/", "_")[:-5] + ".png")))
+                if found[name]["figures"]:
+                    figure.click()
+                    full = page.locator(".dk-figure-full img")
+                    found[name]["opened"] = round(full.bounding_box()["width"]) if full.count() else None
+                    page.keyboard.press("Escape")
+        finally:
+            browser.close()
+    return found

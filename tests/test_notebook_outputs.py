@@ -18,6 +18,7 @@ from conftest import REPO_ROOT
 sys.path.insert(0, str(REPO_ROOT / "scripts"))
 import build_notebooks  # noqa: E402
 import record_notebooks  # noqa: E402
+import record_notebooks  # noqa: E402
 from record_notebooks import code_digest, is_recorded_cell  # noqa: E402
 
 NOTEBOOKS = sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -120,8 +121,15 @@ def test_a_prose_edit_keeps_the_outputs_and_a_code_edit_drops_them():
     title["source"] = "".join(title["source"]) + "\nMore prose."
     kept = build_notebooks.with_outputs_of(prose, recorded)
     assert not stale(kept, NOTEBOOKS[0].name) and build_notebooks.normalized(kept) == prose
+    # the generated install cell is not part of what was recorded (it does nothing where
+    # distkit is installed): a new one, or a new address in it, keeps the outputs
+    install = json.loads(json.dumps(built))
+    cell = next(c for c in install["cells"] if record_notebooks.is_install_cell(c))
+    cell["source"] = "".join(cell["source"]).replace("REPO_URL = None", 'REPO_URL = "https://github.com/a/b"')
+    kept = build_notebooks.with_outputs_of(install, recorded)
+    assert not stale(kept, NOTEBOOKS[0].name) and build_notebooks.normalized(kept) == install
     code = json.loads(json.dumps(built))
-    cell = next(c for c in code["cells"] if c["cell_type"] == "code")
+    cell = next(c for c in code["cells"] if c["cell_type"] == "code" and not record_notebooks.is_install_cell(c))
     cell["source"] = "".join(cell["source"]) + "\nx = 1"
     assert build_notebooks.with_outputs_of(code, recorded) == code  # no outputs: to be recorded
 

@@ -228,29 +228,31 @@ def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_pat
                    capture_output=True, timeout=120)
     sys.path.insert(0, str(SCRIPTS))
     import build_notebooks
-    from build_notebooks import INSTALL_CELL
 
-    (tmp_path / "install_cell.py").write_text(INSTALL_CELL)
     (tmp_path / "drive.py").write_text(DRIVER.format(kept=KEPT))
     env = {k: v for k, v in subprocess_env().items()
            if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "DISTKIT_INSTALL_SPEC"))}
     env["PATH"] = f"{python.parent}:{env['PATH']}"
-    if not build_notebooks.is_published(build_notebooks.REPO_URL):
-        # nothing uploaded yet: the cell's whole output is one line saying what to do
-        (tmp_path / "empty").mkdir()
-        (tmp_path / "unpublished.py").write_text(UNPUBLISHED_DRIVER)
-        out = subprocess.run([str(python), str(tmp_path / "unpublished.py"), str(tmp_path / "install_cell.py"),
-                              str(tmp_path / "empty")], capture_output=True, text=True, env=env, timeout=600)
-        shown = out.stdout.split("OUTPUT", 1)[-1].strip().splitlines()
-        assert shown[0] == "error" and len(shown) == 2, out.stdout[-3000:] + out.stderr[-3000:]
-        assert shown[1].startswith("InstallError: distkit is not installed and this copy names no published"), shown
-    # the route without a published repository (docs/colab.md): a wheel built by one
-    # command, "uploaded" to the session's folder, installed by the unchanged cell
+    # with the placeholder's cell and nothing uploaded: the cell's whole output is one
+    # line saying to set the address
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "unpublished.py").write_text(UNPUBLISHED_DRIVER)
+    (tmp_path / "placeholder_cell.py").write_text(build_notebooks.install_cell(
+        f"https://github.com/{build_notebooks.PLACEHOLDER_OWNER}/distkit"))
+    out = subprocess.run([str(python), str(tmp_path / "unpublished.py"), str(tmp_path / "placeholder_cell.py"),
+                          str(tmp_path / "empty")], capture_output=True, text=True, env=env, timeout=600)
+    shown = out.stdout.split("OUTPUT", 1)[-1].strip().splitlines()
+    assert shown[0] == "error" and len(shown) == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    assert shown[1].startswith("InstallError: distkit is not installed and this copy names no repository"), shown
+    # from the repository's address: a local bare repository stands in for the public
+    # one (its main at this checkout's commit); the cell installs git+file://...@main
+    bare = tmp_path / "public" / "distkit.git"
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          check=True).stdout.strip()
+    subprocess.run(["git", "clone", "-q", "--bare", str(REPO_ROOT), str(bare)], check=True, timeout=300)
+    subprocess.run(["git", "-C", str(bare), "update-ref", "refs/heads/main", head], check=True, timeout=60)
+    (tmp_path / "install_cell.py").write_text(build_notebooks.install_cell(f"file://{bare}"))
     (tmp_path / "work").mkdir()
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "work"),
-                            str(checkout_copy(tmp_path / "checkout"))], capture_output=True, text=True,
-                           timeout=800, env=subprocess_env())
-    assert built.returncode == 0, built.stderr[-3000:]
     out = subprocess.run([str(python), str(tmp_path / "drive.py"), str(tmp_path / "install_cell.py"),
                           str(tmp_path / "work")],
                          capture_output=True, text=True, env=env, timeout=1500)
@@ -265,7 +267,9 @@ def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_pat
     installed = subprocess.run([str(python), "-m", "pip", "show", "distkit", "pytorch-ignite"],
                                capture_output=True, text=True, timeout=60).stdout
     assert "Name: distkit" in installed and "Name: pytorch-ignite" in installed
-    assert "Editable project location" not in installed  # a real install, from the wheel
+    assert "Editable project location" not in installed  # a real install, from the repository
+    said = [ln for ln in out.stdout.splitlines() if re.match(r"\[\d/3\]", ln)]
+    assert [ln[:5] for ln in said] == ["[1/3]", "[2/3]", "[3/3]"] and said[0].endswith(": kept"), said
 
 
 def test_the_repository_is_named_in_pyproject_only(tmp_path):
@@ -293,6 +297,5 @@ def test_the_repository_is_named_in_pyproject_only(tmp_path):
             in "".join(published["cells"][0]["source"]))
     assert 'REPO_URL = "https://github.com/someone/fork"' in "".join(published["cells"][1]["source"])
     if not build_notebooks.is_published(url):  # the placeholder: no badge, no URL to clone
-        assert "colab.research.google.com/github/" not in "".join(notebook["cells"][0]["source"])
-        assert "colab-badge.svg)](../docs/colab.md)" in "".join(notebook["cells"][0]["source"])
+        assert "colab-badge" not in "".join(notebook["cells"][0]["source"])
         assert "REPO_URL = None" in "".join(notebook["cells"][1]["source"])

@@ -5,7 +5,7 @@ what the learner did, the change to the solution, what the learner must read).""
 WRONG_ANSWERS_14 = [
     ("14", "forward only (2N)",
      [("weights = 6 * n", "weights = 2 * n"), ("attention = 3 * L *", "attention = 1 * L *")],
-     r"you counted the forward pass only .*6 N per token in all"),
+     r"you counted the forward pass only .*count the backward too"),
     ("14", "attention forgotten",
      [("return (weights + attention) * tokens", "return weights * tokens")],
      r"you left out attention's own products, Q K\^T and A V"),
@@ -29,7 +29,8 @@ WRONG_ANSWERS_14 = [
      [('\n            if not name.startswith(("tok_emb.", "pos_emb.")))',
        '\n            if not name.startswith(("tok_emb.", "pos_emb.")) and p.dim() == 2)')],
      r"the reference count is \d+ \(per token of the step's \d+ tokens yours is -\d+ FLOPs off the reference's "
-     r"6 N \+ 12 L T d.*that is 6 x -\d+ parameters: N should count \d+\).*DISTKIT_CHECK_SEED=\d+ replays"),
+     r"count \(here L = \d+, T = \d+, d = \d+\); a whole number of parameters' worth: check which parameters N "
+     r"counts \(\d+ of this model's take part in matrix products\)\).*DISTKIT_CHECK_SEED=\d+ replays"),
     ("14", "attention's backward counted once, not twice",
      [("attention = 3 * L *", "attention = 2 * L *")],
      r"step_flops gave \d+ FLOPs .* the reference count is \d+ \(per token of the step's \d+ tokens yours is -\d+ "

@@ -97,13 +97,12 @@ def mistakes(model, batch_per_rank, world_size) -> list:
     return [
         ("you counted the forward pass only (2 FLOPs per weight and token, and attention's "
          "forward): the backward computes two products per weight matrix, the input's gradient "
-         "and the weight's, twice the forward: 6 N per token in all, and 3x attention's forward",
+         "and the weight's: count the backward too, for the weights and for attention",
          (2 * n + attn / 3) * tokens),
         ("you left out attention's own products, Q K^T and A V, which multiply activations and "
-         "have no weights: 2·T·d FLOPs each per token and layer forward, x3 with the backward: "
-         "12·L·T·d per token", 6 * n * tokens),
+         "have no weights: count them in every layer, forward and backward", 6 * n * tokens),
         ("you counted half of attention's products, as if the causal mask saved the upper "
-         "triangle; the T x T products are computed in full: 12·L·T·d per token",
+         "triangle; the T x T products are computed in full: count them whole",
          (6 * n + attn / 2) * tokens),
         ("you counted the embedding tables (tok_emb, pos_emb) in N: a lookup does no "
          "arithmetic; leave them out of N", (6 * (n + tables) + attn) * tokens),
@@ -118,7 +117,7 @@ def mistakes(model, batch_per_rank, world_size) -> list:
          (6 * n + 12 * L * d * d) * batch_per_rank * world_size * d),
         (f"you counted attention's products for one head's width, head_dim = d_model / n_head = "
          f"{d // model.n_head}: every head computes them, so over the {model.n_head} heads they add up "
-         f"to d_model: 12·L·T·d per token", (6 * n + 12 * L * T * (d // model.n_head)) * tokens),
+         f"to d_model", (6 * n + 12 * L * T * (d // model.n_head)) * tokens),
     ]
 
 
@@ -129,9 +128,10 @@ def explain_count(got, want, model, per_rank, world) -> str:
     n = sum(p.numel() for name, p in model.named_parameters() if "emb" not in name)
     per_token = (got - want) / tokens
     parts = [f"per token of the step's {tokens} tokens yours is {per_token:+.6g} FLOPs off the reference's "
-             f"6 N + 12 L T d = 6 x {n} + 12 x {L} x {T} x {d}"]
+             f"count (here L = {L}, T = {T}, d = {d})"]
     if per_token == int(per_token) and per_token % 6 == 0 and per_token != 0:
-        parts.append(f"that is 6 x {int(per_token // 6):+d} parameters: N should count {n}")
+        parts.append(f"a whole number of parameters' worth: check which parameters N counts ({n} of this "
+                     "model's take part in matrix products)")
     return "; ".join(parts)
 
 

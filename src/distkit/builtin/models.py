@@ -164,15 +164,15 @@ class GPT(nn.Module):
 
     def matmul_params(self) -> int:
         """Parameters that take part in matrix products: all but the embedding tables (a
-        lookup does no arithmetic). The N of the ``6 N`` FLOPs per token."""
+        lookup does no arithmetic)."""
         tables = {id(p) for m in (self.tok_emb, self.pos_emb) if m is not None for p in m.parameters()}
         return sum(p.numel() for p in self.parameters() if id(p) not in tables)
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs per token (forward + backward): ``6 N`` for the weights plus
-        ``12 L T d`` for attention's two products (``QK^T`` and ``AV``, 2 T d each forward,
-        twice that backward), as in the PaLM paper's appendix B and nanoGPT; causal
-        masking's skipped half is counted, as those do."""
+        """Training FLOPs per token (forward + backward): the weights' matrix products and
+        attention's two (``QK^T`` and ``AV``), counted as the PaLM paper's appendix B and
+        nanoGPT count them, causal masking's skipped half included. How the count is made
+        is exercise 14's question (exercises/14_flops_mfu.py)."""
         T = seq_len or self.block_size
         return 6.0 * self.matmul_params() + 12.0 * len(self.blocks) * T * self.d_model
 

@@ -97,6 +97,7 @@ def report() -> dict:
         "tpu": tpu,
         "backends": usable,
         "backends_built": built,
+        "load_average": round(os.getloadavg()[0], 1),  # processes running or waiting, last minute
         "colab": "COLAB_RELEASE_TAG" in os.environ or "COLAB_GPU" in os.environ,
         "launched_by": layout.launched_by(),
         "environment": launcher_environment(),
@@ -126,11 +127,40 @@ def report() -> dict:
     return info
 
 
+# What each compatibility shim (distkit.compat.shims) does, for a person reading doctor.
+SHIM_WORDS = {
+    "fork_safe_cuda_check": "the GPU check asks NVML, so processes forked later can still use CUDA",
+    "xla_rank_and_world_size": "ignite's xla-tpu backend reads rank and world size from torch-xla's new API",
+    "xla_optimizer_init": "ignite's XLA optimizer step fixed for this torch-xla",
+    "xla_pjrt_spawn": "ignite's XLA launcher starts processes the way PJRT expects",
+    "xla_lazy_context": "ignite's XLA context set up lazily, as this torch-xla needs",
+}
+CPU_TORCH = "pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
+
+
+def loaded(info: dict) -> bool:
+    """More processes want the CPU than it has cores: every timing is slower than alone."""
+    return info["load_average"] > info["cores"]
+
+
+def cuda_build_without_gpu(info: dict) -> bool:
+    return bool(info["torch_build"]["cuda"]) and not info["cuda_available"]
+
+
 def advice(info: dict) -> list[str]:
     tips = []
     if not info["cuda_available"] and not info["tpu"]:
         tips.append("no GPU or TPU: training runs on CPU processes with gloo; that is fine "
                     "for learning, and the same code runs on GPUs unchanged")
+    if cuda_build_without_gpu(info) and not info["colab"]:
+        tips.append(f"this torch is a CUDA {info['torch_build']['cuda']} build (with its NVIDIA libraries, "
+                    "about 5 GB) on a machine with no GPU: the CPU-only build does the same here in a "
+                    f"fraction of the space: {CPU_TORCH}")
+    if loaded(info):
+        tips.append(f"this machine is loaded: {info['load_average']} processes want its {info['cores']} "
+                    "core(s) (1-minute load average), so every timing you take (epoch times, "
+                    "samples per second, the notebooks' measurements) comes out slower than on a "
+                    "quiet machine; compare timings taken at the same load")
     if info["colab"] and not info["cuda_available"]:
         tips.append("in Colab, Runtime > Change runtime type > GPU gives you nccl")
     if info["cores"] < 2:
@@ -144,6 +174,38 @@ def add_arguments(p) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
+def described(info: dict) -> list[tuple[str, str]]:
+    """The report as (label, text) lines in plain words (``--json`` keeps the keys)."""
+    build = info["torch_build"]
+    torch = info["torch"] + (f" (a CUDA {build['cuda']} build: cuDNN {build['cudnn']}, NCCL {build['nccl']})"
+                             if build["cuda"] else " (a CPU-only build)")
+    ram = info["ram_gib"]
+    gpus = _shown(info["gpus"]) if info["gpus"] else "none" + (" (this torch could use one)" if build["cuda"] else "")
+    launched = info["launched_by"] or "this command (no torchrun or SLURM around it)"
+    shims = [SHIM_WORDS.get(name, name) for name in info["compat_applied"]]
+    return [
+        ("distkit", info["distkit"]),
+        ("Python", f"{info['python']} on {info['os']}"),
+        ("torch", torch),
+        ("torchvision", info["torchvision"]),
+        ("ignite", info["ignite"]),
+        ("torch-xla", info["torch_xla"] or "not installed (needed on a TPU only)"),
+        ("memory", f"{ram['total']} GiB, {ram['available']} GiB free" if ram["available"] is not None
+         else f"{ram['total']} GiB"),
+        ("CPU cores", str(info["cores"])),
+        ("load", f"{info['load_average']} on {info['cores']} core(s), last minute: "
+                 + ("loaded, timings will be slow" if loaded(info) else "quiet enough")),
+        ("GPUs", gpus),
+        ("TPU", "yes" if info["tpu"] else "none"),
+        ("backends", f"{_shown(info['backends'])} usable here (built into torch: {_shown(info['backends_built'])})"),
+        ("Colab", "yes" if info["colab"] else "no"),
+        ("launched by", launched),
+        ("launch variables", _shown(info["environment"]) if info["environment"] else "none set"),
+        ("fixes applied", "; ".join(shims) or "none needed"),
+        ("network", info["network"]),
+    ]
+
+
 def main(args) -> int:
     import json
 
@@ -151,10 +213,10 @@ def main(args) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    width = max(len(k) for k in info)
-    for key, value in info.items():
-        if key != "recommended":
-            print(f"{key:<{width}}  {_shown(value)}")
+    lines = described(info)
+    width = max(len(label) for label, _ in lines)
+    for label, text in lines:
+        print(f"{label:<{width}}  {text}")
     rec = info["recommended"]
     print(f"\nrecommended: {rec['command']}  ({rec['threads_per_process']} thread(s) per process)")
     for tip in advice(info):

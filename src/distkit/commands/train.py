@@ -108,7 +108,53 @@ def parse_settings(pairs) -> dict:
     return settings
 
 
+# distkit.launch.preflight.CPU_DEFAULT_NPROC, read here without importing torch (which
+# preflight imports); tests/test_first_line.py keeps the two equal.
+CPU_PROCESSES = 2
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs the driver lists, found without importing torch (0 without a driver)."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
+def first_line(config: Config, environ=os.environ) -> str:
+    """What ``distkit train`` is starting, said before torch's import (several seconds):
+    what it trains, on how many processes, where its output goes."""
+    what = (f"the task {config.task}" if config.task else f"{config.model} on {config.dataset}")
+    what += f", {config.epochs} epoch(s)" if config.epochs else ""
+    if "WORLD_SIZE" in environ:
+        where = f"rank {environ.get('RANK', '0')} of {environ['WORLD_SIZE']} processes started by torchrun"
+    elif "SLURM_NTASKS" in environ and "SLURM_PROCID" in environ:
+        where = f"task {environ['SLURM_PROCID']} of {environ['SLURM_NTASKS']} processes started by SLURM"
+    elif config.nproc_per_node:
+        where = f"{config.nproc_per_node} process(es) on this machine"
+    elif config.backend == "none":
+        where = "1 process, no process group"
+    elif visible_gpus() and config.backend in ("auto", "nccl"):
+        where = f"{visible_gpus()} processes, one per GPU"
+    else:
+        where = f"{CPU_PROCESSES} processes on the CPU (gloo)"
+    nodes = f" x {config.nnodes} nodes" if config.nnodes > 1 else ""
+    return (f"distkit train: {what}, on {where}{nodes}; output in a new folder under "
+            f"{config.output_dir}/ (loading torch...)")
+
+
+def announce(config: Config, environ=os.environ) -> None:
+    """Print :func:`first_line` once per run: from the launching process, or rank 0 of a
+    torchrun / SLURM launch."""
+    rank = environ.get("RANK", environ.get("SLURM_PROCID", "0"))
+    if rank == "0":
+        print(first_line(config, environ), flush=True)
+
+
 def main(args) -> int:
+    config = config_from_args(args)
+    announce(config)  # before torch: its import alone takes seconds
+
     import torch
 
     from distkit.launch.entry import run
@@ -118,7 +164,7 @@ def main(args) -> int:
     # This process only launches (or, joined to torchrun, trains and sets its own count):
     # on one thread it never starts an OpenMP pool, so its workers fork safely at any count.
     torch.set_num_threads(1)
-    results = run(config_from_args(args))
+    results = run(config)
     # under torchrun / SLURM every rank gets rank 0's results: one summary, from rank 0
     if results is not None and world_layout().rank == 0:
         if results.get("profile"):

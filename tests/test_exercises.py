@@ -992,6 +992,11 @@ def test_wrong_answer_is_rejected_with_the_learners_message(wrong_answer_results
         f"exercise {number}, {name!r}: expected /{expected}/, the learner read:\n" \
         + "\n---\n".join(failures)
     assert not any("not solved yet" in m for m in failures)
+    # a message that prints a line of the solution hands the learner the answer
+    from mutants import leaked_lines
+
+    leaks = sorted({line for m in failures for line in leaked_lines(number, m)})
+    assert not leaks, f"exercise {number}, {name!r}: the message prints the solution's {leaks}"
 
 
 # --- one command per exercise, and distkit check ----------------------------------------

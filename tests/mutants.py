@@ -288,10 +288,9 @@ def _line_of(original, mutated) -> int:
     old = [ast.unparse(s) for s in ast.walk(original) if isinstance(s, ast.stmt)]
     new = [ast.unparse(s) for s in ast.walk(mutated) if isinstance(s, ast.stmt)]
     statements = [s for s in ast.walk(original) if isinstance(s, ast.stmt)]
-    for statement, a, b in zip(statements, old, new):
-        if a != b and not isinstance(statement, (ast.FunctionDef, ast.For, ast.If, ast.With, ast.While)):
-            return statement.lineno
-    return original.lineno
+    changed = [statement.lineno for statement, a, b in zip(statements, old, new) if a != b
+               and not isinstance(statement, (ast.FunctionDef, ast.For, ast.If, ast.With, ast.While))]
+    return min(changed, default=original.lineno)
 
 
 def identity_source(number: str) -> str:
@@ -429,12 +428,20 @@ def main(argv=None) -> int:
     parser.add_argument("--exercises", default="", help="e.g. 01,05 (default: all)")
     parser.add_argument("--sample", type=int, default=0, help="mutants per exercise (0: all)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default="", help="grade these mutant ids (comma-separated), or "
+                        "the survivors of an earlier --out file")
     parser.add_argument("--list", action="store_true", help="print the mutants, grade none")
     parser.add_argument("--rounds-at-once", type=int, default=2)
     parser.add_argument("--out", type=Path, help="write every verdict as JSON here")
     args = parser.parse_args(argv)
     chosen = [n for n in args.exercises.split(",") if n] or None
     drawn = draw(args.sample, args.seed, chosen)
+    if args.only:
+        only = set(args.only.split(","))
+        if Path(args.only).is_file():
+            earlier = json.loads(Path(args.only).read_text())["verdicts"]
+            only = {i for i, v in earlier.items() if not v["killed"]}
+        drawn = [m for m in drawn if m.ident in only]
     if args.list:
         for m in drawn:
             print(f"{m.ident}  line {m.line}: {m.what}")

@@ -726,8 +726,10 @@ class Recorder:
                     result = original(*args, **kwargs)
                 finally:
                     recorder._inside.pop()
-                if name in ("isend", "irecv") or kwargs.get("async_op"):
-                    return Handle(result, index) if result is not None else result
+                if (name in ("isend", "irecv") or kwargs.get("async_op")) and result is not None:
+                    if not (recorder._inside and recorder._inside[-1] == "batch_isend_irecv"):
+                        recorder.log[index]["handle"] = True  # the answer holds it: it must wait
+                    return Handle(result, index)
                 return result
             recorded.__wrapped__ = original
             return recorded
@@ -765,3 +767,10 @@ class Recorder:
 
     def ops(self) -> list:
         return [e["op"] for e in self.log]
+
+    def unwaited(self) -> list:
+        """The asynchronous calls (``isend``, ``irecv``, ``async_op=True``) whose handle the
+        answer got but never waited on: until ``wait()`` the tensor may not have left (or
+        arrived), and a buffer freed before then is sent as whatever fills it next."""
+        waited = {e.get("of") for e in self.log if e["op"] == "wait"}
+        return [e for i, e in enumerate(self.log) if e.get("handle") and i not in waited]

@@ -190,11 +190,36 @@ def on_rank(seed):
             raise
         except Exception as error:  # noqa: BLE001 - described with the stage it happened on
             raise harness.ExerciseFailure(explain(rank, n, m, error, record.log)) from None
+        if record.unwaited():
+            # judged here, at once: the peer then waits in vain, and its timeout would
+            # blame a send that never happened
+            raise harness.ExerciseFailure(unwaited(rank, n, m, record.unwaited()))
         report["runs"][m] = {
             "wanted": [p.grad.clone() for p in whole[rank].parameters()], "loss": loss.item(),
             "grads": [None if p.grad is None else p.grad.detach().clone() for p in stage.parameters()],
             "returned": portable(returned), "log": record.log}
     return report
+
+
+def unwaited(rank, n, m, calls) -> str:
+    first = calls[0]
+    towards = "to" if first["op"] == "isend" else "from"
+    return (f"stage {rank} ({role(rank, n)}, rank {rank}) with {m} micro-batches returned without waiting "
+            f"on {len(calls)} of its handles (the first: dist.{first['op']} {towards} rank {first['peer']}): "
+            f"an isend's handle must be waited. isend only starts the transfer; until handle.wait() the "
+            f"tensor may not have left, and its neighbour's recv waits for it in vain. Keep every handle "
+            f"and wait() on each before returning")
+
+
+def blocking(where, rank, n, log) -> str:
+    sends = [e for e in log if e["op"] == "send"]
+    if not sends:
+        return ""
+    return (f"{where}: stage {rank} ({role(rank, n)}, rank {rank}) sent {len(sends)} tensor(s) with a blocking "
+            f"dist.send (the first to rank {sends[0]['peer']}): the gradients are right here, but a blocking "
+            f"send returns only once the peer has posted its recv, so this stage stands still while its "
+            f"neighbour is busy (and two stages that send to each other at once wait forever). Send with "
+            f"dist.isend and wait() on the handles before returning")
 
 
 # --- the mistakes that have a name, replayed in one process -----------------------------
@@ -360,15 +385,17 @@ def judge(layout, ranks, seed):
     n = len(ranks)
     for m in MICRO_COUNTS:
         where = f"on {layout} ({n} stage{'s' if n > 1 else ''}, one per rank), {m} micro-batches"
-        for check in ("structure", "values", "returned"):
+        for check in ("structure", "values", "returned", "blocking"):
             for rank, r in enumerate(ranks):
                 run = r["runs"][m]
                 if check == "structure":
                     message = structure(where, rank, n, m, run["log"], r["device"])
                 elif check == "values":
                     message = values(where, rank, n, m, run, seed, ranks)
-                else:
+                elif check == "returned":
                     message = returned(where, rank, n, run, seed)
+                else:  # last: its message says the gradients are right
+                    message = blocking(where, rank, n, run["log"])
                 if message:
                     raise harness.ExerciseFailure(message)
 

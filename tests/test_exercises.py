@@ -220,7 +220,7 @@ def average_across_ranks(value):
      [("            train_loader.sampler.set_epoch(engine.state.epoch - 1)\n",
        "            pass\n")],
      r"rank 0 read the same samples in the same order in epochs 1 and 2 .*ignite's Engine "
-     r"never tells it the epoch.*set_epoch\(engine.state.epoch - 1\)"),
+     r"never tells it the epoch.*calls the sampler's set_epoch with the epoch, counted from 0"),
     ("02", "the batch size divided by hand",
      [('batch_size=config["batch_size"], shuffle=True',
        'batch_size=config["batch_size"] // idist.get_world_size(), shuffle=True')],

@@ -85,7 +85,27 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
         set_epoch_calls.append((epoch, sampler.shuffle))
         return real_set_epoch(sampler, epoch)
 
+    # what the loader and the trainer were asked for: a missing shuffle=True only shows
+    # in one process, a missing device only on a GPU
+    asked = {"shuffle": [], "device": []}
+    real_auto_dataloader = idist.auto_dataloader
+    import ignite.engine
+
+    real_trainer = ignite.engine.create_supervised_trainer
+
+    def recording_auto_dataloader(dataset, **kwargs):
+        asked["shuffle"].append(bool(kwargs.get("shuffle", False)))
+        return real_auto_dataloader(dataset, **kwargs)
+
+    def recording_trainer(*args, **kwargs):
+        asked["device"].append(str(kwargs.get("device", args[3] if len(args) > 3 else None)))
+        return real_trainer(*args, **kwargs)
+
     idist.auto_optim = recording_auto_optim
+    idist.auto_dataloader = recording_auto_dataloader
+    patched_trainer = [m for m in (ignite.engine, ex) if getattr(m, "create_supervised_trainer", None) is real_trainer]
+    for module in patched_trainer:
+        module.create_supervised_trainer = recording_trainer
     DistributedSampler.set_epoch = recording_set_epoch
     dataset = RecordingDataset(n_samples or N_SAMPLES)
     torch.manual_seed(0)
@@ -95,6 +115,9 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
         returned = ex.training(idist.get_local_rank(), config)
     finally:
         idist.auto_optim = real_auto_optim
+        idist.auto_dataloader = real_auto_dataloader
+        for module in patched_trainer:
+            module.create_supervised_trainer = real_trainer
         DistributedSampler.set_epoch = real_set_epoch
     check_returned(returned)
     model, loader = returned
@@ -109,6 +132,8 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
         "auto_optim": auto_optim_calls,
         "steps": steps,
         "set_epoch": set_epoch_calls,
+        "asked": asked,
+        "device": str(idist.device()),
     }
 
 
@@ -262,6 +287,31 @@ def check_batch_per_rank(ranks, global_batch, where=""):
                 f"idist.auto_dataloader, which divides it by the world size itself")
 
 
+def check_what_was_asked(ranks):
+    """What the right samples and weights on a CPU do not show: the sampler's epochs, the
+    shuffle of one plain process, the trainer's device."""
+    for rank, r in enumerate(ranks):
+        epochs = [e for e, _ in r["set_epoch"]]
+        if epochs and epochs[:EPOCHS] != list(range(EPOCHS)):
+            raise harness.ExerciseFailure(
+                f"rank {rank} called set_epoch with {harness.short_list(epochs)} at the starts of epochs "
+                f"1 to {EPOCHS}: the sampler counts epochs from 0, ignite's engine.state.epoch from 1, so "
+                f"the first epoch must draw the sampler's epoch 0 (a resumed run, or another script "
+                f"with the same seed, would otherwise read other orders than a plain sampler)")
+        if r["asked"]["shuffle"] and not any(r["asked"]["shuffle"]):
+            raise harness.ExerciseFailure(
+                f"rank {rank} called idist.auto_dataloader without shuffle=True: with several processes "
+                f"its DistributedSampler shuffles anyway, but in one plain process (no sampler) the loader "
+                f"then reads the samples in the same order every epoch. Pass shuffle=True")
+        devices = r["asked"]["device"]
+        if devices and any(d != r["device"] for d in devices):
+            raise harness.ExerciseFailure(
+                f"rank {rank} gave create_supervised_trainer device={devices[0]}, not idist.device() "
+                f"({r['device']}): it is where the trainer moves each batch; on a GPU (nccl) the batches "
+                f"would stay on the CPU while the model is on the GPU, and the first step fails there. "
+                f"Pass device=idist.device()")
+
+
 def check_replicas_equal(ranks, layout):
     for rank, r in enumerate(ranks):
         diff = (r["weights"] - ranks[0]["weights"]).abs().max().item()
@@ -306,7 +356,8 @@ def test_training_shards_data_and_keeps_replicas_equal():
                 f"{repeats[0] - 1} and {repeats[0]} ({harness.short_list(orders[0], 5)}): the "
                 f"DistributedSampler of auto_dataloader shuffles with seed + epoch, and ignite's "
                 f"Engine never tells it the epoch; add a handler on Events.EPOCH_STARTED that "
-                f"calls train_loader.sampler.set_epoch(engine.state.epoch - 1)")
+                f"calls the sampler's set_epoch with the epoch, counted from 0")
+    check_what_was_asked(ranks)
     diff = (ranks[0]["weights"] - ranks[1]["weights"]).abs().max().item()
     if diff > 1e-5:
         raise harness.ExerciseFailure(

@@ -392,10 +392,11 @@ def pytest_runtest_makereport(item, call):
 
 # --- messages that give the answer away --------------------------------------------------------
 
-def solution_lines(number: str, minimum: int = 20) -> set:
+def solution_lines(number: str, minimum: int = 24) -> set:
     """The statements of the learner's functions in the solution (and the right-hand side
-    of each), without spaces, longer than ``minimum`` characters: a failure message that
-    contains one prints the answer."""
+    of each), without spaces, longer than ``minimum`` characters (shorter ones are an
+    API's name, ``idist.get_world_size()``): a failure message that contains one prints
+    the answer."""
     tree = ast.parse(solution_file(number).read_text())
     lines = set()
     for function in _learner_functions(tree):

@@ -226,8 +226,8 @@ def compare_with_one_process(r, world_size, batch=EXACT_BATCH, rtol=0.0):
              f"exactly one global batch of {batch}, lr={EXACT_LR})")
     if r["start"] is None:
         raise harness.ExerciseFailure(
-            f"{where}, training never called make_model(): build the model with "
-            f"idist.auto_model(make_model())")
+            f"{where}, training never called make_model(): build the model with it and wrap it "
+            f"with idist.auto_model")
     make_model = harness.load("02").make_model
     want = one_process_step(make_model, torch.float32, batch)
     # The bitwise comparison is fair only if fp32 rounded nothing: the float64 twin must

@@ -103,7 +103,7 @@ class Checked(harness.Recorder):
             raise harness.ExerciseFailure(
                 f"{what} {verb}, but each micro-batch's activations, and their gradients, have "
                 f"activation_shape {self.shape}: send each micro-batch's output as a tensor of its own "
-                f"and receive into torch.empty(activation_shape, device=idist.device()) (in gloo a "
+                f"and receive into a new buffer of activation_shape on idist.device() (in gloo a "
                 f"receive of another size than what was sent ends the process)")
 
 

@@ -649,6 +649,77 @@ def on_device(log, device) -> str:
     return ""
 
 
+# --- where the answer puts its tensors, on a machine without a GPU ---------------------
+
+_FACTORIES = ("empty", "zeros", "ones", "full", "rand", "randn", "randint", "arange", "tensor")
+
+
+class DeviceStandIn:
+    """Inside it ``idist.device()`` returns ``torch.device("cpu", 0)``: the same CPU for
+    every tensor, but a device object the check can tell from one named by hand ("cpu",
+    ``torch.device("cpu")``) or from none at all, the mistakes that only fail on a GPU.
+    ``made`` notes, for every tensor a ``torch`` factory made in the exercise file, the
+    device it was asked for; :meth:`placed` reads it back for a tensor."""
+
+    STAND_IN = ("cpu", 0)
+
+    def __init__(self):
+        self.made, self._saved = {}, None
+
+    def __enter__(self):
+        import ignite.distributed as idist
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        stand_in = torch.device(*self.STAND_IN)
+        self._saved = idist.device
+        idist.device = lambda: stand_in
+        factories = {getattr(torch, name) for name in _FACTORIES}
+        made = self.made
+
+        class Placement(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                result = func(*args, **kwargs)
+                if func in factories and isinstance(result, torch.Tensor):
+                    frame = sys._getframe(1)
+                    while frame is not None and not _in_exercise_file(frame.f_code.co_filename):
+                        frame = frame.f_back
+                    if frame is not None:
+                        import weakref
+
+                        made[id(result)] = (weakref.ref(result), f"torch.{func.__name__}",
+                                            frame.f_lineno, kwargs.get("device"))
+                return result
+
+        self._mode = Placement()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import ignite.distributed as idist
+
+        self._mode.__exit__(*exc)
+        idist.device = self._saved
+        return False
+
+    def misplaced(self, tensor) -> str:
+        """'' when ``tensor`` was not made by the answer or was made on ``idist.device()``;
+        else what the answer did, in the learner's words."""
+        import torch
+
+        entry = self.made.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            return ""
+        _, func, line, device = entry
+        if device is not None and torch.device(device) == torch.device(*self.STAND_IN):
+            return ""
+        how = "with no device" if device is None else f"on device {str(device)!r}, named by hand"
+        return (f"made by {func} on line {line} of your file {how}: that is the CPU on every machine, "
+                f"so it works here, but under nccl it must be on this rank's GPU. Make it on "
+                f"idist.device()")
+
+
 _RECORDED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
              "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
              "broadcast", "broadcast_object_list", "reduce", "gather", "scatter", "barrier",

@@ -98,7 +98,10 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
         return real_auto_dataloader(dataset, **kwargs)
 
     def recording_trainer(*args, **kwargs):
-        asked["device"].append(str(kwargs.get("device", args[3] if len(args) > 3 else None)))
+        device = kwargs.get("device", args[3] if len(args) > 3 else None)
+        asked["device"].append("idist.device()" if device is not None and torch.device(device) ==
+                               torch.device(*harness.DeviceStandIn.STAND_IN) else
+                               "None" if device is None else repr(str(device)))
         return real_trainer(*args, **kwargs)
 
     idist.auto_optim = recording_auto_optim
@@ -112,7 +115,8 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
     initial_loss = full_loss(ex.make_model(), dataset)
     config = {"dataset": dataset, "batch_size": global_batch or GLOBAL_BATCH, "lr": 0.2, "epochs": EPOCHS}
     try:
-        returned = ex.training(idist.get_local_rank(), config)
+        with harness.DeviceStandIn():  # idist.device() told apart from a device named by hand
+            returned = ex.training(idist.get_local_rank(), config)
     finally:
         idist.auto_optim = real_auto_optim
         idist.auto_dataloader = real_auto_dataloader
@@ -133,7 +137,6 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
         "steps": steps,
         "set_epoch": set_epoch_calls,
         "asked": asked,
-        "device": str(idist.device()),
     }
 
 
@@ -303,13 +306,14 @@ def check_what_was_asked(ranks):
                 f"rank {rank} called idist.auto_dataloader without shuffle=True: with several processes "
                 f"its DistributedSampler shuffles anyway, but in one plain process (no sampler) the loader "
                 f"then reads the samples in the same order every epoch. Pass shuffle=True")
-        devices = r["asked"]["device"]
-        if devices and any(d != r["device"] for d in devices):
+        wrong = [d for d in r["asked"]["device"] if d != "idist.device()"]
+        if wrong:
+            given = "no device" if wrong[0] == "None" else f"device={wrong[0]}, named by hand"
             raise harness.ExerciseFailure(
-                f"rank {rank} gave create_supervised_trainer device={devices[0]}, not idist.device() "
-                f"({r['device']}): it is where the trainer moves each batch; on a GPU (nccl) the batches "
-                f"would stay on the CPU while the model is on the GPU, and the first step fails there. "
-                f"Pass device=idist.device()")
+                f"rank {rank} gave create_supervised_trainer {given}, not idist.device(): it is where "
+                f"the trainer moves each batch. Here that is the CPU either way, but on a GPU (nccl) the "
+                f"batches would stay on the CPU while the model is on the GPU, and the first step fails "
+                f"there. Pass device=idist.device()")
 
 
 def check_replicas_equal(ranks, layout):

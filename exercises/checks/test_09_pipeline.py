@@ -72,6 +72,7 @@ class Checked(harness.Recorder):
     def __init__(self, rank, n, m, shape):
         super().__init__(compute=True)
         self.rank, self.n, self.m, self.shape = rank, n, m, tuple(shape)
+        self.placement = None
 
     def _note(self, name, args, kwargs):
         super()._note(name, args, kwargs)
@@ -88,6 +89,10 @@ class Checked(harness.Recorder):
                 f"last = rank == world_size - 1 (idist.get_rank(), idist.get_world_size() work here)")
         if name not in P2P:
             return  # a collective: judged after the run (it cannot hang on a shape)
+        buffer = (list(args) + [kwargs.get("tensor")])[0]
+        misplaced = self.placement.misplaced(buffer) if self.placement is not None else ""
+        if misplaced and name in ("recv", "irecv"):
+            raise harness.ExerciseFailure(f"{what} received into a buffer {misplaced}")
         peer, shape = entry["peer"], tuple(entry["shapes"][0]) if entry["shapes"] else None
         neighbours = [p for p in (rank - 1, rank + 1) if 0 <= p < n]
         if isinstance(peer, int) and peer not in neighbours:
@@ -184,7 +189,7 @@ def on_rank(seed):
         shape = (BATCH // m, HIDDEN)
         record = Checked(rank, n, m, shape)
         try:
-            with record:
+            with harness.DeviceStandIn() as record.placement, record:
                 returned = ex.pipeline_step(stage, inputs, targets, shape, m)
         except (harness.ExerciseFailure, NotImplementedError):
             raise

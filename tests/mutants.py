@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import hashlib
 import random
 import re
@@ -257,7 +258,8 @@ def solution_file(number: str) -> Path:
     return next(SOLUTIONS.glob(f"{number}_*.py"))
 
 
-def mutants(number: str) -> list:
+@functools.cache
+def mutants(number: str) -> tuple:
     """Every mutant of exercise ``number``'s solution, without duplicates or mutants that
     do not compile, in a fixed order."""
     tree = ast.parse(solution_file(number).read_text())
@@ -280,7 +282,7 @@ def mutants(number: str) -> list:
                 digest = hashlib.sha1(ast.unparse(target).encode()).hexdigest()[:8]
                 found.append(Mutant(number, f"{number}-{operator}-{function.name}-{digest}",
                                     operator, function.name, _line_of(function, target), what, source))
-    return found
+    return tuple(found)
 
 
 def _line_of(original, mutated) -> int:
@@ -320,7 +322,7 @@ def draw(sample: int, seed: int, chosen=None) -> list:
     drawn = []
     for number in chosen or numbers():
         every = mutants(number)
-        drawn += every if sample <= 0 or sample >= len(every) else rng.sample(every, sample)
+        drawn += list(every) if sample <= 0 or sample >= len(every) else rng.sample(every, sample)
     return drawn
 
 

@@ -59,6 +59,7 @@ def mutated(tmp_path, monkeypatch, operator) -> list:
     folder.mkdir(exist_ok=True)
     (folder / "99_sample.py").write_text(SAMPLE)
     monkeypatch.setattr(mutants, "SOLUTIONS", folder)
+    mutants.mutants.cache_clear()
     return [m for m in mutants.mutants("99") if m.operator == operator]
 
 

@@ -671,6 +671,8 @@ class DeviceStandIn:
         import torch
         from torch.overrides import TorchFunctionMode
 
+        import weakref
+
         stand_in = torch.device(*self.STAND_IN)
         self._saved = idist.device
         idist.device = lambda: stand_in
@@ -681,15 +683,23 @@ class DeviceStandIn:
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 result = func(*args, **kwargs)
+                if getattr(func, "__name__", "") == "to" and args and id(args[0]) in made:
+                    # moved afterwards: judged by where it went (a device, or a tensor's)
+                    entry = made[id(args[0])]
+                    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+                    if isinstance(target, torch.Tensor):
+                        target = stand_in if target.device == torch.device("cpu") else target.device
+                    elif not isinstance(target, (str, torch.device, int)):
+                        target = entry[3]  # .to(dtype) moves nothing
+                    made[id(args[0])] = (*entry[:3], target, entry[4])
+                    made[id(result)] = (weakref.ref(result), *entry[1:3], target, entry[4])
                 if func in factories and isinstance(result, torch.Tensor):
                     frame = sys._getframe(1)
                     while frame is not None and not _in_exercise_file(frame.f_code.co_filename):
                         frame = frame.f_back
-                    if frame is not None:
-                        import weakref
-
+                    if frame is not None and not _given(frame):
                         made[id(result)] = (weakref.ref(result), f"torch.{func.__name__}",
-                                            frame.f_lineno, kwargs.get("device"))
+                                            frame.f_lineno, kwargs.get("device"), result.dim())
                 return result
 
         self._mode = Placement()
@@ -711,13 +721,25 @@ class DeviceStandIn:
         entry = self.made.get(id(tensor))
         if entry is None or entry[0]() is not tensor:
             return ""
-        _, func, line, device = entry
+        _, func, line, device, _ = entry
         if device is not None and torch.device(device) == torch.device(*self.STAND_IN):
             return ""
         how = "with no device" if device is None else f"on device {str(device)!r}, named by hand"
         return (f"made by {func} on line {line} of your file {how}: that is the CPU on every machine, "
                 f"so it works here, but under nccl it must be on this rank's GPU. Make it on "
                 f"idist.device()")
+
+    def without_device(self) -> list:
+        """``(factory, line)`` of every tensor (not a scalar) the answer made with no device:
+        on a GPU it is on the CPU, and the first operation that meets a GPU tensor fails."""
+        return sorted({(func, line) for _, func, line, device, dim in self.made.values()
+                       if device is None and dim > 0}, key=lambda x: x[1])
+
+
+def _given(frame) -> bool:
+    """Whether ``frame`` runs a function the stub gives ready-made (docstring "Given:")."""
+    function = frame.f_globals.get(frame.f_code.co_name)
+    return (getattr(function, "__doc__", None) or "").startswith("Given:")
 
 
 _RECORDED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",

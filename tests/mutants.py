@@ -441,7 +441,7 @@ def main(argv=None) -> int:
     drawn = draw(args.sample, args.seed, chosen)
     if args.only:
         only = set(args.only.split(","))
-        if Path(args.only).is_file():
+        if args.only.endswith(".json"):
             earlier = json.loads(Path(args.only).read_text())["verdicts"]
             only = {i for i, v in earlier.items() if not v["killed"]}
         drawn = [m for m in drawn if m.ident in only]

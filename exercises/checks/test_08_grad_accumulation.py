@@ -175,6 +175,12 @@ def run_steps(fn, seed, count, observe):
             except AttributeError as error:
                 if observe and world_size == 1 and "no_sync" in str(error):
                     raise NoPlainNoSync() from None
+                if "_GeneratorContextManager" in str(error):
+                    # the library's words for a context manager entered a second time
+                    raise harness.ExerciseFailure(
+                        f"rank {rank}, {count} micro-batches: a no_sync() context was entered twice: "
+                        f"no_sync() is a context manager, and each one can be entered only once. Use a "
+                        f"new one per micro-batch (`with model.no_sync():` inside the loop)") from None
                 raise
         after.append(harness.flat_weights(model))
         if observe:

@@ -288,7 +288,7 @@ def epoch_indices(loader, epoch):
 ''', r"rank 0 and rank 1 both trained on sample \d+ in epoch 0"),
     ("03", "a DistributedSampler without set_epoch",
      [("    loader.sampler.set_epoch(epoch)\n", "")],
-.*call the sampler's set_epoch with the epoch before each epoch"),
+     r"same samples in the same order in epochs 0 and 1 .*call the sampler's set_epoch with the epoch before each epoch"),
     ("03", "a different seed on each rank",
      [("shuffle=True, seed=seed)", "shuffle=True, seed=seed + idist.get_rank())")],
      r"(both trained on sample|no rank trained on sample).*the same seed on every rank"),

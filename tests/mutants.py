@@ -413,9 +413,16 @@ def solution_lines(number: str, minimum: int = 24) -> set:
     return lines
 
 
-def leaked_lines(number: str, message: str) -> list:
+def leaked_lines(number: str, message: str, answer: str = "") -> list:
+    """The solution's lines that ``message`` prints and the graded ``answer`` (its source)
+    does not contain: a line of the learner's own code quoted back (a traceback) is not a
+    leak."""
     squeezed = re.sub(r"\s+", "", message)
-    return sorted(line for line in solution_lines(number) if line in squeezed)
+    try:
+        own = re.sub(r"\s+", "", ast.unparse(ast.parse(answer)))
+    except SyntaxError:
+        own = ""
+    return sorted(line for line in solution_lines(number) if line in squeezed and line not in own)
 
 
 # --- the command line ------------------------------------------------------------------------------

@@ -995,7 +995,8 @@ def test_wrong_answer_is_rejected_with_the_learners_message(wrong_answer_results
     # a message that prints a line of the solution hands the learner the answer
     from mutants import leaked_lines
 
-    leaks = sorted({line for m in failures for line in leaked_lines(number, m)})
+    answer = wrong_source(number, name, next(c for n, w, c, _ in WRONG_ANSWERS if (n, w) == (number, name)))
+    leaks = sorted({line for m in failures for line in leaked_lines(number, m, answer)})
     assert not leaks, f"exercise {number}, {name!r}: the message prints the solution's {leaks}"
 
 

@@ -220,7 +220,7 @@ def average_across_ranks(value):
      [("            train_loader.sampler.set_epoch(engine.state.epoch - 1)\n",
        "            pass\n")],
      r"rank 0 read the same samples in the same order in epochs 1 and 2 .*ignite's Engine "
-     r"never tells it the epoch.*set_epoch\(engine.state.epoch - 1\)"),
+     r"never tells it the epoch.*calls the sampler's set_epoch with the epoch, counted from 0"),
     ("02", "the batch size divided by hand",
      [('batch_size=config["batch_size"], shuffle=True',
        'batch_size=config["batch_size"] // idist.get_world_size(), shuffle=True')],
@@ -288,7 +288,7 @@ def epoch_indices(loader, epoch):
 ''', r"rank 0 and rank 1 both trained on sample \d+ in epoch 0"),
     ("03", "a DistributedSampler without set_epoch",
      [("    loader.sampler.set_epoch(epoch)\n", "")],
-     r"same samples in the same order in epochs 0 and 1 .*set_epoch\(epoch\)"),
+     r"same samples in the same order in epochs 0 and 1 .*call the sampler's set_epoch with the epoch before each epoch"),
     ("03", "a different seed on each rank",
      [("shuffle=True, seed=seed)", "shuffle=True, seed=seed + idist.get_rank())")],
      r"(both trained on sample|no rank trained on sample).*the same seed on every rank"),
@@ -992,6 +992,12 @@ def test_wrong_answer_is_rejected_with_the_learners_message(wrong_answer_results
         f"exercise {number}, {name!r}: expected /{expected}/, the learner read:\n" \
         + "\n---\n".join(failures)
     assert not any("not solved yet" in m for m in failures)
+    # a message that prints a line of the solution hands the learner the answer
+    from mutants import leaked_lines
+
+    answer = wrong_source(number, name, next(c for n, w, c, _ in WRONG_ANSWERS if (n, w) == (number, name)))
+    leaks = sorted({line for m in failures for line in leaked_lines(number, m, answer)})
+    assert not leaks, f"exercise {number}, {name!r}: the message prints the solution's {leaks}"
 
 
 # --- one command per exercise, and distkit check ----------------------------------------

@@ -437,5 +437,6 @@ NOT_APPLICABLE = {
     ("02", "device"): "the only device is the trainer's, create_supervised_trainer(..., device=idist.device()): "
                       "on this CPU-only machine 'cpu' and idist.device() are the same device, and 'cuda' raises "
                       "(the harness then says to use idist.device()); no collective gets a tensor from the "
-                      "learner's code. Whether a GPU machine would catch device='cuda:RANK' is not checked",
+                      "learner's code. A trainer given no device is named (the check records the device "
+                      "create_supervised_trainer gets); device='cuda:RANK' is not checked",
 }

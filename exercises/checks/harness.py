@@ -639,6 +639,99 @@ def on_device(log, device) -> str:
     return ""
 
 
+# --- where the answer puts its tensors, on a machine without a GPU ---------------------
+
+_FACTORIES = ("empty", "zeros", "ones", "full", "rand", "randn", "randint", "arange", "tensor")
+
+
+class DeviceStandIn:
+    """Inside it ``idist.device()`` returns ``torch.device("cpu", 0)``: the same CPU for
+    every tensor, but a device object the check can tell from one named by hand ("cpu",
+    ``torch.device("cpu")``) or from none at all, the mistakes that only fail on a GPU.
+    ``made`` notes, for every tensor a ``torch`` factory made in the exercise file, the
+    device it was asked for; :meth:`placed` reads it back for a tensor."""
+
+    STAND_IN = ("cpu", 0)
+
+    def __init__(self):
+        self.made, self._saved = {}, None
+
+    def __enter__(self):
+        import ignite.distributed as idist
+        import torch
+        from torch.overrides import TorchFunctionMode
+
+        import weakref
+
+        stand_in = torch.device(*self.STAND_IN)
+        self._saved = idist.device
+        idist.device = lambda: stand_in
+        factories = {getattr(torch, name) for name in _FACTORIES}
+        made = self.made
+
+        class Placement(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                result = func(*args, **kwargs)
+                if getattr(func, "__name__", "") == "to" and args and id(args[0]) in made:
+                    # moved afterwards: judged by where it went (a device, or a tensor's)
+                    entry = made[id(args[0])]
+                    target = kwargs.get("device", args[1] if len(args) > 1 else None)
+                    if isinstance(target, torch.Tensor):
+                        target = stand_in if target.device == torch.device("cpu") else target.device
+                    elif not isinstance(target, (str, torch.device, int)):
+                        target = entry[3]  # .to(dtype) moves nothing
+                    made[id(args[0])] = (*entry[:3], target, entry[4])
+                    made[id(result)] = (weakref.ref(result), *entry[1:3], target, entry[4])
+                if func in factories and isinstance(result, torch.Tensor):
+                    frame = sys._getframe(1)
+                    while frame is not None and not _in_exercise_file(frame.f_code.co_filename):
+                        frame = frame.f_back
+                    if frame is not None and not _given(frame):
+                        made[id(result)] = (weakref.ref(result), f"torch.{func.__name__}",
+                                            frame.f_lineno, kwargs.get("device"), result.dim())
+                return result
+
+        self._mode = Placement()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        import ignite.distributed as idist
+
+        self._mode.__exit__(*exc)
+        idist.device = self._saved
+        return False
+
+    def misplaced(self, tensor) -> str:
+        """'' when ``tensor`` was not made by the answer or was made on ``idist.device()``;
+        else what the answer did, in the learner's words."""
+        import torch
+
+        entry = self.made.get(id(tensor))
+        if entry is None or entry[0]() is not tensor:
+            return ""
+        _, func, line, device, _ = entry
+        if device is not None and torch.device(device) == torch.device(*self.STAND_IN):
+            return ""
+        how = "with no device" if device is None else f"on device {str(device)!r}, named by hand"
+        return (f"made by {func} on line {line} of your file {how}: that is the CPU on every machine, "
+                f"so it works here, but under nccl it must be on this rank's GPU. Make it on "
+                f"idist.device()")
+
+    def without_device(self) -> list:
+        """``(factory, line)`` of every tensor (not a scalar) the answer made with no device:
+        on a GPU it is on the CPU, and the first operation that meets a GPU tensor fails."""
+        return sorted({(func, line) for _, func, line, device, dim in self.made.values()
+                       if device is None and dim > 0}, key=lambda x: x[1])
+
+
+def _given(frame) -> bool:
+    """Whether ``frame`` runs a function the stub gives ready-made (docstring "Given:")."""
+    function = frame.f_globals.get(frame.f_code.co_name)
+    return (getattr(function, "__doc__", None) or "").startswith("Given:")
+
+
 _RECORDED = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object",
              "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
              "broadcast", "broadcast_object_list", "reduce", "gather", "scatter", "barrier",
@@ -716,8 +809,10 @@ class Recorder:
                     result = original(*args, **kwargs)
                 finally:
                     recorder._inside.pop()
-                if name in ("isend", "irecv") or kwargs.get("async_op"):
-                    return Handle(result, index) if result is not None else result
+                if (name in ("isend", "irecv") or kwargs.get("async_op")) and result is not None:
+                    if not (recorder._inside and recorder._inside[-1] == "batch_isend_irecv"):
+                        recorder.log[index]["handle"] = True  # the answer holds it: it must wait
+                    return Handle(result, index)
                 return result
             recorded.__wrapped__ = original
             return recorded
@@ -755,3 +850,10 @@ class Recorder:
 
     def ops(self) -> list:
         return [e["op"] for e in self.log]
+
+    def unwaited(self) -> list:
+        """The asynchronous calls (``isend``, ``irecv``, ``async_op=True``) whose handle the
+        answer got but never waited on: until ``wait()`` the tensor may not have left (or
+        arrived), and a buffer freed before then is sent as whatever fills it next."""
+        waited = {e.get("of") for e in self.log if e["op"] == "wait"}
+        return [e for i, e in enumerate(self.log) if e.get("handle") and i not in waited]

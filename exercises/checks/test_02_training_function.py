@@ -85,16 +85,43 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
         set_epoch_calls.append((epoch, sampler.shuffle))
         return real_set_epoch(sampler, epoch)
 
+    # what the loader and the trainer were asked for: a missing shuffle=True only shows
+    # in one process, a missing device only on a GPU
+    asked = {"shuffle": [], "device": []}
+    real_auto_dataloader = idist.auto_dataloader
+    import ignite.engine
+
+    real_trainer = ignite.engine.create_supervised_trainer
+
+    def recording_auto_dataloader(dataset, **kwargs):
+        asked["shuffle"].append(bool(kwargs.get("shuffle", False)))
+        return real_auto_dataloader(dataset, **kwargs)
+
+    def recording_trainer(*args, **kwargs):
+        device = kwargs.get("device", args[3] if len(args) > 3 else None)
+        asked["device"].append("idist.device()" if device is not None and torch.device(device) ==
+                               torch.device(*harness.DeviceStandIn.STAND_IN) else
+                               "None" if device is None else repr(str(device)))
+        return real_trainer(*args, **kwargs)
+
     idist.auto_optim = recording_auto_optim
+    idist.auto_dataloader = recording_auto_dataloader
+    patched_trainer = [m for m in (ignite.engine, ex) if getattr(m, "create_supervised_trainer", None) is real_trainer]
+    for module in patched_trainer:
+        module.create_supervised_trainer = recording_trainer
     DistributedSampler.set_epoch = recording_set_epoch
     dataset = RecordingDataset(n_samples or N_SAMPLES)
     torch.manual_seed(0)
     initial_loss = full_loss(ex.make_model(), dataset)
     config = {"dataset": dataset, "batch_size": global_batch or GLOBAL_BATCH, "lr": 0.2, "epochs": EPOCHS}
     try:
-        returned = ex.training(idist.get_local_rank(), config)
+        with harness.DeviceStandIn():  # idist.device() told apart from a device named by hand
+            returned = ex.training(idist.get_local_rank(), config)
     finally:
         idist.auto_optim = real_auto_optim
+        idist.auto_dataloader = real_auto_dataloader
+        for module in patched_trainer:
+            module.create_supervised_trainer = real_trainer
         DistributedSampler.set_epoch = real_set_epoch
     check_returned(returned)
     model, loader = returned
@@ -109,6 +136,7 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
         "auto_optim": auto_optim_calls,
         "steps": steps,
         "set_epoch": set_epoch_calls,
+        "asked": asked,
     }
 
 
@@ -201,8 +229,8 @@ def compare_with_one_process(r, world_size, batch=EXACT_BATCH, rtol=0.0):
              f"exactly one global batch of {batch}, lr={EXACT_LR})")
     if r["start"] is None:
         raise harness.ExerciseFailure(
-            f"{where}, training never called make_model(): build the model with "
-            f"idist.auto_model(make_model())")
+            f"{where}, training never called make_model(): build the model with it and wrap it "
+            f"with idist.auto_model")
     make_model = harness.load("02").make_model
     want = one_process_step(make_model, torch.float32, batch)
     # The bitwise comparison is fair only if fp32 rounded nothing: the float64 twin must
@@ -262,6 +290,32 @@ def check_batch_per_rank(ranks, global_batch, where=""):
                 f"idist.auto_dataloader, which divides it by the world size itself")
 
 
+def check_what_was_asked(ranks):
+    """What the right samples and weights on a CPU do not show: the sampler's epochs, the
+    shuffle of one plain process, the trainer's device."""
+    for rank, r in enumerate(ranks):
+        epochs = [e for e, _ in r["set_epoch"]]
+        if epochs and epochs[:EPOCHS] != list(range(EPOCHS)):
+            raise harness.ExerciseFailure(
+                f"rank {rank} called set_epoch with {harness.short_list(epochs)} at the starts of epochs "
+                f"1 to {EPOCHS}: the sampler counts epochs from 0, ignite's engine.state.epoch from 1, so "
+                f"the first epoch must draw the sampler's epoch 0 (a resumed run, or another script "
+                f"with the same seed, would otherwise read other orders than a plain sampler)")
+        if r["asked"]["shuffle"] and not any(r["asked"]["shuffle"]):
+            raise harness.ExerciseFailure(
+                f"rank {rank} called idist.auto_dataloader without shuffle=True: with several processes "
+                f"its DistributedSampler shuffles anyway, but in one plain process (no sampler) the loader "
+                f"then reads the samples in the same order every epoch. Pass shuffle=True")
+        wrong = [d for d in r["asked"]["device"] if d != "idist.device()"]
+        if wrong:
+            given = "no device" if wrong[0] == "None" else f"device={wrong[0]}, named by hand"
+            raise harness.ExerciseFailure(
+                f"rank {rank} gave create_supervised_trainer {given}, not idist.device(): it is where "
+                f"the trainer moves each batch. Here that is the CPU either way, but on a GPU (nccl) the "
+                f"batches would stay on the CPU while the model is on the GPU, and the first step fails "
+                f"there. Pass device=idist.device()")
+
+
 def check_replicas_equal(ranks, layout):
     for rank, r in enumerate(ranks):
         diff = (r["weights"] - ranks[0]["weights"]).abs().max().item()
@@ -306,7 +360,8 @@ def test_training_shards_data_and_keeps_replicas_equal():
                 f"{repeats[0] - 1} and {repeats[0]} ({harness.short_list(orders[0], 5)}): the "
                 f"DistributedSampler of auto_dataloader shuffles with seed + epoch, and ignite's "
                 f"Engine never tells it the epoch; add a handler on Events.EPOCH_STARTED that "
-                f"calls train_loader.sampler.set_epoch(engine.state.epoch - 1)")
+                f"calls the sampler's set_epoch with the epoch, counted from 0")
+    check_what_was_asked(ranks)
     diff = (ranks[0]["weights"] - ranks[1]["weights"]).abs().max().item()
     if diff > 1e-5:
         raise harness.ExerciseFailure(

@@ -143,7 +143,7 @@ def check_shards(ranks, n_samples=N_SAMPLES, global_batch=GLOBAL_BATCH, epochs=E
                 raise harness.ExerciseFailure(
                     where + f"rank {rank} read the same samples in the same order in epochs "
                     f"{epoch - 1} and {epoch} ({harness.short_list(first, 5)}): call "
-                    f"loader.sampler.set_epoch(epoch) before each epoch, so the shuffle changes")
+                    f"the sampler's set_epoch with the epoch before each epoch, so the shuffle changes")
         sets = [sorted(e) for e in r["epochs"]]
         if all(s == sets[0] for s in sets[1:]):
             raise harness.ExerciseFailure(

@@ -164,7 +164,7 @@ def test_timer_measures_only_the_step():
             f"{told}: it also counts the first batch fetch {which} (it was running while that "
             f"batch was fetched). A Timer RUNS from its start event on: reset() starts the "
             f"clock, and resume() does nothing to a running timer. Pause it right after it "
-            f"starts, e.g. trainer.add_event_handler(Events.EPOCH_STARTED, timer.pause)")
+            f"starts: a handler of its start event that calls timer.pause")
     handlers = sorted({w for w in probe.counted if not w.startswith("fetch")})
     if handlers:
         raise harness.ExerciseFailure(

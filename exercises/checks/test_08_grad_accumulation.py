@@ -105,6 +105,19 @@ class NoPlainNoSync(Exception):
     pass
 
 
+class OrderedMSELoss(nn.MSELoss):
+    """The loss the check hands the answer. MSE is symmetric, so ``loss_fn(y, model(x))``
+    gives the right numbers here and wrong ones with any other loss: this one says so."""
+
+    def forward(self, input, target):
+        if target.requires_grad and not input.requires_grad:
+            raise harness.ExerciseFailure(
+                "loss_fn was called with the targets first and the model's output second: torch's "
+                "losses take (output, target); MSE happens to be symmetric, cross_entropy and most "
+                "others are not. Call loss_fn with the output first")
+        return super().forward(input, target)
+
+
 def run_steps(fn, seed, count, observe):
     """``STEPS`` calls of ``fn`` (an ``accumulation_step``) from ``make_model(seed)``, DDP-wrapped
     when there is a process group; the weights after each, and (``observe``) what was seen."""
@@ -114,7 +127,7 @@ def run_steps(fn, seed, count, observe):
     rank, world_size, device = idist.get_rank(), idist.get_world_size(), idist.device()
     module = make_model(seed).to(device)
     state = {"exchanges": 0, "entered": 0, "inside": False, "forwards_inside": 0,
-             "now": 0, "most": 0, "steps": 0}
+             "now": 0, "most": 0, "steps": 0, "rows": 0}
     if world_size > 1:
         model = nn.parallel.DistributedDataParallel(module)
         model.register_comm_hook(state, counting_allreduce)
@@ -143,6 +156,8 @@ def run_steps(fn, seed, count, observe):
         state["now"] += 1
         state["most"] = max(state["most"], state["now"])
         state["forwards_inside"] += state["inside"]
+        # memory is held per forward: one forward of two micro-batches concatenated holds both
+        state["rows"] = max(state["rows"], max((len(t) for t in inputs if isinstance(t, torch.Tensor)), default=0))
         if isinstance(output, torch.Tensor) and output.requires_grad:
             output.register_hook(lambda grad: state.__setitem__("now", state["now"] - 1))
 
@@ -156,19 +171,25 @@ def run_steps(fn, seed, count, observe):
         before = dict(state)
         with harness.Recorder() if observe else contextlib.nullcontext() as record:
             try:
-                fn(model, optimizer, nn.MSELoss(), mine)
+                fn(model, optimizer, OrderedMSELoss(), mine)
             except AttributeError as error:
                 if observe and world_size == 1 and "no_sync" in str(error):
                     raise NoPlainNoSync() from None
+                if "_GeneratorContextManager" in str(error):
+                    # the library's words for a context manager entered a second time
+                    raise harness.ExerciseFailure(
+                        f"rank {rank}, {count} micro-batches: a no_sync() context was entered twice: "
+                        f"no_sync() is a context manager, and each one can be entered only once. Use a "
+                        f"new one per micro-batch (`with model.no_sync():` inside the loop)") from None
                 raise
         after.append(harness.flat_weights(model))
         if observe:
             calls.append({key: state[key] - before[key]
                           for key in ("exchanges", "entered", "forwards_inside", "steps")})
-            calls[-1]["held"] = state["most"]
+            calls[-1]["held"], calls[-1]["rows"] = state["most"], state["rows"]
             calls[-1]["own"] = [c for c in record.log if c["op"] != "wait"]
             calls[-1]["params on"] = sorted({str(p.device) for p in module.parameters()})
-            state["most"] = state["now"] = 0
+            state["most"] = state["now"] = state["rows"] = 0
     if dist.is_available() and dist.is_initialized():
         dist.barrier()  # every rank done with this count before the next DDP is built
     return after, calls
@@ -306,6 +327,13 @@ def judge(layout, ranks, seed):
                         f"accumulating is that ONE micro-batch's activations fit in memory; run each "
                         f"micro-batch's backward right after its forward, so its graph is freed before "
                         f"the next forward")
+            for call in calls:
+                if call["rows"] > MICRO_SIZE:
+                    raise harness.ExerciseFailure(
+                        f"{where}: a forward ran on {call['rows']} samples at once, but each micro-batch has "
+                        f"{MICRO_SIZE}: the activations a forward holds grow with its batch, and the point of "
+                        f"accumulating is that ONE micro-batch's fit in memory. Run the model on each "
+                        f"micro-batch on its own")
             for call in calls:
                 wrong_device = harness.on_device(call["own"], r["device"])
                 if wrong_device or call["params on"] != [r["device"]]:

@@ -72,6 +72,7 @@ class Checked(harness.Recorder):
     def __init__(self, rank, n, m, shape):
         super().__init__(compute=True)
         self.rank, self.n, self.m, self.shape = rank, n, m, tuple(shape)
+        self.placement = None
 
     def _note(self, name, args, kwargs):
         super()._note(name, args, kwargs)
@@ -88,6 +89,9 @@ class Checked(harness.Recorder):
                 f"last = rank == world_size - 1 (idist.get_rank(), idist.get_world_size() work here)")
         if name not in P2P:
             return  # a collective: judged after the run (it cannot hang on a shape)
+        if name in ("recv", "irecv") and self.placement is not None:
+            # judged once the gradients are right: only a GPU would show it
+            entry["misplaced"] = self.placement.misplaced((list(args) + [kwargs.get("tensor")])[0])
         peer, shape = entry["peer"], tuple(entry["shapes"][0]) if entry["shapes"] else None
         neighbours = [p for p in (rank - 1, rank + 1) if 0 <= p < n]
         if isinstance(peer, int) and peer not in neighbours:
@@ -103,7 +107,7 @@ class Checked(harness.Recorder):
             raise harness.ExerciseFailure(
                 f"{what} {verb}, but each micro-batch's activations, and their gradients, have "
                 f"activation_shape {self.shape}: send each micro-batch's output as a tensor of its own "
-                f"and receive into torch.empty(activation_shape, device=idist.device()) (in gloo a "
+                f"and receive into a new buffer of activation_shape on idist.device() (in gloo a "
                 f"receive of another size than what was sent ends the process)")
 
 
@@ -184,17 +188,46 @@ def on_rank(seed):
         shape = (BATCH // m, HIDDEN)
         record = Checked(rank, n, m, shape)
         try:
-            with record:
+            with harness.DeviceStandIn() as record.placement, record:
                 returned = ex.pipeline_step(stage, inputs, targets, shape, m)
         except (harness.ExerciseFailure, NotImplementedError):
             raise
         except Exception as error:  # noqa: BLE001 - described with the stage it happened on
             raise harness.ExerciseFailure(explain(rank, n, m, error, record.log)) from None
+        if record.unwaited():
+            # judged here, at once: the peer then waits in vain, and its timeout would
+            # blame a send that never happened
+            raise harness.ExerciseFailure(unwaited(rank, n, m, record.unwaited()))
         report["runs"][m] = {
             "wanted": [p.grad.clone() for p in whole[rank].parameters()], "loss": loss.item(),
             "grads": [None if p.grad is None else p.grad.detach().clone() for p in stage.parameters()],
             "returned": portable(returned), "log": record.log}
     return report
+
+
+def unwaited(rank, n, m, calls) -> str:
+    first = calls[0]
+    towards = "to" if first["op"] == "isend" else "from"
+    return (f"stage {rank} ({role(rank, n)}, rank {rank}) with {m} micro-batches returned without waiting "
+            f"on {len(calls)} of its handles (the first: dist.{first['op']} {towards} rank {first['peer']}): "
+            f"an isend's handle must be waited. isend only starts the transfer; until handle.wait() the "
+            f"tensor may not have left, and its neighbour's recv waits for it in vain. Keep every handle "
+            f"and wait() on each before returning")
+
+
+def blocking(where, rank, n, log) -> str:
+    misplaced = [e["misplaced"] for e in log if e.get("misplaced")]
+    if misplaced:
+        return (f"{where}: the gradients are right, but stage {rank} ({role(rank, n)}, rank {rank}) received "
+                f"into a buffer {misplaced[0]}")
+    sends = [e for e in log if e["op"] == "send"]
+    if not sends:
+        return ""
+    return (f"{where}: stage {rank} ({role(rank, n)}, rank {rank}) sent {len(sends)} tensor(s) with a blocking "
+            f"dist.send (the first to rank {sends[0]['peer']}): the gradients are right here, but a blocking "
+            f"send returns only once the peer has posted its recv, so this stage stands still while its "
+            f"neighbour is busy (and two stages that send to each other at once wait forever). Send with "
+            f"dist.isend and wait() on the handles before returning")
 
 
 # --- the mistakes that have a name, replayed in one process -----------------------------
@@ -360,15 +393,17 @@ def judge(layout, ranks, seed):
     n = len(ranks)
     for m in MICRO_COUNTS:
         where = f"on {layout} ({n} stage{'s' if n > 1 else ''}, one per rank), {m} micro-batches"
-        for check in ("structure", "values", "returned"):
+        for check in ("structure", "values", "returned", "blocking"):
             for rank, r in enumerate(ranks):
                 run = r["runs"][m]
                 if check == "structure":
                     message = structure(where, rank, n, m, run["log"], r["device"])
                 elif check == "values":
                     message = values(where, rank, n, m, run, seed, ranks)
-                else:
+                elif check == "returned":
                     message = returned(where, rank, n, run, seed)
+                else:  # last: its message says the gradients are right
+                    message = blocking(where, rank, n, run["log"])
                 if message:
                     raise harness.ExerciseFailure(message)
 

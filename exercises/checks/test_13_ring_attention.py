@@ -59,14 +59,15 @@ def on_rank(seed):
     with torch.no_grad():
         expected = harness.load_reference("13").ring_attention(*[t.clone() for t in mine])
     ex = harness.load("13")
-    with torch.no_grad(), harness.Recorder(compute=True) as record:
+    with torch.no_grad(), harness.DeviceStandIn() as placement, harness.Recorder(compute=True) as record:
         out = ex.ring_attention(*mine)
     if isinstance(out, torch.Tensor):
         out = out.detach().clone()
     elif not isinstance(out, (list, tuple, int, float, type(None))):
         out = repr(out)[:200]
     log = [{key: value for key, value in c.items() if key != "copy"} for c in record.log]
-    return {"out": out, "expected": expected, "log": log, "device": str(idist.device())}
+    return {"out": out, "expected": expected, "log": log, "device": str(idist.device()),
+            "unplaced": placement.without_device()}
 
 
 # --- the mistakes, replayed in one process ----------------------------------------------
@@ -204,6 +205,18 @@ def structure(layout, rank, n, log):
     return ""
 
 
+def unplaced(where, ranks):
+    """Judged once the rows are right: a tensor made with no device, which only a GPU shows."""
+    for rank, r in enumerate(ranks):
+        if r["unplaced"]:
+            func, line = r["unplaced"][0]
+            raise harness.ExerciseFailure(
+                f"{where}, rank {rank}: the rows are right, but ring_attention made a tensor with {func} on "
+                f"line {line} of your file with no device: that is the CPU on every machine, so it works "
+                f"here, but on a GPU it stays on the CPU while q, k and v are on the GPU, and the first "
+                f"operation that combines them fails. Make it on q.device")
+
+
 def judge(layout, ranks, seed):
     n = len(ranks)
     where = f"on {layout}"
@@ -222,7 +235,7 @@ def judge(layout, ranks, seed):
                 f"{harness.describe(r['expected'])}, the dtype of q, k and v")
     wrong = [rank for rank, r in enumerate(ranks) if not same(r["out"], r["expected"])]
     if not wrong:
-        return
+        return unplaced(where, ranks)
     q, k, v = qkv(seed, n)
     for change, message in MISTAKES:
         replayed = replay(q, k, v, n, **change)

@@ -54,7 +54,7 @@ def test_the_line_is_said_before_torch_is_imported():
 
 
 def test_its_cpu_count_is_the_launchers():
-    from distkit.launch.preflight import CPU_DEFAULT_NPROC
+    from distkit.launch.checks import CPU_DEFAULT_NPROC
 
     assert train.CPU_PROCESSES == CPU_DEFAULT_NPROC
 
@@ -69,15 +69,19 @@ def test_the_line_names_what_how_many_and_where(nproc, nnodes, backend, launch, 
          f"output={output}")
     config = Config(nproc_per_node=nproc, nnodes=nnodes, backend=backend, task=task, output_dir=output,
                     **({"node_rank": 0, "master_addr": "127.0.0.1", "master_port": 29500} if nnodes > 1 else {}))
-    environ = {"torchrun": {"WORLD_SIZE": "4", "RANK": str(rank)},
-               "slurm": {"SLURM_NTASKS": "4", "SLURM_PROCID": str(rank)}}.get(launch, {})
+    # what torchrun / srun set for rank `rank` of 2 nodes x 2 (read by distkit.host.layout)
+    environ = {"torchrun": {"WORLD_SIZE": "4", "RANK": str(rank), "LOCAL_RANK": str(rank % 2),
+                            "LOCAL_WORLD_SIZE": "2"},
+               "slurm": {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(rank),
+                         "SLURM_LOCALID": str(rank % 2), "SLURM_NTASKS": "4", "SLURM_NNODES": "2",
+                         "SLURM_NODEID": str(rank // 2), "SLURM_TASKS_PER_NODE": "2(x2)"}}.get(launch, {})
     line = train.first_line(config, environ)
     assert line.startswith("distkit train: ") and f"output in a new folder under {output}/" in line
     assert (f"the task {task}" if task else "cnn on digits") in line
     if launch == "torchrun":
         assert f"rank {rank} of 4 processes started by torchrun" in line
     elif launch == "slurm":
-        assert f"task {rank} of 4 processes started by SLURM" in line
+        assert f"rank {rank} of 4 processes started by SLURM" in line
     elif nproc:
         assert f"on {nproc} process(es)" in line
     elif backend == "none":

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 
 from distkit.config import DATASET_DEFAULTS, Config, _flag, cli_spec, field_docs
+from distkit.host.layout import claimed_rank, world_layout
 
 DEFAULTS = Config()
 # How a field's type annotation reads on the command line (Optional[...] included).
@@ -108,8 +110,8 @@ def parse_settings(pairs) -> dict:
     return settings
 
 
-# distkit.launch.preflight.CPU_DEFAULT_NPROC, read here without importing torch (which
-# preflight imports); tests/test_first_line.py keeps the two equal.
+# distkit.launch.checks.CPU_DEFAULT_NPROC, read here without importing torch (which
+# checks imports); tests/test_first_line.py keeps the two equal.
 CPU_PROCESSES = 2
 
 
@@ -126,10 +128,10 @@ def first_line(config: Config, environ=os.environ) -> str:
     what it trains, on how many processes, where its output goes."""
     what = (f"the task {config.task}" if config.task else f"{config.model} on {config.dataset}")
     what += f", {config.epochs} epoch(s)" if config.epochs else ""
-    if "WORLD_SIZE" in environ:
-        where = f"rank {environ.get('RANK', '0')} of {environ['WORLD_SIZE']} processes started by torchrun"
-    elif "SLURM_NTASKS" in environ and "SLURM_PROCID" in environ:
-        where = f"task {environ['SLURM_PROCID']} of {environ['SLURM_NTASKS']} processes started by SLURM"
+    layout = world_layout(environ)  # a launcher variable no launcher sets: its one line, now
+    if layout.launcher != "none":
+        by = "torchrun" if layout.launcher == "torchrun" else "SLURM"
+        where = f"rank {layout.rank} of {layout.world_size} processes started by {by}"
     elif config.nproc_per_node:
         where = f"{config.nproc_per_node} process(es) on this machine"
     elif config.backend == "none":
@@ -146,8 +148,7 @@ def first_line(config: Config, environ=os.environ) -> str:
 def announce(config: Config, environ=os.environ) -> None:
     """Print :func:`first_line` once per run: from the launching process, or rank 0 of a
     torchrun / SLURM launch."""
-    rank = environ.get("RANK", environ.get("SLURM_PROCID", "0"))
-    if rank == "0":
+    if claimed_rank(environ) == "0":
         print(first_line(config, environ), flush=True)
 
 

@@ -156,9 +156,13 @@ class Config:
     process at once)."""
 
     def validate_processes(self) -> "Config":
-        """Check the settings of the processes alone (backend, counts, node, port,
-        timeout, threads): all that ``launch_function`` and ``run_per_rank`` have."""
+        """Check the settings of the processes alone (backend, strategy, counts, node,
+        port, timeout, threads): all that ``launch_function`` and ``run_per_rank`` have."""
         _choice("backend", self.backend, BACKENDS)
+        # how the model is spread over the processes: a contradiction with --backend is
+        # known before any hardware is looked at (auto is checked again once resolved)
+        _choice("strategy", self.strategy, STRATEGIES)
+        check_strategy(self.strategy, self.backend)
         for name, low, high in _WHOLE_NUMBERS:
             if name in PROCESS_FIELDS:
                 _whole(name, getattr(self, name), low, high)
@@ -199,8 +203,6 @@ class Config:
                                f"(text needs gpt, images need cnn, mlp or resnet18): use {fix}")
         _choice("logger", self.logger, LOGGERS)
         check_logger_installed(self.logger)
-        _choice("strategy", self.strategy, STRATEGIES)
-        check_strategy(self.strategy, self.backend)
         if not isinstance(self.task_settings, dict) or not all(
                 isinstance(k, str) for k in self.task_settings):
             raise DistkitError(f"Config.task_settings must be a dict {{name: value}}, got "

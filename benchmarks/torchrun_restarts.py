@@ -4,7 +4,7 @@ group has written a newer one), ``--rounds`` runs in a row. Each run must end wi
 say at each restart which checkpoint it continues from (the newest one when the worker
 was killed), and end bit-identical to a run never interrupted; none may hang (a run
 gets ``--limit`` seconds). Too long for CI (about a minute a run on 2 cores); the test
-suite keeps one restart (tests/test_preemption.py).
+suite keeps one restart (tests/train/test_preemption.py).
 
     python benchmarks/torchrun_restarts.py --rounds 10                 # torchrun's default store
     python benchmarks/torchrun_restarts.py --rounds 10 --no-shared-store   # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1

@@ -17,7 +17,7 @@ The notebooks in the repository also carry the outputs of a recorded run
 (scripts/record_notebooks.py): those are not part of what is built, so the check compares
 a notebook without them (:func:`normalized`). A rebuilt notebook whose code cells are
 unchanged (only prose edited) keeps its outputs; one whose code changed is written without
-outputs, to be recorded again (tests/test_notebook_outputs.py says so).
+outputs, to be recorded again (tests/notebooks/test_notebook_outputs.py says so).
 
 Cell markers in the source: ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown
 cell whose lines are written as ``# text``. The first markdown cell should be the title.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Make (or reuse) the torch-xla environment used by tests/test_xla.py and for local
+# Make (or reuse) the torch-xla environment used by tests/compat/test_xla.py and for local
 # XLA:CPU runs. torch-xla pins torch exactly, so it lives in its own venv:
 #   ${DISTKIT_XLA_VENV:-$HOME/.cache/distkit/xla-venv}
 # Reused when it already holds torch_xla (CI caches it between runs). About 7 GB and

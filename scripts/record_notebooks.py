@@ -4,13 +4,13 @@
 The notebooks in the repository carry the outputs of a recorded run, so that the course
 can be read (on GitHub, on the site) before anything is installed. This script records
 that run: each notebook is executed top to bottom in a fresh kernel (nbclient, as
-tests/test_notebooks.py runs them), in a temporary folder, and saved in place with
+tests/notebooks/test_notebooks.py runs them), in a temporary folder, and saved in place with
 
 - every cell's outputs;
 - a markdown cell after the title that says where and when it ran (machine, cores, load,
   versions, date, seconds), the one cell that is not built from ``notebooks/src``;
 - ``metadata.distkit.recorded``: the same facts and ``code_digest``, the SHA-256 of its
-  code cells' sources (:func:`code_digest`), which ``tests/test_notebook_outputs.py``
+  code cells' sources (:func:`code_digest`), which ``tests/notebooks/test_notebook_outputs.py``
   compares with the sources now: a code cell changed without a re-run fails that test.
 
     python scripts/record_notebooks.py            # every notebook, one after the other

@@ -2,7 +2,7 @@
 one rank, and build each rank's record as :mod:`distkit.observe.hang_records` writes it
 (a rank waiting in the collective it is stuck in; the collectives before it completed).
 
-tests/test_hangs.py checks the doctor's verdicts on them. Each case says what a correct diagnosis names: ``(rank, kind, line)``, kinds:
+tests/observe/test_hangs.py checks the doctor's verdicts on them. Each case says what a correct diagnosis names: ``(rank, kind, line)``, kinds:
 
 - ``op``: the rank called a different collective at that number (wrong op, other order);
 - ``shape`` / ``dtype``: the same collective with different tensors;

@@ -1,4 +1,4 @@
-"""A course task for the resume-on-another-layout tests (tests/test_resume_layout.py): the
+"""A course task for the resume-on-another-layout tests (tests/checkpoint/test_resume_layout.py): the
 course task of tests/preemption_course.py (dict batches padded per batch, dropout, AdamW,
 its own per-iteration lr schedule, its own early stopping and best model on accuracy)
 whose samples carry their index, and a handler that records, at every iteration, the

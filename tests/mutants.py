@@ -4,7 +4,7 @@ A mutant is a reference solution with ONE small change made on its syntax tree, 
 of slip a learner makes: an operator swapped, a keyword argument dropped, a constant off by
 one, a statement moved out of its ``with`` block, an ``isend`` made blocking, a device
 named, two arguments swapped, a comparison negated, a statement deleted. Each mutant is
-graded the way tests/test_exercises.py grades the hand-written wrong answers (a pytest
+graded the way tests/exercises/test_exercises.py grades the hand-written wrong answers (a pytest
 subprocess over ``exercises/``, one file per exercise and round). A mutant that passes
 every check is a *survivor*: either it computes the same thing (an equivalent mutant,
 listed with the reason in ``tests/mutants_survivors.toml``) or the checks have a gap.
@@ -335,6 +335,7 @@ def grade(drawn: list, folder: Path, *, rounds_at_once: int = 2, identity: bool 
     stop at its first failure (a killed mutant needs one), a hang fails after 10 s."""
     from concurrent.futures import ThreadPoolExecutor
 
+    sys.path.insert(0, str(HERE / "exercises"))  # tests/exercises/test_exercises.py
     from test_exercises import by_exercise, run_checks
 
     rounds, seen = {}, {}

@@ -1,5 +1,5 @@
 """A course's own task, written the way a course writes it, for the stop-and-resume tests
-(tests/test_preemption.py): variable-length token sequences as dict samples, padded per
+(tests/train/test_preemption.py): variable-length token sequences as dict samples, padded per
 batch by the task's collate_fn, dropout on the padded activations (so each rank's random
 stream advances by a different amount every step), AdamW, a per-iteration lr schedule,
 early stopping and the best model on validation accuracy, and a stateful handler of its
@@ -125,7 +125,7 @@ POISON = {"loss": False}
 def stop_here(trainer, evaluator):
     """``STOP_AT=POINT:N STOP_SIGNAL=TERM|KILL STOP_RANK=R`` (-1: every rank) in the
     environment: a real signal to this rank's own process at a named moment of the run's
-    life (a test's stop moment, drawn by tests/test_stop_anywhere.py; the environment, not
+    life (a test's stop moment, drawn by tests/train/test_stop_anywhere.py; the environment, not
     ``--set``, so the resumed run has the same task settings):
 
     - ``step:N``: as iteration N starts; ``checkpoint:N``: as iteration N completes,

@@ -1,5 +1,5 @@
 """The course's site (mkdocs.yml), looked at in a real headless browser (Debian's
-Chromium, driven by Playwright): used by tests/test_site.py.
+Chromium, driven by Playwright): used by tests/site/test_site.py.
 
 Chromium comes from the machine's packages: :func:`chromium` installs Debian's
 ``chromium`` with apt-get when it is missing and this is root (CI runs as root), so the

@@ -1,6 +1,6 @@
 """The families of wrong answers that issue 35 names, and which of them each exercise
 must answer: at least ``MINIMUM`` wrong answers of a family for every exercise it applies
-to, each rejected with its message asserted (tests/test_exercises.py grades them).
+to, each rejected with its message asserted (tests/exercises/test_exercises.py grades them).
 
 Any ``tests/wrong_answers_*.py`` module may declare, for the exercises it owns:
 
@@ -84,7 +84,7 @@ def shortfalls(answers, numbers):
 
 def all_answers():
     """Every wrong answer: test_exercises.py's list (which gathers the other modules') and
-    exercise 15's, which tests/test_exercise15.py grades."""
+    exercise 15's, which tests/exercises/test_exercise15.py grades."""
     import test_exercises
     from wrong_answers_trace import WRONG_ANSWERS_15
 

@@ -1,6 +1,6 @@
 """Plausible wrong answers to exercises 08 (gradient accumulation), 02 (the training
 function) and 03 (sharding), by issue 35's families, and the families of their older
-answers in tests/test_exercises.py. Same format as ``WRONG_ANSWERS`` there: (exercise,
+answers in tests/exercises/test_exercises.py. Same format as ``WRONG_ANSWERS`` there: (exercise,
 what the learner did, the change to the solution, what the learner must read); a change
 is code appended to the solution (a later ``def`` wins) or (old, new) substitutions."""
 

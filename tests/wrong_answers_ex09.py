@@ -351,7 +351,7 @@ def pipeline_step(stage_module, stage_index, num_stages, inputs, targets, n_micr
 WRONG_ANSWERS = _LAYOUT_09 + _STRUCTURE_09 + _ROBUST_09 + _DEVICE_09 + _INPUTS_09 + _STRUCTURE_11 + _ROBUST_11
 
 FAMILY = {
-    # 09: tests/test_exercises.py
+    # 09: tests/exercises/test_exercises.py
     ("09", "the micro-batch losses are not scaled"): "understanding",
     ("09", "the gradient sent back divided by the micro-batches again"): "understanding",
     ("09", "stage 0 never backpropagates"): "understanding",
@@ -360,7 +360,7 @@ FAMILY = {
     ("09", "a tensor returned"): "robust",
     ("09", "the gradients paired with the wrong micro-batches"): "understanding",
     ("09", "rank 1 receives every micro-batch before computing any (right gradients, no overlap)"): "structure",
-    # 11: tests/test_exercises.py
+    # 11: tests/exercises/test_exercises.py
     ("11", "(p-1)/m"): "understanding",
     ("11", "a formula for 2 stages only"): "layout",
     ("11", "n_microbatches ignored"): "structure",

@@ -1,10 +1,10 @@
 """Issue 35's families for exercises 10, 12, 13, 14 and 15 (tests/wrong_answer_families.py
 says what they mean): the family of every wrong answer of these exercises, wherever it is
-listed (tests/test_exercises.py, wrong_answers_layouts.py for 10, wrong_answers_parallel.py
+listed (tests/exercises/test_exercises.py, wrong_answers_layouts.py for 10, wrong_answers_parallel.py
 for 12 and 13, wrong_answers_flops.py for 14, wrong_answers_trace.py for 15), which
 families apply to each exercise and why the others do not; and ``WRONG_ANSWERS``, the
 newer wrong answers of 10, 12, 13 and 14 (exercise 15's are in wrong_answers_trace.py's
-``WRONG_ANSWERS_15``, which tests/test_exercise15.py grades), in the format of
+``WRONG_ANSWERS_15``, which tests/exercises/test_exercise15.py grades), in the format of
 test_exercises.py's list: (exercise, what the learner did, the change to the solution, what
 the learner must read)."""
 

@@ -1,6 +1,6 @@
 """Plausible wrong answers to exercise 15 (reading a merged trace), in the format of
 ``WRONG_ANSWERS`` in test_exercises.py: (exercise, what the learner did, the change to
-the solution, what the learner must read). tests/test_exercise15.py grades them."""
+the solution, what the learner must read). tests/exercises/test_exercise15.py grades them."""
 
 WRONG_ANSWERS_15 = [
     ("15", "the durations added up, overlaps counted twice",

@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 
 # The oldest torch the test suite runs on (the Colab-like environment's 2.9.0); the kit
 # imports FSDP2's fully_shard, torch.distributed.pipelining and DTensor APIs that older
-# releases lack. requirements.txt states the same floor (tests/test_packaging.py checks).
+# releases lack. requirements.txt states the same floor (tests/package/test_packaging.py checks).
 TORCH_NEEDED = (2, 9)
 
 

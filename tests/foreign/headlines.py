@@ -3,7 +3,7 @@ dict samples of any length padded per batch by its own collate_fn, a small Trans
 encoder, its own train_step (2 micro-batches accumulated, gradients clipped), AdamW with a
 bare OneCycleLR built from epoch_length, its own macro-F1 Metric, early stopping on it.
 distkit's tests train it unchanged with `distkit train --task` (spawn, torchrun) and
-assert that what it asked for happened (tests/test_foreign_code.py)."""
+assert that what it asked for happened (tests/tasks/test_foreign_code.py)."""
 import contextlib
 
 import ignite.distributed as idist

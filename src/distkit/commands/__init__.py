@@ -6,7 +6,7 @@ line on stderr and a non-zero exit.
 
 The sub-command modules are imported here, as modules, so a missing one fails at once;
 they must stay light: torch, ignite and the rest of the core are imported inside their
-``main``, so ``distkit --help`` answers in a fraction of a second (tests/test_cli.py
+``main``, so ``distkit --help`` answers in a fraction of a second (tests/commands/test_cli.py
 checks that building the parser imports no torch).
 """
 from __future__ import annotations

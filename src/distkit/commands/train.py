@@ -111,7 +111,7 @@ def parse_settings(pairs) -> dict:
 
 
 # distkit.launch.checks.CPU_DEFAULT_NPROC, read here without importing torch (which
-# checks imports); tests/test_first_line.py keeps the two equal.
+# checks imports); tests/commands/test_first_line.py keeps the two equal.
 CPU_PROCESSES = 2
 
 

@@ -1,7 +1,7 @@
 """The one reader of the variables a launcher sets: torchrun's (``WORLD_SIZE``, ``RANK``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``GROUP_WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``, ``TORCHELASTIC_*``) and SLURM's (``SLURM_*``). No other module of the kit
-reads them (``tests/test_layout.py`` checks), so "inside an ``srun`` step", SLURM's tasks
+reads them (``tests/package/test_layout.py`` checks), so "inside an ``srun`` step", SLURM's tasks
 per node and the master's address mean one thing everywhere.
 
 - :func:`world_layout`: rank, world size, nodes, master address and port of this process,

@@ -2,7 +2,7 @@
 
 A notebook prints these where its prose would otherwise say "2 per core" or "one thread
 each", which holds on a 2-core machine only. ``cores`` defaults to the cores this
-process may run on; ``tests/test_lessons_cores.py`` passes other counts::
+process may run on; ``tests/lessons/test_lessons_cores.py`` passes other counts::
 
     >>> sharing_sentence(4, cores=2)
     'this machine has 2 cores: N=4 processes share them, 2 per core'

@@ -3,7 +3,7 @@ that do.
 
 A course's task brings its own data, model, optimizer, schedule and step; some of
 ``distkit train``'s flags then have nothing to act on. Every field of :class:`Config` is
-in one of the groups below (``tests/test_foreign_code.py`` fails for a field in none):
+in one of the groups below (``tests/tasks/test_foreign_code.py`` fails for a field in none):
 
 - :data:`PROCESS_FIELDS`: how the processes start; the launcher uses them for every task;
 - :data:`BUILTIN_ONLY`: they choose a built-in task (``--dataset``, ``--model``,

@@ -1,0 +1,240 @@
+"""distkit on a real one-node SLURM cluster (tests/slurm_cluster.py: Debian's slurm-wlm,
+started and stopped by these tests as root): ``srun`` runs ``distkit train`` and
+``distkit launch`` directly, the kit's own ``scripts/slurm.sbatch`` is submitted with
+``sbatch``, resumed, requeued (``scontrol requeue``) and cancelled (``scancel --signal=TERM``).
+These replace the stand-in ``srun`` the tests used before."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import REPO_ROOT
+from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+TINY = ["--epochs", "1", "--no-progress", "--dataset", "synthetic", "--dataset-size", "256"]
+PYTHON_DIR = os.path.dirname(sys.executable)
+
+
+def job_env(**extra) -> dict:
+    """What a user's shell has when they submit: this venv first on PATH, 1 thread a task."""
+    return {"PATH": f"{PYTHON_DIR}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in extra.items()}}
+
+
+def test_srun_gives_each_task_its_place(slurm_cluster):
+    out = slurm_cluster.srun(["-n", "2", "bash", "-c",
+                              "echo $SLURM_PROCID $SLURM_LOCALID $SLURM_NTASKS $SLURM_NNODES"])
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.splitlines()) == ["0 0 2 1", "1 1 2 1"]
+
+
+def test_srun_runs_distkit_train_as_one_job_step(slurm_cluster, tmp_path):
+    out = slurm_cluster.srun(["-n", "2", "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",
+                              "train", *TINY, "--output-dir", str(tmp_path / "runs")],
+                             cwd=tmp_path, env=job_env(), timeout=240)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    (results,) = (tmp_path / "runs").glob("*/results.json")
+    res = json.loads(results.read_text())
+    assert (res["world_size"], res["nnodes"]) == (2, 1)
+    assert res["replicas_identical"]
+
+
+def test_the_kits_sbatch_script_runs_a_job(slurm_cluster, tmp_path):
+    """scripts/slurm.sbatch, unchanged, submitted with its resources overridden for this
+    one 2-core node; the job's log holds the command and the summary."""
+    job = slurm_cluster.sbatch(["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                                str(REPO_ROOT / "scripts" / "slurm.sbatch"), *TINY],
+                               cwd=tmp_path, env=job_env())
+    info = slurm_cluster.wait(job, timeout_s=240)
+    log = next(tmp_path.glob(f"*-{job}.out")).read_text()
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    assert "+ srun --kill-on-bad-exit=1 python -m distkit train" in log
+    assert "no checkpoint yet: starting from scratch" in log
+    (results,) = (tmp_path / "runs" / f"slurm-{job}").glob("*/results.json")
+    res = json.loads(results.read_text())
+    assert (res["world_size"], res["nnodes"]) == (2, 1)
+    assert res["replicas_identical"]
+
+
+def test_a_course_task_through_the_sbatch_template(slurm_cluster, tmp_path):
+    """scripts/slurm.sbatch passes --task through to distkit train, submitted from the
+    folder of course.py as docs/course.md says."""
+    from test_course import TRAIN, assert_course_results, results_under, write_course
+
+    write_course(tmp_path)
+    job = slurm_cluster.sbatch(["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                                str(REPO_ROOT / "scripts" / "slurm.sbatch"), "--task",
+                                "course:task", *TRAIN], cwd=tmp_path, env=job_env())
+    info = slurm_cluster.wait(job, timeout_s=280)
+    log = next(tmp_path.glob(f"*-{job}.out")).read_text()
+    assert info["JobState"] == "COMPLETED", log[-3000:]
+    assert_course_results(results_under(tmp_path / "runs" / f"slurm-{job}"), world_size=2)
+
+
+def test_a_course_tasks_bare_one_cycle_reaches_its_peak_under_srun(slurm_cluster, tmp_path):
+    """The foreign course task of tests/foreign/headlines.py (a bare OneCycleLR from its
+    factory) under srun: stepped per iteration, its peak reached, one summary per run."""
+    from test_foreign_code import FOREIGN, assert_one_cycle_reached_its_peak
+
+    out = slurm_cluster.srun(["-n", "2", "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",
+                              "train", "--task", f"{FOREIGN / 'headlines.py'}:task", "--epochs", "2",
+                              "--batch-size", "32", "--set", "train_size=192", "--set",
+                              "val_size=48", "--no-progress", "--output-dir", str(tmp_path / "runs")],
+                             cwd=tmp_path, env=job_env(), timeout=280)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    (res,) = _results(tmp_path / "runs")
+    assert res["world_size"] == 2 and res["replicas_identical"]
+    assert_one_cycle_reached_its_peak(res)
+    assert out.stdout.count("best validation f1") == 1, "one summary per run, not per rank"
+
+
+def test_a_plain_pytorch_script_under_srun(slurm_cluster, tmp_path):
+    """tests/foreign/multigpu_torchrun.py (written like pytorch/examples' DDP tutorial:
+    its own init_process_group, reading RANK / LOCAL_RANK) unchanged: srun runs it through
+    `distkit launch` (SLURM's variables mapped to torchrun's, one rank per task, no nested
+    spawn), exit 0: the rank ends as distkit.launch.script_worker.leave says, without the gloo
+    abort at exit that plain runs of this script show (the template's SCRIPT line is
+    checked by test_foreign_code.py::test_templates_launch_a_script_when_asked)."""
+    import torch
+    from test_foreign_code import tutorial
+
+    tutorial(tmp_path)
+    out = slurm_cluster.srun(["-n", "2", "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",
+                              "launch", "multigpu_torchrun.py", "2", "1"],
+                             cwd=tmp_path, env=job_env(), timeout=280)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    for rank in (0, 1):
+        assert out.stdout.count(f"[RANK{rank}] Epoch 1 | Batchsize: 32 | Steps: 4") == 1, out.stdout
+    assert torch.load(tmp_path / "snapshot.pt", weights_only=True)["EPOCHS_RUN"] == 1
+
+
+def _results(folder: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(folder.glob("*/results.json"))]
+
+
+def test_srun_resumes_its_own_checkpoint(slurm_cluster, tmp_path):
+    """A job step stopped by --max-iters, then the same step again with --resume-from
+    latest: it resumes at the world size it was written with (srun sets SLURM_NTASKS, not
+    WORLD_SIZE) and ends with the uninterrupted run's weights, bit for bit."""
+    import torch
+
+    common = ["-n", "2", "--kill-on-bad-exit=1", sys.executable, "-m", "distkit", "train",
+              *TINY, "--epochs", "2", "--checkpoint-every", "4"]
+
+    def step(folder, *args):
+        out = slurm_cluster.srun([*common, "--output-dir", str(tmp_path / folder), *args],
+                                 cwd=tmp_path, env=job_env(), timeout=240)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        return _results(tmp_path / folder)[-1]
+
+    whole = step("whole")
+    first = step("parts", "--max-iters", "6")
+    assert first["iterations"] == 6
+    resumed = step("parts", "--resume-from", "latest")
+    assert resumed["iterations"] == whole["iterations"]
+
+    def weights(results):
+        return torch.load(results["last_checkpoint"], map_location="cpu", weights_only=True)["model"]
+
+    a, b = weights(whole), weights(resumed)
+    assert all(torch.equal(a[n], b[n]) for n in a), "the resumed job step ends elsewhere"
+
+
+def test_a_job_of_two_tasks_resumed_with_one_task(slurm_cluster, tmp_path):
+    """A job step of 2 tasks stopped mid-epoch, then the job submitted again with 1 task and
+    --resume-from latest (a job that comes back with less): it reshards the checkpoint, says
+    so in results.json and ends within the layout's rounding of the uninterrupted job
+    (docs/resume.md, tests/checkpoint/test_resume_layout.py)."""
+    import torch
+
+    def step(folder, ntasks, *args):
+        out = slurm_cluster.srun(["-n", str(ntasks), "--kill-on-bad-exit=1", sys.executable, "-m",
+                                  "distkit", "train", *TINY, "--epochs", "2", "--checkpoint-every", "4",
+                                  "--output-dir", str(tmp_path / folder), *args],
+                                 cwd=tmp_path, env=job_env(), timeout=240)
+        assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+        return _results(tmp_path / folder)[-1]
+
+    whole = step("whole", 2)
+    first = step("parts", 2, "--max-iters", "6")
+    resumed = step("parts", 1, "--resume-from", "latest")
+    assert (resumed["world_size"], resumed["nnodes"]) == (1, 1)
+    assert resumed["resumed_from"]["checkpoint"] == first["last_checkpoint"]
+    assert (resumed["resumed_from"]["iteration"], resumed["resumed_from"]["world_size"]) == (6, 2)
+    assert resumed["iterations"] == whole["iterations"]
+    a, b = (torch.load(r["last_checkpoint"], map_location="cpu", weights_only=True)["model"]
+            for r in (whole, resumed))
+    assert max((a[n] - b[n]).abs().max().item() for n in a) <= 5e-3
+    assert abs(resumed["final"]["val_accuracy"] - whole["final"]["val_accuracy"]) <= 0.01
+    assert abs(resumed["final"]["val_loss"] / whole["final"]["val_loss"] - 1) <= 0.02
+
+
+LONGER = ["--epochs", "3", "--no-progress", "--dataset", "synthetic", "--dataset-size", "1536"]
+
+
+def _submit(cluster, folder: Path, *extra) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    return cluster.sbatch(["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
+                           str(REPO_ROOT / "scripts" / "slurm.sbatch"), *LONGER, *extra],
+                          cwd=folder, env=job_env(CHECKPOINT_EVERY=5))
+
+
+def _wait_for_checkpoint(folder: Path, job: str, cluster, timeout_s: float = 180) -> Path:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = sorted(folder.glob(f"runs/slurm-{job}/*/checkpoints/training_checkpoint_*.pt"))
+        if found:
+            return found[0]
+        assert cluster.job(job).get("JobState") in ("PENDING", "RUNNING", "CONFIGURING"), \
+            next(folder.glob(f"*-{job}.out")).read_text()[-3000:]
+        time.sleep(0.3)
+    raise AssertionError(f"no checkpoint from job {job} after {timeout_s:.0f} s")
+
+
+def _final_model(folder: Path, job: str):
+    import torch
+
+    runs = _results(folder / "runs" / f"slurm-{job}")
+    finished = [r for r in runs if r.get("epochs_completed") == 3]
+    assert finished, f"no finished run in {folder}: {runs}"
+    return torch.load(folder / finished[-1]["last_checkpoint"], map_location="cpu",  # relative
+                      weights_only=True)["model"]
+
+
+def test_a_requeued_job_resumes_by_itself_and_ends_where_an_uninterrupted_one_ends(
+        slurm_cluster, tmp_path):
+    import torch
+
+    whole = _submit(slurm_cluster, tmp_path / "whole")
+    requeued = _submit(slurm_cluster, tmp_path / "requeued")
+    assert slurm_cluster.wait(whole, timeout_s=280)["JobState"] == "COMPLETED"
+    _wait_for_checkpoint(tmp_path / "requeued", requeued, slurm_cluster)
+    slurm_cluster.requeue(requeued)
+    info = slurm_cluster.wait(requeued, timeout_s=280)
+    log = next((tmp_path / "requeued").glob(f"*-{requeued}.out")).read_text()
+    assert info["JobState"] == "COMPLETED" and info["Restarts"] == "1", log[-3000:]
+    # the log holds both attempts (appended, not truncated) and the kit's stop line
+    assert log.count("+ srun --kill-on-bad-exit=1") == 2, log[-3000:]
+    assert "distkit: stopped by SIGTERM" in log, log[-3000:]
+    a, b = _final_model(tmp_path / "whole", whole), _final_model(tmp_path / "requeued", requeued)
+    assert all(torch.equal(a[n], b[n]) for n in a), "the requeued job ends elsewhere"
+
+
+def test_scancel_term_leaves_a_checkpoint_and_one_line(slurm_cluster, tmp_path):
+    job = _submit(slurm_cluster, tmp_path)
+    _wait_for_checkpoint(tmp_path, job, slurm_cluster)
+    done = slurm_cluster.run(["scancel", "--signal=TERM", job])  # to the tasks, as preemption
+    assert done.returncode == 0, done.stderr
+    slurm_cluster.wait(job, timeout_s=120)
+    log = next(tmp_path.glob(f"*-{job}.out")).read_text()
+    lines = [ln for ln in log.splitlines() if ln.startswith("distkit: stopped by SIGTERM")]
+    assert len(lines) == 1, log[-3000:]
+    assert "--resume-from" in lines[0]

@@ -1,0 +1,287 @@
+"""Stop anywhere, resume exactly: drawn stop moments, stop kinds and settings.
+
+Each case draws a run's settings (processes, loader workers, checkpoint interval dividing
+the epoch or not, a per-iteration or per-epoch schedule, early stopping, the kit's step or
+the task's own, ddp or fsdp) and a moment of its life (inside a step, before a checkpoint,
+during validation, between validation and the schedule step, at an epoch's end, while the
+last epoch reports) at which a real signal stops it (SIGTERM to one rank, SIGKILL of one
+rank or of every rank, or ``--max-iters``). The stopped run is resumed (from the checkpoint
+its line names, else ``--resume-from latest``) and must end ``torch.equal`` to the same
+settings run uninterrupted: weights, optimizer state, history, early stopping, best model;
+or the kit refuses the resume in one line before training (a run stopped while reporting
+has nothing left to train: its newest checkpoint must then equal the uninterrupted one's).
+
+The signal is sent by the course task's own handler (tests/preemption_course.py,
+``--set stop_at=...``), an ignite handler as a course would attach: no test hook in the kit.
+
+Every case prints its seed and the one line that replays it. The quick suite draws
+``QUICK_CASES`` cases, the full suite (``-m slow``) ``FULL_CASES``; uninterrupted runs are
+cached per settings for the session. The data position at any ``num_workers``, persistent
+workers and prefetch depth is drawn in process (no launcher), many cases per run.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+
+from support import REPO_ROOT, subprocess_env
+
+TESTS = Path(__file__).resolve().parents[1]
+SEED = int(os.environ.get("STOP_ANYWHERE_SEED") or random.randrange(2 ** 32))
+QUICK_CASES, FULL_CASES = 2, 12
+# A case costs minutes of processes: a failing one is reported as drawn (its replay line),
+# not shrunk through dozens more runs.
+WITHOUT_SHRINKING = [Phase.explicit, Phase.generate]
+EPOCHS, BATCH = 3, 12  # 96 samples: 8 iterations an epoch at any of 1, 2, 3 processes
+
+
+def reproduce(case: dict | None = None) -> str:
+    if case:
+        return (f"seed {SEED}; replay this case with: STOP_ANYWHERE_CASE='{json.dumps(case)}' "
+                "python -m pytest tests/train/test_stop_anywhere.py -k replay -p no:cacheprovider")
+    return (f"seed {SEED}; draw these cases again with: STOP_ANYWHERE_SEED={SEED} python -m "
+            "pytest tests/train/test_stop_anywhere.py -p no:cacheprovider")
+
+
+def env() -> dict:
+    path = os.pathsep.join([str(TESTS), str(REPO_ROOT / "src"), os.environ.get("PYTHONPATH", "")])
+    return subprocess_env(PYTHONPATH=path)
+
+
+RUNS = st.fixed_dictionaries({
+    "nproc": st.sampled_from([1, 2, 3]),
+    "num_workers": st.sampled_from([0, 2]),
+    "checkpoint_every": st.sampled_from([4, 3]),  # dividing the epoch of 8, and not
+    "schedule": st.sampled_from(["iteration", "epoch"]),
+    "patience": st.sampled_from([0, 1]),
+    "own_step": st.booleans(),
+    "strategy": st.sampled_from(["ddp", "ddp", "fsdp"]),
+})
+MOMENTS = st.one_of(
+    st.builds(lambda n: f"step:{n}", st.integers(2, EPOCHS * 8)),
+    st.builds(lambda n: f"checkpoint:{n}", st.integers(1, EPOCHS * 8)),
+    st.builds(lambda e: f"validation:{e}", st.integers(1, EPOCHS)),
+    st.builds(lambda e: f"judged:{e}", st.integers(1, EPOCHS)),
+    st.builds(lambda e: f"epoch_end:{e}", st.integers(1, EPOCHS)),
+    st.just("reporting:0"),
+)
+STOPS = st.fixed_dictionaries({
+    "at": MOMENTS,
+    "kind": st.sampled_from(["TERM", "KILL-one", "KILL-every", "max-iters"]),
+    "rank": st.integers(0, 2),
+    "max_iters": st.integers(1, EPOCHS * 8 - 1),
+})
+
+
+def arguments(run: dict, out: str) -> list[str]:
+    task = "preemption_course:task_own_step" if run["own_step"] else "preemption_course:task"
+    return [sys.executable, "-m", "distkit", "train", "--task", task,
+            "--nproc-per-node", str(run["nproc"]), "--epochs", str(EPOCHS),
+            "--batch-size", str(BATCH), "--checkpoint-every", str(run["checkpoint_every"]),
+            "--num-workers", str(run["num_workers"]), "--strategy", run["strategy"],
+            "--early-stopping-patience", str(run["patience"]),
+            "--set", f"schedule={run['schedule']}", "--no-progress", "--timeout", "60",
+            "--output-dir", out]
+
+
+def train(cwd: Path, args, timeout=300, stop: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, env={**env(), **(stop or {})}, text=True,
+                          capture_output=True, timeout=timeout, start_new_session=True)
+
+
+def final_state(run_dir: Path) -> dict:
+    """What the invariant compares, from a run folder: the newest checkpoint (weights,
+    optimizer, trainer, early stopping, history, the task's own) and the best model."""
+    from distkit.checkpoint.saver import latest_checkpoint_in
+
+    newest = latest_checkpoint_in(run_dir)
+    ckpt = torch.load(newest, map_location="cpu", weights_only=True)
+    keep = {k: v for k, v in ckpt.items() if k not in ("trainer", "history", "best_model")}
+    history = [{k: v for k, v in h.items() if k == "epoch" or k.startswith("val_") or k == "lr"}
+               for h in ckpt["history"]["epochs"]]
+    trainer = {k: ckpt["trainer"][k] for k in ("iteration", "epoch_length", "max_epochs")}
+    best = sorted((run_dir / "best").glob("*.pt"))
+    best_model = (best[-1].name, torch.load(best[-1], map_location="cpu", weights_only=True)) \
+        if best else None
+    return {"saved": keep, "history": history, "trainer": trainer, "best": best_model}
+
+
+def assert_equal(a, b, where="") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), f"{where} differs"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{where}: keys differ"
+        for k in a:
+            assert_equal(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), f"{where}: lengths differ"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_equal(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def run_dirs(out: Path) -> list[Path]:
+    return sorted((p for p in out.iterdir() if p.is_dir()), key=lambda p: p.stat().st_mtime)
+
+
+class Uninterrupted(dict):
+    def __init__(self, folder: Path):
+        super().__init__()
+        self.folder = folder
+
+    def __missing__(self, key):
+        run = dict(key)
+        out = self.folder / f"whole-{len(self)}"
+        done = train(self.folder, arguments(run, str(out)))
+        assert done.returncode == 0, done.stderr[-3000:]
+        self[key] = state = final_state(run_dirs(out)[-1])
+        return state
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return Uninterrupted(tmp_path_factory.mktemp("whole"))
+
+
+def stop_env(stop: dict, run: dict) -> dict:
+    """The course task's stop moment (tests/preemption_course.py's ``stop_here``)."""
+    if stop["kind"] == "max-iters":
+        return {}
+    rank = -1 if stop["kind"] == "KILL-every" else stop["rank"] % run["nproc"]
+    return {"STOP_AT": stop["at"], "STOP_SIGNAL": stop["kind"][:4], "STOP_RANK": str(rank)}
+
+
+def check_case(run: dict, stop: dict, folder: Path, uninterrupted) -> None:
+    case = {"run": run, "stop": stop}
+    print(f"case {json.dumps(case)}; {reproduce(case)}", flush=True)
+    try:
+        stop_and_resume(run, stop, folder, uninterrupted)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{reproduce(case)}\n{reproduce()}") from None
+
+
+def stop_and_resume(run: dict, stop: dict, folder: Path, uninterrupted) -> None:
+    whole = uninterrupted[tuple(sorted(run.items()))]
+    out = folder / "runs"
+    cut = ["--max-iters", str(stop["max_iters"])] if stop["kind"] == "max-iters" else []
+    first = train(folder, arguments(run, str(out)) + cut, stop=stop_env(stop, run))
+    said = [ln for ln in first.stderr.splitlines() if ln.startswith("distkit:")]
+    if first.returncode == 0 and stop["kind"] != "max-iters":  # the moment never came
+        assert_equal(final_state(run_dirs(out)[-1]), whole, "run")
+        return
+    named = re.search(r"--resume-from (\S+\.pt)", first.stderr)
+    resume = named.group(1) if named and stop["kind"] == "TERM" else "latest"
+    second = train(folder, arguments(run, str(out)) + ["--resume-from", resume])
+    if second.returncode != 0:  # refused: in one line, before training; nothing was left
+        lines = [ln for ln in second.stderr.splitlines() if ln.startswith("distkit:")]
+        assert len(lines) == 1 and "nothing to resume" in lines[0], \
+            f"{said}\n{second.stderr[-3000:]}"
+        assert_equal(final_state(run_dirs(out)[0]), whole, "stopped run")
+        return
+    assert_equal(final_state(run_dirs(out)[-1]), whole, "resumed run")
+
+
+@pytest.mark.timeout(3600)
+@seed(SEED)
+@settings(max_examples=QUICK_CASES, deadline=None, database=None, phases=WITHOUT_SHRINKING,
+          suppress_health_check=list(HealthCheck))
+@given(run=RUNS, stop=STOPS)
+def test_stopped_anywhere_and_resumed_ends_as_the_uninterrupted_run(run, stop, tmp_path_factory,
+                                                                    uninterrupted):
+    check_case(run, stop, tmp_path_factory.mktemp("case"), uninterrupted)
+
+
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not os.environ.get("STOP_ANYWHERE_CASE"),
+                    reason="replays the case STOP_ANYWHERE_CASE names (a failure prints it)")
+def test_replay_one_case(tmp_path_factory, uninterrupted):
+    case = json.loads(os.environ["STOP_ANYWHERE_CASE"])
+    check_case(case["run"], case["stop"], tmp_path_factory.mktemp("case"), uninterrupted)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(7200)
+@seed(SEED)
+@settings(max_examples=FULL_CASES, deadline=None, database=None, phases=WITHOUT_SHRINKING,
+          suppress_health_check=list(HealthCheck))
+@given(run=RUNS, stop=STOPS)
+def test_stopped_anywhere_many_cases(run, stop, tmp_path_factory, uninterrupted):
+    check_case(run, stop, tmp_path_factory.mktemp("case"), uninterrupted)
+
+
+def batches_seen(loader_settings: dict, stop_at: int | None = None, resume=None) -> tuple:
+    """The batches (and one draw of torch's generator per step, as dropout makes) a kit
+    ``Trainer`` sees over 3 epochs of 10 batches, stopped after ``stop_at`` iterations
+    (its state returned) or resumed from ``resume``."""
+    from ignite.engine import Events
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from distkit.train.training import Trainer
+
+    torch.manual_seed(0)
+    loader = DataLoader(TensorDataset(torch.arange(40).float()), batch_size=4, shuffle=True,
+                        **loader_settings)
+    seen, saved = [], {}
+
+    def step(engine, batch):
+        seen.append((batch[0].tolist(), float(torch.rand(1))))
+
+    trainer = Trainer(step)
+    if stop_at:
+        @trainer.on(Events.ITERATION_COMPLETED(once=stop_at))
+        def cut(engine):
+            saved.update(trainer.state_dict())
+            engine.terminate()
+    if resume:
+        trainer.load_state_dict(resume)
+    trainer.run(loader, max_epochs=3)
+    return seen, saved
+
+
+LOADERS = st.one_of(
+    st.just({"num_workers": 0}),
+    st.builds(lambda persistent, prefetch: {"num_workers": 2, "persistent_workers": persistent,
+                                            "prefetch_factor": prefetch},
+              st.booleans(), st.integers(1, 4)))
+
+
+@pytest.mark.timeout(900)
+@seed(SEED)
+@settings(max_examples=4, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(loader=LOADERS, stop_at=st.integers(1, 29))
+def test_a_resumed_loader_goes_on_at_its_batch_with_any_workers(loader, stop_at):
+    """The data position: mid-epoch or at an epoch's start, 0 or 2 workers, persistent or
+    not, any prefetch depth: the stopped run's batches then the resumed run's are the
+    uninterrupted run's, and so are the generator's draws in the step."""
+    print(f"seed {SEED}: loader {loader}, stopped after iteration {stop_at}", flush=True)
+    whole, _ = batches_seen(loader)
+    first, state = batches_seen(loader, stop_at=stop_at)
+    rest, _ = batches_seen(loader, resume=state)
+    assert first + rest == whole, f"{reproduce()}; loader {loader}, stopped after {stop_at}"
+
+
+@given(every=st.integers(1, 12), epoch_length=st.integers(1, 12))
+@settings(max_examples=50, deadline=None, database=None)
+def test_no_resumable_checkpoint_of_an_epochs_last_iteration_before_its_end(every, epoch_length):
+    """``--checkpoint-every`` never saves an epoch's last iteration at ITERATION_COMPLETED:
+    that file comes at the epoch's end, after validation and the schedule step."""
+    from types import SimpleNamespace
+
+    from distkit.train.training import inside_epochs_every
+
+    engine = SimpleNamespace(state=SimpleNamespace(epoch_length=epoch_length))
+    chosen = [i for i in range(1, 5 * epoch_length + 1) if inside_epochs_every(every)(engine, i)]
+    assert all(i % every == 0 and i % epoch_length for i in chosen)
+    assert len(chosen) == sum(1 for i in range(1, 5 * epoch_length + 1)
+                              if i % every == 0 and i % epoch_length)

@@ -75,17 +75,15 @@ def install_cell(url: str) -> str:
     """The notebooks' first code cell, for the repository ``url``."""
     repo = f'"{url}"' if is_published(url) else "None  # this copy names no published repository: docs/colab.md"
     floor = torch_floor()
-    return f'''# Installs distkit from the course's repository, with pytorch-ignite, where the runtime lacks
-# them (Colab); where distkit is already installed (your clone, after pip install -e .) it
-# does nothing. The runtime's torch and torchvision stay as they are when new enough.
+    return f'''# Installs distkit and pytorch-ignite from the course's repository where the runtime lacks them
+# (Colab); does nothing where distkit is installed. torch stays as it is when new enough.
 UPGRADE_TORCH = False  # True: let pip replace a torch older than {floor} (then restart the runtime)
 REPO_URL = {repo}
 import glob, importlib, importlib.metadata, importlib.util, os, subprocess, sys, tempfile
 class InstallError(Exception):  # a notebook shows its one line, not a traceback
     def _render_traceback_(self):
         return [f"InstallError: {{self}}"]
-def version(name):
-    return importlib.metadata.version(name) if importlib.util.find_spec(name) else None
+version = lambda name: importlib.metadata.version(name) if importlib.util.find_spec(name) else None  # noqa: E731
 if importlib.util.find_spec("distkit") is None:
     wheels = sorted(glob.glob("distkit-*.whl"))  # a wheel uploaded to this session's folder
     spec = (os.environ.get("DISTKIT_INSTALL_SPEC") or (wheels[-1] if wheels else None)
@@ -102,8 +100,7 @@ if importlib.util.find_spec("distkit") is None:
                            "torch, about 2 GB), or pick a newer runtime")
     kept = [] if old else [f"{{p}}=={{version(p)}}" for p in ("torch", "torchvision") if version(p)]
     print(f"[1/3] torch {{torch or 'not installed'}}: " + ("kept" if kept else f"pip installs torch >= {floor}"))
-    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as pins:
-        pins.write("\\n".join(kept))
+    pins = tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False); pins.write("\\n".join(kept)); pins.close()
     print(f"[2/3] pip install {{spec}} (and pytorch-ignite): about a minute", flush=True)
     pip = subprocess.Popen([sys.executable, "-m", "pip", "install", "--progress-bar", "off", spec, "-c", pins.name],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -158,7 +158,7 @@ class Launch:
     def world_size(self) -> int:
         if self.spawning:
             return self.nproc_per_node * self.nnodes
-        return world_layout().world_size  # torchrun's WORLD_SIZE or srun's SLURM_NTASKS
+        return world_layout().world_size  # as torchrun or srun set it
 
 
 def check_launch(config, spawning: bool | None = None) -> Launch:

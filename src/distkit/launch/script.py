@@ -26,13 +26,13 @@ CPU_ONLY_ENVIRONMENT`). Then it starts one process per rank and supervises them:
   alone after the others have left is not a hang);
 - Ctrl-C (``KeyboardInterrupt``, a notebook's "interrupt kernel") and SIGTERM: forwarded
   to every rank, which gets ``grace_s`` seconds before SIGKILL; one line says so;
-- no rank outlives the launcher (each ends with it: ``PR_SET_PDEATHSIG``).
+- no rank outlives the launcher (each ends with it: :func:`distkit.host.facts.end_with_parent`).
 
-Inside an ``srun`` job step (``SLURM_PROCID`` and ``SLURM_STEP_NUM_TASKS`` set) it maps
-SLURM's variables to torchrun's (``RANK=SLURM_PROCID``, ``WORLD_SIZE=SLURM_STEP_NUM_TASKS``,
-``LOCAL_RANK=SLURM_LOCALID``, ``GROUP_RANK=SLURM_NODEID``, ``MASTER_ADDR`` the first host
-of the step's node list, ``MASTER_PORT`` 15000 + the job id's last 4 digits, as ignite
-derives them) and runs the script once, as this task's rank. Inside torchrun
+Inside an ``srun`` job step it gives the script torchrun's variables for the layout
+:func:`distkit.host.layout.world_layout` read from SLURM's (the task's rank, the step's
+task count, local rank, node; ``MASTER_ADDR`` the first host of the step's node list,
+``MASTER_PORT`` 15000 + the job id's last 4 digits, as ignite derives them) and runs the
+script once, as this task's rank. Inside torchrun
 (``WORLD_SIZE`` set) it runs the script once with torchrun's variables.
 
 When a rank fails, the hang doctor (:mod:`distkit.observe.hangs`) prints one line per

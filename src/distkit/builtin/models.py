@@ -203,7 +203,7 @@ GPT_SIZES = {
     "default": {"n_layer": 4, "n_head": 4, "d_model": 128, "block_size": 128},
     # GPT-2 small's shape (12 layers, 12 heads, d_model 768, context 1024) with the kit's
     # character vocabulary, so about 85 M parameters (GPT-2's 124 M count its 50,257-token
-    # embedding): the size at which MFU on a GPU means something (issue 34)
+    # embedding): the size at which MFU on a GPU means something
     "gpt2-small": {"n_layer": 12, "n_head": 12, "d_model": 768, "block_size": 1024},
 }
 """The GPT's sizes by name: ``distkit train --dataset text --model gpt --set size=NAME``."""

@@ -430,7 +430,7 @@ def socket_interface(backend: str, master_addr: str | None, environ=os.environ) 
 # gloo included (torch.cuda.set_device in ignite/distributed/comp_models/native.py). So
 # on a machine with fewer GPUs than gloo processes (Colab's GPU runtime has one) the
 # process of local rank 1 failed with "invalid device ordinal", and rank 0 put its model
-# on cuda:0 beside data on the CPU: 12 of the 14 notebooks failed so on an H200 (26 Nov). The
+# on cuda:0 beside data on the CPU (docs/failures.md). The
 # kit's gloo processes are CPU processes. CUDA_VISIBLE_DEVICES="" hides the GPUs from a
 # process that has not initialised CUDA; PYTORCH_NVML_BASED_CUDA_CHECK=1 makes
 # torch.cuda.is_available() count them through NVML, which reads CUDA_VISIBLE_DEVICES at

@@ -147,9 +147,8 @@ def _start_method(config, fn, args, start_method: str | None) -> dict:
     """``{"start_method": ...}`` for ``idist.Parallel`` (empty: ignite's default), checked:
     fork where it is safe, spawn where CUDA is already initialised here."""
     if start_method is None and _fork_is_safe(config):
-        # Forked workers start with torch, ignite and the kit already imported: the
-        # workers were ready 3.5 s after the command started instead of 13.7 s with
-        # spawn on the busy 2-core VM (benchmarks/README.md, start-up).
+        # Forked workers start with torch, ignite and the kit already imported: they are
+        # ready seconds sooner than spawned ones (benchmarks/README.md, start-up).
         start_method = "fork"
     forking = start_method == "fork" or (start_method is None and in_ipython())
     if forking and torch.cuda.is_initialized():  # (never initialises CUDA itself)
@@ -218,8 +217,8 @@ def _spawn_failure(e: Exception, config, watchdog, forwarding, reporter, run_dir
 class bounded_wait:
     """Ends this process (one line, exit 1) if the block has not finished within
     ``seconds``: the process group's own timeout does not bound everything. A group that
-    torchrun restarted hung in gloo's connect step for 150-408 s with --timeout 120 (3 of
-    6 tries, issue 30), silently; torchrun then restarts it again or gives up."""
+    torchrun restarted can hang in gloo's connect step well past --timeout, silently
+    (docs/launch.md); torchrun then restarts it again or gives up."""
 
     def __init__(self, seconds: float, what: str):
         self.seconds, self.what = seconds, what
@@ -567,7 +566,7 @@ def attempt_store(timeout_s: float, environ=os.environ):
     (``default_pg/...``: each rank's gloo address). A restarted worker could read the
     address its dead peer of the previous attempt left there and wait to connect to it:
     the restarted group hung in gloo's connect step, or failed to connect, in some of the
-    restarts (issue 30). A prefix per attempt shows each attempt only its own keys, as
+    restarts. A prefix per attempt shows each attempt only its own keys, as
     torch's own elastic workers did with ``/worker/attempt_<n>``.
 
     One node only: ``TORCHELASTIC_RESTART_COUNT`` is the same for every worker of one

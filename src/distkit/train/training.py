@@ -304,7 +304,7 @@ def _kit_step(model, optimizer, criterion, config, prepare_batch):
     """The kit's step: prepare, forward, zero_grad, backward, optimizer step."""
     device, mark_step = idist.device(), _mark_step()
     # Decided once, not at every step: a disabled autocast context and a model.train()
-    # (a walk over every module) on every step were half of the kit's fixed cost per step.
+    # (a walk over every module) on every step are a large share of a step's fixed cost.
     if config.amp:
         def forward(x, y):
             with torch.autocast(device.type, dtype=torch.bfloat16):
@@ -375,7 +375,8 @@ def _with_train_loss(trainer):
     # The epoch's mean batch loss over all ranks, all-reduced once at the epoch's end (a
     # RunningAverage would all-reduce at every iteration: ~20% of a step here). This is
     # what ignite's Average metric computes; its per-step update (output transform,
-    # checks, a tensor add) measured 10-70 us a step here, a sum of floats costs ~0.1 us.
+    # checks, a tensor add) costs tens of microseconds a step, a sum of floats far less
+    # (benchmarks/README.md).
     @trainer.on(Events.EPOCH_STARTED)
     def reset_loss_sum(engine):
         engine.state.loss_sum = 0.0

@@ -240,7 +240,11 @@ def gather(folder: str, codes: dict, wait_s: float = 3.0) -> list[dict]:
 def crash_site(path: str) -> tuple[str | None, str | None]:
     """``(file:line, torch.distributed call)`` of the main thread in ``faulthandler``'s
     report of a crashed rank (its format: ``File "train.py", line 21 in <module>``, most
-    recent call first; the main thread is the one running ``<module>``), or Nones."""
+    recent call first; the main thread is the one running ``<module>``), or Nones.
+
+    The one place a text is read back: a rank that gloo aborts (SIGABRT in C++) runs no
+    more Python, and faulthandler's report, written by the interpreter at the signal, is
+    all it leaves; every other failure travels as a record."""
     import re
 
     libraries = _library_roots()

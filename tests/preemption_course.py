@@ -123,7 +123,7 @@ POISON = {"loss": False}
 
 
 def stop_here(trainer, evaluator):
-    """``STOP_AT=POINT:N STOP_SIGNAL=TERM|KILL STOP_RANK=R`` (-1: every rank) in the
+    """``STOP_AT=POINT:N STOP_SIGNAL=TERM|HUP|KILL STOP_RANK=R`` (-1: every rank) in the
     environment: a real signal to this rank's own process at a named moment of the run's
     life (a test's stop moment, drawn by tests/train/test_stop_anywhere.py; the environment, not
     ``--set``, so the resumed run has the same task settings):

@@ -4,7 +4,7 @@ Each case draws a run's settings (processes, loader workers, checkpoint interval
 the epoch or not, a per-iteration or per-epoch schedule, early stopping, the kit's step or
 the task's own, ddp or fsdp) and a moment of its life (inside a step, before a checkpoint,
 during validation, between validation and the schedule step, at an epoch's end, while the
-last epoch reports) at which a real signal stops it (SIGTERM to one rank, SIGKILL of one
+last epoch reports) at which a real signal stops it (SIGTERM or SIGHUP to one rank, SIGKILL of one
 rank or of every rank, or ``--max-iters``). The stopped run is resumed (from the checkpoint
 its line names, else ``--resume-from latest``) and must end ``torch.equal`` to the same
 settings run uninterrupted: weights, optimizer state, history, early stopping, best model;
@@ -77,7 +77,7 @@ MOMENTS = st.one_of(
 )
 STOPS = st.fixed_dictionaries({
     "at": MOMENTS,
-    "kind": st.sampled_from(["TERM", "KILL-one", "KILL-every", "max-iters"]),
+    "kind": st.sampled_from(["TERM", "HUP", "KILL-one", "KILL-every", "max-iters"]),
     "rank": st.integers(0, 2),
     "max_iters": st.integers(1, EPOCHS * 8 - 1),
 })
@@ -181,7 +181,7 @@ def stop_and_resume(run: dict, stop: dict, folder: Path, uninterrupted) -> None:
         assert_equal(final_state(run_dirs(out)[-1]), whole, "run")
         return
     named = re.search(r"--resume-from (\S+\.pt)", first.stderr)
-    resume = named.group(1) if named and stop["kind"] == "TERM" else "latest"
+    resume = named.group(1) if named and stop["kind"] in ("TERM", "HUP") else "latest"
     second = train(folder, arguments(run, str(out)) + ["--resume-from", resume])
     if second.returncode != 0:  # refused: in one line, before training; nothing was left
         lines = [ln for ln in second.stderr.splitlines() if ln.startswith("distkit:")]

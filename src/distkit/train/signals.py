@@ -24,7 +24,8 @@ import threading
 
 from distkit.errors import DistkitError
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+# SIGHUP: a closed terminal or ssh session stops the run as SIGTERM does, with a checkpoint
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 _received: list[int] = []
 
 

@@ -40,7 +40,7 @@ LR = 0.1
 # The learner's weights against the whole-batch steps: an entry may differ by this fraction
 # of the largest entry of the whole-batch update. fp32 adds the same terms in another order
 # (micro-batch by micro-batch, rank by rank): the reference solution differed by at most
-# 5.4e-7 of it (5 seeds x 4 layouts x 3 counts x 2 steps, measured 2026-11-26). One sample's
+# 5.4e-7 of it (5 seeds x 4 layouts x 3 counts x 2 steps; docs/exercises.md). One sample's
 # own share of the update was never below 1.5e-3 of it (300 seeds, every world size and
 # count), rounding to bfloat16 moves it by about 4e-3, a float16 scale of 1/3 by 2.4e-4.
 # ``allowed`` asserts that the tolerance stays below every sample's share (one term).

@@ -408,8 +408,8 @@ def judge(layout, ranks, seed):
                     raise harness.ExerciseFailure(message)
 
 
-# 4 layouts, up to 4 processes each: with spawn (macOS, Windows) the check took 82 s on the
-# loaded 2-core VM (2026-11-26, load about 6), near pytest.ini's 120 s; with fork 3 to 6 s
+# 4 layouts, up to 4 processes each: with spawn (macOS, Windows) the check takes over a
+# minute on a loaded 2-core machine, near pytest.ini's 120 s (docs/exercises.md)
 @pytest.mark.timeout(300)
 def test_every_stage_matches_the_whole_model_in_every_layout():
     seed = harness.check_seed()

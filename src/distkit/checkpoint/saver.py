@@ -243,7 +243,7 @@ def resolve_resume_from(config):
         print(f"distkit: warning: --resume-from latest: {len(unloadable)} newer checkpoint(s) do "
               f"not load (newest: {newest}: {why}): falling back to {path}", file=sys.stderr,
               flush=True)
-    if path is not None and checkpoint_is_finished(ckpt):
+    if path is not None and checkpoint_is_finished(ckpt, config.early_stopping_patience):
         raise DistkitError(
             f"--resume-from latest: the newest loadable checkpoint under {config.output_dir!r} ({path}) ends "
             "a finished run, so there is nothing to resume: give a new job its own --output-dir")
@@ -545,11 +545,12 @@ def check_checkpoint_fits(path: str, config, task=None, world_size: int | None =
         raise DistkitError(
             f"--resume-from {path!r} holds weights for another model than the task {task.name!r} "
             f"({flags}): resume with the task and flags of the run that wrote it") from None
-    if checkpoint_is_finished(ckpt):
+    if checkpoint_is_finished(ckpt, config.early_stopping_patience):
+        done = ("stopped early by EarlyStopping" if stopped_early(ckpt, config.early_stopping_patience)
+                else f"all {ckpt['trainer']['max_epochs']} epochs done")
         raise DistkitError(
-            f"--resume-from {path!r} is the end of a finished run (all "
-            f"{ckpt['trainer']['max_epochs']} epochs done): nothing is left to resume; start a "
-            "new run without --resume-from")
+            f"--resume-from {path!r} is the end of a finished run ({done}): nothing is left to "
+            "resume; start a new run without --resume-from")
     if not isinstance(ckpt.get(SETTINGS), dict):
         raise DistkitError(
             f"--resume-from {path!r} does not record the settings it was trained with (written "
@@ -561,11 +562,20 @@ def check_checkpoint_fits(path: str, config, task=None, world_size: int | None =
     check_settings_match(path, ckpt[SETTINGS], current)
 
 
-def checkpoint_is_finished(ckpt: dict) -> bool:
-    """True if the checkpoint's trainer had done all its epochs: ignite would start a new
-    run from it (epoch 1, lr schedule at its end) instead of resuming."""
+def checkpoint_is_finished(ckpt: dict, patience: int = 0) -> bool:
+    """True if the checkpoint's trainer had done all its epochs (ignite would start a new
+    run from it, epoch 1, lr schedule at its end, instead of resuming), or if its early
+    stopping, with the resuming run's ``patience``, had ended the run: resuming would
+    train epochs the run it belongs to never trained."""
     state = ckpt["trainer"]
-    return state["iteration"] >= state["epoch_length"] * state["max_epochs"]
+    return state["iteration"] >= state["epoch_length"] * state["max_epochs"] or stopped_early(ckpt, patience)
+
+
+def stopped_early(ckpt: dict, patience: int) -> bool:
+    """True if the checkpoint's EarlyStopping had waited ``patience`` epochs without
+    improvement: its run stopped at this checkpoint's epoch end."""
+    stopper = ckpt.get("early_stopping")
+    return bool(patience) and isinstance(stopper, dict) and stopper.get("counter", 0) >= patience
 
 
 def write_results(run_dir: str, results: dict) -> None:

@@ -84,7 +84,7 @@ def train(tmp_path, disk, fill_at, leave):
 
 def assert_nothing_half_written(runs):
     files = [p for p in runs.rglob("*") if p.is_file()]
-    assert not [p for p in files if p.name.endswith(".tmp") or p.name.startswith("tmp")], files
+    assert not [p for p in files if p.name.endswith((".tmp", ".partial")) or p.name.startswith("tmp")], files
     assert not [p for p in files if p.stat().st_size == 0], files
 
 

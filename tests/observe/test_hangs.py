@@ -121,6 +121,8 @@ def test_the_doctor_speaks_only_of_a_run_that_failed_on_a_collective():
     died = {"rank": 1, "state": "died", "signal": "SIGKILL"}
     computing = {"rank": 0, "state": "computing"}
     assert not involves_collectives([waiting, own_error])
+    lost = {**in_c10d, "error": "RuntimeError: Connection closed by peer"}
+    assert not involves_collectives([own_error, lost])  # the peer's loss follows the own error
     assert involves_collectives([waiting, in_c10d])
     assert involves_collectives([waiting, died])
     assert not involves_collectives([computing, died])
@@ -206,8 +208,10 @@ def test_real_hangs_under_distkit_launch_are_named(tmp_path, draw):
     hang = [ln for ln in done.stderr.splitlines() if ln.startswith("distkit: hang: ")]
     assert done.returncode != 0 and hang, (text, done.stderr[-3000:])
     # gloo pairs some mismatches silently and the ranks go on; DETAIL stops them, except a
-    # skipped barrier, which once went on under it too (docs/hangs.md)
-    if family != "skip" and (debug or family != "shape"):
+    # skipped barrier, which once went on under it too (docs/hangs.md). One all_reduce too
+    # many: the others' last all_reduce pairs with the odd rank's extra one, so they go on
+    # and the odd rank waits alone in its last.
+    if family not in ("skip", "one_more") and (debug or family != "shape"):
         assert "went on" not in done.stdout, (text, done.stdout)
     verdict = hang[-1]
     assert f"rank {odd}" in verdict, (text, hang)

@@ -3,7 +3,6 @@ recorded beside the numbers; JSON and chart written atomically."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -12,6 +11,7 @@ from datetime import datetime
 
 from distkit.bench import MEASUREMENTS
 from distkit.bench.method import MODES, TARGETS, load_average, machine
+from distkit.host.files import whole, write_json
 from distkit.errors import DistkitError
 from distkit.observe.reporting import versions
 
@@ -114,11 +114,11 @@ def write_outputs(results: dict, output_dir: str) -> dict:
     base = os.path.join(output_dir, f"bench-{results['mode']}")
     files = {"json": base + ".json", "png": base + ".png"}
     fig = benchmark_chart(results)
-    fig.savefig(files["png"] + ".tmp.png", dpi=110)
-    plt.close(fig)
-    os.replace(files["png"] + ".tmp.png", files["png"])
-    with open(files["json"] + ".tmp", "w") as f:
-        json.dump({**results, "files": files}, f, indent=2, default=str)
-    os.replace(files["json"] + ".tmp", files["json"])
+    try:
+        with whole(files["png"]) as partial:
+            fig.savefig(partial, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+    write_json(files["json"], {**results, "files": files}, dump={"indent": 2, "default": str})
     return files
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from distkit.host.files import remove_quietly, write_json
 from distkit.errors import DistkitError
 from distkit.host.layout import elastic, world_layout
 
@@ -127,19 +128,7 @@ def write_checksum(path, iteration: int | None = None) -> str:
     digest, size = file_sha256(path)
     record = {"sha256": digest, "bytes": size,
               "iteration": checkpoint_iteration(path) if iteration is None else int(iteration)}
-    target = checksum_path(path)
-    tmp = target + ".tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    return target
+    return write_json(checksum_path(path), record, durable=True)
 
 
 def read_checksum(path) -> dict | None:
@@ -320,7 +309,7 @@ def checkpoint_saver(dirname: str):
                     try:
                         write_checksum(path, _saved_iteration(checkpoint, path))
                     except BaseException:
-                        _remove_quietly(path)  # a checkpoint that cannot prove itself is no checkpoint
+                        remove_quietly(path)  # a checkpoint that cannot prove itself is no checkpoint
                         raise
             except (OSError, RuntimeError) as e:
                 raise save_error(e, checkpoint, self.dirname) from None
@@ -331,7 +320,7 @@ def checkpoint_saver(dirname: str):
             except FileNotFoundError:  # a resumed run's best model of the run before
                 pass
             if self.save_on_rank == _rank():  # (another rank would race it, or take a new sidecar)
-                _remove_quietly(checksum_path(self.dirname / filename))
+                remove_quietly(checksum_path(self.dirname / filename))
 
     return OneLineDiskSaver(dirname, require_empty=False, atomic=True)
 
@@ -582,21 +571,12 @@ def write_results(run_dir: str, results: dict) -> None:
     """``<run_dir>/results.json``, whole or not at all: a temporary file, fsync, then a
     rename (readers never see a half-written file); a failure leaves no temporary file
     and is one line (a full disk named as such, see :func:`disk_error`)."""
-    path = os.path.join(run_dir, "results.json")
-    tmp = path + ".tmp"
     try:
-        with open(tmp, "w") as f:
-            # strict JSON: a NaN or inf (a task that trains on through them) becomes null
-            json.dump(finite_json(results), f, indent=2, default=str, allow_nan=False)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        # strict JSON: a NaN or inf (a task that trains on through them) becomes null
+        write_json(os.path.join(run_dir, "results.json"), finite_json(results), durable=True,
+                   dump={"indent": 2, "default": str, "allow_nan": False})
     except OSError as e:
-        _remove_quietly(tmp)
         raise disk_error(e, run_dir) from None
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
 
 
 def finite_json(value):
@@ -612,10 +592,3 @@ def finite_json(value):
     if isinstance(value, (list, tuple)):
         return [finite_json(v) for v in value]
     return value
-
-
-def _remove_quietly(path) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass

@@ -31,6 +31,7 @@ import torch
 
 from distkit.train import signals
 from distkit.checkpoint.saver import latest_checkpoint_in, remove_run_dir_if_empty
+from distkit.host.files import write_whole
 from distkit.errors import DistkitError
 from distkit.observe import hang_records
 from distkit.observe.failures import (RankFailed, Reporter, first_on_this_node, read_records,
@@ -303,10 +304,10 @@ def _own_session(local_rank, reporter, fn, *args):
     hang_records.arm_from_environment()
     try:
         return run_reporting(reporter, fn, local_rank, *args)
-    except RankFailed as failed:  # the records, while every rank still runs
-        if failed.__context__ is not None:
-            hang_records.on_rank_failure(idist.get_rank(), idist.get_world_size(),
-                                         failed.__context__)
+    except Exception as failed:  # the records, while every rank still runs
+        cause = failed.__context__ if isinstance(failed, RankFailed) else failed
+        if cause is not None:
+            hang_records.on_rank_failure(idist.get_rank(), idist.get_world_size(), cause)
         raise
 
 
@@ -373,9 +374,7 @@ def write_result(folder: str, rank: int, value, kind: str = "rank") -> None:
     import pickle
 
     path = os.path.join(folder, f"{kind}{rank}.pkl")
-    with open(path + ".tmp", "wb") as f:
-        pickle.dump(value, f)
-    os.replace(path + ".tmp", path)
+    write_whole(path, lambda f: pickle.dump(value, f), binary=True)
 
 
 _MISSING = object()

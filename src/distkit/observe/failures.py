@@ -40,6 +40,7 @@ import tempfile
 import time
 import traceback
 
+from distkit.host.files import write_json_quietly, write_text
 from distkit.errors import DistkitError
 from distkit.host.layout import elastic, slurm_job, slurm_step_key, world_layout
 
@@ -176,16 +177,8 @@ def write_record(folder: str | None, record: FailureRecord) -> str | None:
     """``folder/rank<R>.json``, written whole then renamed (a reader never sees half)."""
     if not folder:
         return None
-    path = os.path.join(folder, f"rank{record.rank}.json")
-    partial = f"{path}.{os.getpid()}.partial"
-    try:
-        os.makedirs(folder, exist_ok=True)
-        with open(partial, "w") as f:
-            json.dump(dataclasses.asdict(record), f)
-        os.replace(partial, path)
-        return path
-    except OSError:  # a full disk: the supervisor falls back to the exit code
-        return None
+    # None on a full disk: the supervisor falls back to the exit code
+    return write_json_quietly(os.path.join(folder, f"rank{record.rank}.json"), dataclasses.asdict(record))
 
 
 def read_records(folder: str | None) -> dict[int, FailureRecord]:
@@ -214,14 +207,8 @@ def write_traceback(folder: str, rank: int, error: BaseException) -> str | None:
     path = os.path.join(folder, f"rank{rank}.txt")
     try:
         os.makedirs(folder, exist_ok=True)
-        with open(path, "w") as f:
-            f.write("".join(traceback.format_exception(type(error), error, error.__traceback__)))
-        return path
+        return write_text(path, "".join(traceback.format_exception(type(error), error, error.__traceback__)))
     except OSError:  # a full disk: no file rather than an empty or cut one a reader would trust
-        try:
-            os.remove(path)
-        except OSError:
-            pass
         return None
 
 
@@ -464,14 +451,8 @@ def write_error_file(line: str) -> None:
     # Written whole, then renamed into place: torchrun reads the file as soon as it sees a
     # worker fail, and it may SIGTERM this worker mid-write (a rank killed first); an
     # empty or half-written file made torchrun's own agent crash in json.load (seen in CI).
-    partial = f"{path}.{os.getpid()}.partial"
-    try:
-        with open(partial, "w") as f:
-            json.dump({"message": {"message": line, "extraInfo": {
-                "py_callstack": line, "timestamp": str(int(time.time()))}}}, f)
-        os.replace(partial, path)
-    except OSError:
-        pass
+    write_json_quietly(path, {"message": {"message": line, "extraInfo": {
+        "py_callstack": line, "timestamp": str(int(time.time()))}}})
 
 
 def report_from_worker(error: RankFailed) -> RankFailed:

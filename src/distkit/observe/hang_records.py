@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 
+from distkit.host.files import write_json_quietly
 from distkit.observe.failures import KIT_ROOT, PEER_LOST_WORDS, _library_roots, peer_lost, shown_path
 from distkit.observe.hangs import collectives_from_fr, without_fingerprints
 
@@ -169,13 +170,7 @@ def raised_record(rank: int, error: BaseException) -> dict:
 
 
 def _write(folder: str, record: dict) -> None:
-    path = record_path(folder, record["rank"])
-    try:
-        with open(path + ".partial", "w") as f:
-            json.dump(record, f)
-        os.replace(path + ".partial", path)
-    except OSError:
-        pass
+    write_json_quietly(record_path(folder, record["rank"]), record)
 
 
 def write_raised(folder: str, rank: int, error: BaseException) -> None:
@@ -281,8 +276,8 @@ def involves_collectives(records: list[dict]) -> bool:
     one died while another waited in a collective. A rank that raised in its own code
     while the others waited for it is the failure line's business alone."""
     raised = [r for r in records if r.get("state") == "raised"]
-    if raised:
-        return any(r.get("call") for r in raised)
+    if raised:  # one rank's own error first, then its peers lost in a collective: its line says it
+        return all(r.get("call") for r in raised)
     return any(r.get("state") == "died" for r in records) and \
         any(r.get("call") for r in records if r.get("state") == "in collective")
 
@@ -313,14 +308,17 @@ def in_collective(error: BaseException) -> bool:
 
 
 def on_rank_failure(rank: int, world: int, error: BaseException, wait_s: float = 2.0) -> None:
-    """In a rank whose collective raised, before it exits (its launcher then ends the
-    others): write its record and ask the others for theirs, waiting up to ``wait_s``."""
+    """In a rank that raised, before it exits (its launcher then ends the others): write
+    its record; where a collective raised, ask the others for theirs, waiting up to
+    ``wait_s``."""
     folder = os.environ.get(FOLDER_VARIABLE)
+    if not folder:
+        return
+    write_raised(folder, rank, error)  # an error in its own code too: then no verdict is due
     # a collective started outside Python (DDP's, from autograd's hooks) raises from the
     # backward call: its message says a peer was lost or late
-    if not folder or not (in_collective(error) or peer_lost(error)):
+    if not (in_collective(error) or peer_lost(error)):
         return
-    write_raised(folder, rank, error)
     try:
         open(os.path.join(folder, REQUEST), "w").close()
     except OSError:

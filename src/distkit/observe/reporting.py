@@ -27,6 +27,7 @@ import ignite.distributed as idist
 import torch
 
 from distkit.observe import profiling, throughput
+from distkit.host.files import whole
 from distkit.checkpoint.saver import write_results
 
 
@@ -181,15 +182,12 @@ def draw_learning_curves(run_dir: str, results: dict | None = None) -> str:
         with open(os.path.join(run_dir, "results.json")) as f:
             results = json.load(f)
     path = os.path.join(run_dir, "learning_curves.png")
-    tmp = path + ".tmp"
     fig = learning_curves([results])
     try:
-        fig.savefig(tmp, dpi=100, format="png")
-        os.replace(tmp, path)
+        with whole(path) as partial:
+            fig.savefig(partial, dpi=100, format="png")
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return path
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import os
 import threading
 
+from distkit.host.files import whole, write_text
 from distkit.observe import tracing
 
 TRACE_FOLDER = "DISTKIT_TRACE"
@@ -93,7 +94,7 @@ class ScriptTracer:
             self._close("forward")
             self._close("optimizer step")
             profiler.stop()  # mid-recording: torch hands what it has to _write
-            _write_text(os.path.join(self.folder, f"rank{self.rank}.steps"), str(self.steps))
+            write_text(os.path.join(self.folder, f"rank{self.rank}.steps"), str(self.steps))
 
     # --- the hooks ----------------------------------------------------------------------
     def _open(self, name: str) -> None:
@@ -157,15 +158,9 @@ class ScriptTracer:
 
     def _write(self, profiler) -> None:
         path = os.path.join(self.folder, f"rank{self.rank}.json")
-        profiler.export_chrome_trace(path + ".tmp")
-        os.replace(path + ".tmp", path)
+        with whole(path) as partial:
+            profiler.export_chrome_trace(partial)
         self.written = True
-
-
-def _write_text(path: str, text: str) -> None:
-    with open(path + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
 
 
 def start_from_environment() -> ScriptTracer | None:

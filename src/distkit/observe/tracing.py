@@ -34,6 +34,8 @@ import os
 
 import ignite.distributed as idist
 import torch
+
+from distkit.host.files import write_json
 from ignite.engine import Events
 
 WAIT, WARMUP, ACTIVE = 2, 1, 3
@@ -303,11 +305,11 @@ def write(traces: list, folder: str) -> dict:
     per_rank = []
     for rank, trace in enumerate(traces):
         path = os.path.join(folder, f"rank{rank}.json")
-        _write_json(path, trace or {"traceEvents": []})
+        write_json(path, trace or {"traceEvents": []})
         per_rank.append(path)
     merged = merge([t or {"traceEvents": []} for t in traces])
     merged_path = os.path.join(folder, "merged.json")
-    _write_json(merged_path, merged)
+    write_json(merged_path, merged)
     fig = timeline(merged)
     png = os.path.join(folder, "timeline.png")
     fig.savefig(png, dpi=110)
@@ -315,13 +317,6 @@ def write(traces: list, folder: str) -> dict:
     return {"merged": merged_path, "per_rank": per_rank, "png": png,
             "clock": merged["distkit"]["clock"],
             "bytes": sum(os.path.getsize(p) for p in per_rank + [merged_path, png])}
-
-
-def _write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
 
 
 def load(path: str) -> dict:

@@ -35,7 +35,7 @@ from distkit.host.files import write_whole
 from distkit.errors import DistkitError
 from distkit.observe import hang_records
 from distkit.observe.failures import (RankFailed, Reporter, first_on_this_node, read_records,
-                                     report_from_worker, run_reporting)
+                                     report_from_worker, run_dir_of_this_process, run_reporting)
 from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, end_with_parent, in_ipython,
                              stop_processes,
                              process_state, restore_environment, set_ignite_verbosity, socket_interface,
@@ -546,9 +546,9 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
         raise
     except RankFailed as e:
         raise report_from_worker(e) from None
-    except BaseException as e:
+    except BaseException:
         if idist.get_rank() == 0:  # the folder is rank 0's; a failure in training names it
-            _discard_if_empty(getattr(e, "distkit_run_dir", None))
+            _discard_if_empty(run_dir_of_this_process())
         raise
     finally:
         idist.finalize()

@@ -46,6 +46,22 @@ from distkit.host.layout import elastic, slurm_job, slurm_step_key, world_layout
 
 TRACEBACKS = "tracebacks"  # the folder inside the run folder
 
+_run_dir: str | None = None
+
+
+def training_in(run_dir: str | None) -> None:
+    """Say which run folder this process trains in (None: no run now). Training says it
+    when it starts and when it returns; a failure in between is reported with that run's
+    last checkpoint and its traceback in that folder, which is how torchrun's ranks and
+    node 1, whose launcher made no folder, know it."""
+    global _run_dir
+    _run_dir = run_dir
+
+
+def run_dir_of_this_process() -> str | None:
+    """The run folder this process trains in, or last trained in before it failed."""
+    return _run_dir
+
 
 class RankFailed(DistkitError):
     """A rank's training function raised; the message is the one line that says so.
@@ -222,8 +238,7 @@ def default_folder() -> str:
 
 class Reporter:
     """What a worker needs to report its failure: the run folder the launcher made (if
-    any; an exception raised inside :func:`distkit.train.training.training` carries its own as
-    ``distkit_run_dir``, which is how torchrun's ranks and node 1 know it), a folder for
+    any; else the folder training said, :func:`run_dir_of_this_process`), a folder for
     runs without one, ``verbose`` (print the traceback too) and the launch's
     ``timeout_s`` (named when a peer is lost)."""
 
@@ -262,7 +277,7 @@ class Reporter:
                 else "; no checkpoint had been written yet")
 
     def failure(self, error: Exception, rank: int, local_rank: int) -> RankFailed:
-        run_dir = getattr(error, "distkit_run_dir", None) or self.run_dir
+        run_dir = self.run_dir or run_dir_of_this_process()
         path = write_traceback(self.traceback_folder(run_dir), rank, error)
         if self.verbose:
             sys.stderr.write("".join(traceback.format_exception(type(error), error,
@@ -283,9 +298,7 @@ class Reporter:
         self.record(record_of(error, rank, local_rank, message, traceback_path=path if words is None else None,
                               last_checkpoint=self.newest_checkpoint(run_dir),
                               node=(_topology() or (0,))[0]))
-        failed = RankFailed(message, path)
-        failed.distkit_run_dir = run_dir
-        return failed
+        return RankFailed(message, path)
 
 
 # What torch's gloo / nccl / store errors say when a peer went away or did not answer.
@@ -391,6 +404,7 @@ def run_reporting(reporter: Reporter, fn, local_rank: int, *args):
     """``fn(local_rank, *args)``; an exception it raises becomes :class:`RankFailed`."""
     if not reporter.verbose:
         quiet_engine_errors()
+    training_in(None)  # an earlier run in this process (a notebook's) is not this one
     try:
         return fn(local_rank, *args)
     except RankFailed:

@@ -33,6 +33,7 @@ from distkit.checkpoint.reshard import adapt_checkpoint
 from distkit.builtin.data import get_dataflow
 from distkit.host.facts import ranks_on_this_host, threads_per_process
 from distkit.host.layout import world_layout
+from distkit.observe.failures import training_in
 from distkit.observe.reporting import RunRecord, report, saved_path
 from distkit.train.strategies import (checkpoint_objects, full_state_dict_everywhere,
                                  peak_memory_per_rank, prepare_model)
@@ -518,6 +519,7 @@ def training(local_rank: int, config, task: Task | None = None,
     # the last of distkit.launch.checks' checks, the one that needs the process group
     check_in_ranks(config, task)
     run_dir = resolve_run_dir(config, run_dir)
+    training_in(run_dir)  # a failure from here on names this run's folder and checkpoint
     signals.clear()  # a stop asked of an earlier run in this process is not this run's
     restore_handlers = signals.install(stop_signals())
     stopped = None
@@ -525,20 +527,12 @@ def training(local_rank: int, config, task: Task | None = None,
         results = _train(local_rank, config, task, run_dir)
     except signals.Preempted as e:  # every rank stopped at one iteration: they leave together
         stopped = e.with_traceback(None)  # its frames hold the run, which must be freed first
-    except BaseException as e:
-        # The failure says where it happened: the launcher's one line names the run's last
-        # checkpoint and puts the traceback there, and an empty folder is removed.
-        try:
-            e.distkit_run_dir = run_dir
-        except AttributeError:  # an exception type that takes no attributes
-            pass
-        raise
     finally:
         restore_handlers()
     _leave_together()
     if stopped is not None:
-        stopped.distkit_run_dir = run_dir
         raise stopped
+    training_in(None)
     return results
 
 

@@ -238,3 +238,32 @@ def test_torchrun_two_nodes_one_line_per_node(course, tmp_path):
     assert "; rank 0 (local rank 0, node 0 of 2) then lost it" in node0[0], node0[0]
     for o in outs:  # torchrun's own closing traceback is torchrun's; no worker frame shows
         assert "[rank" not in o and not re.search(KIT_FRAME, o), o[-3000:]
+
+
+def _fails_in_a_run(local_rank, run_dir):
+    from distkit.observe.failures import training_in
+
+    if run_dir:
+        training_in(run_dir)  # as training says it when it starts
+    raise ValueError("bad batch")
+
+
+@pytest.mark.parametrize("in_a_run", [True, False])
+def test_a_failure_names_the_run_it_happened_in_and_no_earlier_one(tmp_path, in_a_run):
+    """A rank's failure line names the folder of the run it trains in (its last checkpoint,
+    its traceback there); a function that starts no run, in a process where an earlier
+    run failed (a notebook's kernel), names none of that run."""
+    from distkit.launch.entry import launch_function
+    from distkit.observe.failures import training_in
+
+    earlier, run = tmp_path / "earlier-run", tmp_path / "run"
+    earlier.mkdir()
+    run.mkdir()
+    training_in(str(earlier))  # the earlier run failed in this process
+    with pytest.raises(DistkitError) as raised:
+        launch_function(_fails_in_a_run, str(run) if in_a_run else None, backend="gloo",
+                        nproc_per_node=1, timeout_s=20)
+    line = str(raised.value)
+    assert "earlier-run" not in line, line
+    assert ("no checkpoint had been written yet" in line) == in_a_run, line
+    assert (f"full traceback in {run}/tracebacks/rank0.txt" in line) == in_a_run, line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,3 +61,69 @@ def checkout_copy(dest: Path, tree: bool = False) -> Path:
         shutil.copy(REPO_ROOT / name, dest / name)
     shutil.copytree(REPO_ROOT / "src", dest / "src", ignore=skip)
     return dest
+
+
+# --- two "nodes" of distkit train on this machine -------------------------------------
+
+def two_nodes(tmp_path, node0_args, node1_args, timeout=150):
+    """``distkit train`` as node 0 and node 1 of 2 on 127.0.0.1: each node's (exit code,
+    stdout, stderr)."""
+    from distkit.host.facts import free_port
+
+    port = free_port()
+    procs = []
+    for node, args in ((0, node0_args), (1, node1_args)):
+        cmd = [sys.executable, "-m", "distkit", "train", "--nnodes", "2", "--node-rank", str(node),
+               "--master-addr", "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "1",
+               "--no-progress", "--epochs", "1", "--output-dir", str(tmp_path / "runs"),
+               "--timeout", "60", *map(str, args)]
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout))
+    finally:
+        for p in procs:
+            p.kill()
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
+
+
+# --- what a command's refusal looks like ----------------------------------------------
+
+def assert_one_line_error(result, *words, tmp_path=None):
+    assert result.returncode != 0, result.stdout + result.stderr
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("distkit: error:")]
+    assert len(errors) == 1, result.stderr
+    assert lines[-1] == errors[0], f"the error must be the last thing printed:\n{result.stderr}"
+    for word in words:
+        assert word in errors[0], errors[0]
+    assert "Traceback" not in result.stderr
+    assert "--timeout-s" not in result.stderr  # the field is timeout_s; the flag is --timeout
+    if tmp_path is not None:
+        assert not (tmp_path / "runs").exists(), "a failed start must not leave a run folder"
+
+
+# --- the documented examples: ```python blocks, each named ``# file: NAME.py`` ---------
+
+FILE = re.compile(r"^# file: (\w+\.py)")
+
+
+def python_blocks(text: str) -> list:
+    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+
+
+def script_files(doc: Path) -> dict:
+    files = {}
+    for block in python_blocks(doc.read_text()):
+        m = FILE.match(block)
+        assert m, f"{doc.name}: a python block without '# file: NAME.py' would go untested:\n{block[:200]}"
+        files[m.group(1)] = block
+    return files
+
+
+# --- what Colab has before a notebook's first cell ------------------------------------
+
+COLAB_PREINSTALLED = ["torch==2.9.0", "torchvision==0.24.0", "matplotlib", "scikit-learn", "tqdm",
+                      "ipykernel", "nbclient", "nbformat"]

@@ -11,24 +11,13 @@ from distkit.config import Config
 from distkit.errors import DistkitError
 from distkit.launch.checks import preflight
 
-from support import within_seconds
+from support import assert_one_line_error, within_seconds
 
 # "within seconds": 30 s on a quiet machine, scaled by how long starting torch takes now
 # (conftest.within_seconds), so a loaded 2-core machine does not fail a correct error path
 
 
-def assert_one_line_error(result, *words, tmp_path=None):
-    assert result.returncode != 0, result.stdout + result.stderr
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("distkit: error:")]
-    assert len(errors) == 1, result.stderr
-    assert lines[-1] == errors[0], f"the error must be the last thing printed:\n{result.stderr}"
-    for word in words:
-        assert word in errors[0], errors[0]
-    assert "Traceback" not in result.stderr
-    assert "--timeout-s" not in result.stderr  # the field is timeout_s; the flag is --timeout
-    if tmp_path is not None:
-        assert not (tmp_path / "runs").exists(), "a failed start must not leave a run folder"
+
 
 
 @pytest.mark.parametrize("args, words", [

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from test_cli_errors import assert_one_line_error
+from support import assert_one_line_error
+
 
 WITHIN = 30  # seconds; the 10 s holds on a quiet machine (see test_refused_within_10_s)
 

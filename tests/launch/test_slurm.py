@@ -65,7 +65,7 @@ def test_the_kits_sbatch_script_runs_a_job(slurm_cluster, tmp_path):
 def test_a_course_task_through_the_sbatch_template(slurm_cluster, tmp_path):
     """scripts/slurm.sbatch passes --task through to distkit train, submitted from the
     folder of course.py as docs/course.md says."""
-    from test_course import TRAIN, assert_course_results, results_under, write_course
+    from courses import TRAIN, assert_course_results, results_under, write_course
 
     write_course(tmp_path)
     job = slurm_cluster.sbatch(["--nodes=1", "--ntasks-per-node=2", "--cpus-per-task=1",
@@ -80,7 +80,7 @@ def test_a_course_task_through_the_sbatch_template(slurm_cluster, tmp_path):
 def test_a_course_tasks_bare_one_cycle_reaches_its_peak_under_srun(slurm_cluster, tmp_path):
     """The foreign course task of tests/foreign/headlines.py (a bare OneCycleLR from its
     factory) under srun: stepped per iteration, its peak reached, one summary per run."""
-    from test_foreign_code import FOREIGN, assert_one_cycle_reached_its_peak
+    from courses import FOREIGN, assert_one_cycle_reached_its_peak
 
     out = slurm_cluster.srun(["-n", "2", "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",
                               "train", "--task", f"{FOREIGN / 'headlines.py'}:task", "--epochs", "2",
@@ -102,7 +102,7 @@ def test_a_plain_pytorch_script_under_srun(slurm_cluster, tmp_path):
     abort at exit that plain runs of this script show (the template's SCRIPT line is
     checked by test_foreign_code.py::test_templates_launch_a_script_when_asked)."""
     import torch
-    from test_foreign_code import tutorial
+    from courses import tutorial
 
     tutorial(tmp_path)
     out = slurm_cluster.srun(["-n", "2", "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from test_agreement import two_nodes
+from support import two_nodes
+
 
 DIE = '''
 import ignite.distributed as idist

@@ -18,24 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from support import script_files
+
 from distkit.lessons.multinode import clean_env, log_tail
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = {"README.md": ["val accuracy"], "docs/course.md": ["val mse", "2 ranks, 2 epochs, test loss"]}
-FILE = re.compile(r"^# file: (\w+\.py)")
-
-
-def python_blocks(text: str) -> list:
-    return re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
-
-
-def script_files(doc: Path) -> dict:
-    files = {}
-    for block in python_blocks(doc.read_text()):
-        m = FILE.match(block)
-        assert m, f"{doc.name}: a python block without '# file: NAME.py' would go untested:\n{block[:200]}"
-        files[m.group(1)] = block
-    return files
 
 
 def run_script(folder: Path, name: str, timeout=240):

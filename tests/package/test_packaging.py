@@ -23,7 +23,7 @@ import zipfile
 
 import pytest
 
-from support import REPO_ROOT, checkout_copy, subprocess_env
+from support import checkout_copy, COLAB_PREINSTALLED, REPO_ROOT, subprocess_env
 
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 NOTEBOOK_STACK = {"jupyter", "notebook", "jupyterlab", "jupyter-server", "ipykernel", "ipython",
@@ -236,7 +236,6 @@ def test_torch_floor_is_the_oldest_tested_and_what_import_distkit_enforces():
     """requirements.txt's torch and torchvision floors are the Colab-like environment's
     versions (the oldest the suite runs on), and ``import distkit`` refuses below the same."""
     import distkit
-    from test_scripts import COLAB_PREINSTALLED
 
     colab = dict(p.split("==") for p in COLAB_PREINSTALLED if "==" in p)
     assert _floor("torch") == tuple(int(n) for n in colab["torch"].split(".")[:2]) == distkit.TORCH_NEEDED

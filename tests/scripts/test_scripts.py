@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from support import REPO_ROOT, checkout_copy, subprocess_env
+from support import checkout_copy, COLAB_PREINSTALLED, REPO_ROOT, subprocess_env
 from distkit.host.facts import free_port, threads_per_process
 from distkit.lessons.multinode import slurm_env
 
@@ -162,8 +162,6 @@ def test_colab_launcher_runs_distkit_train(tmp_path):
 # What a Colab runtime has before the install cell runs (issue 13: torch 2.9 and
 # torchvision 0.24; matplotlib, scikit-learn, tqdm; a Jupyter kernel), and not
 # pytorch-ignite or distkit. Built once, then reused (about 5.5 GB: torch's CUDA build).
-COLAB_PREINSTALLED = ["torch==2.9.0", "torchvision==0.24.0", "matplotlib", "scikit-learn", "tqdm",
-                      "ipykernel", "nbclient", "nbformat"]
 COLAB_VENV = Path(os.environ.get("DISTKIT_COLAB_VENV", Path.home() / ".cache" / "distkit" / "colab-venv"))
 KEPT = ("torch", "torchvision", "ipykernel", "jupyter_client", "nbclient", "matplotlib", "numpy")
 

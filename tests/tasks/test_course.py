@@ -18,75 +18,11 @@ from distkit.host.facts import free_port
 from distkit.lessons import failure
 from distkit.lessons.multinode import clean_env, log_tail, run_nodes, torchrun_node
 
-COURSE = '''
-"""A course's task: nothing here knows about ranks or processes."""
-import torch
-import torch.nn as nn
-from ignite.metrics import MeanSquaredError
-from torch.utils.data import TensorDataset
-
-from distkit import Task
-
-
-def make_datasets(config):
-    g = torch.Generator().manual_seed(config.seed)
-    x = torch.randn(320, 8, generator=g)
-    y = x @ torch.linspace(-1, 1, 8).unsqueeze(1) + 0.1 * torch.randn(320, 1, generator=g)
-    return TensorDataset(x[:256], y[:256]), TensorDataset(x[256:], y[256:])
-
-
-class MLP(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-def make_model(config):
-    return MLP()
-
-
-def make_metrics():
-    return {"mse": MeanSquaredError()}
-
-
-task = Task(datasets=make_datasets, model=make_model, loss=nn.MSELoss,
-            metrics=make_metrics, score=("mse", "min"))
-'''
-
-# 256 samples, global batch 32: 8 iterations per epoch
-TRAIN = ["--epochs", "2", "--batch-size", "32", "--lr", "0.05", "--no-progress"]
-
-
-def write_course(folder):
-    (folder / "course.py").write_text(COURSE)
-    return folder / "course.py"
-
+from courses import TRAIN, assert_course_results, results_under, write_course
 
 def cli(args, cwd, timeout=150):
     return subprocess.run([sys.executable, "-m", "distkit", "train", *map(str, args)], cwd=cwd,
                           env=clean_env(), capture_output=True, text=True, timeout=timeout)
-
-
-def results_under(folder) -> dict:
-    (path,) = folder.glob("*/results.json")
-    return json.loads(path.read_text())
-
-
-def assert_course_results(res, world_size, nnodes=1):
-    assert res["world_size"] == world_size and res["nnodes"] == nnodes
-    assert res["task"]["score"] == ["mse", "min"]
-    assert res["task"]["loss"] == "MSELoss"
-    assert set(res["final"]) >= {"val_mse", "val_loss", "train_loss"}
-    assert "val_accuracy" not in res["final"]
-    assert [h["epoch"] for h in res["history"]] == [1, 2]
-    # MSELoss and MeanSquaredError measure the same thing on the same validation set
-    assert res["final"]["val_mse"] == pytest.approx(res["final"]["val_loss"], rel=1e-5)
-    assert res["history"][-1]["val_mse"] < res["history"][0]["val_mse"], "it did not learn"
-    assert res["replicas_identical"]
-    assert res["best_model"] and "mse" in res["best_model"]
 
 
 @pytest.mark.slow

@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from support import script_files
 import torch
 import torch.nn as nn
 from ignite.engine import Events
@@ -489,7 +491,6 @@ def test_launch_function_hands_back_rank_0s_or_every_ranks_value_spawned_or_unde
 
 def course_md_files(folder: Path) -> dict:
     """Every ``# file: NAME.py`` block of docs/course.md, written to ``folder``."""
-    from test_api_examples import script_files
 
     files = script_files(REPO / "docs" / "course.md")
     for name, code in files.items():

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,10 +29,8 @@ from distkit.train.effective import every_field_grouped
 from distkit.lessons.multinode import clean_env, log_tail
 from distkit.host.facts import process_state, process_tree
 
-REPO = Path(__file__).resolve().parents[2]
-FOREIGN = REPO / "tests" / "foreign"
-sys.path.insert(0, str(FOREIGN))
-import headlines  # noqa: E402  (tests/foreign: the course's own module)
+from support import REPO_ROOT, script_files
+from courses import FOREIGN, assert_one_cycle_reached_its_peak, headlines, tutorial
 
 # 192 headlines, global batch 32: 6 iterations per epoch; 2 epochs = 12 OneCycleLR steps,
 # whose peak (pct_start 0.25) falls exactly on step 2, the 3rd iteration.
@@ -61,19 +58,6 @@ def train(config):
 @pytest.fixture(scope="module")
 def one_process(tmp_path_factory):
     return train(fast(tmp_path_factory.mktemp("headlines")))
-
-
-def assert_one_cycle_reached_its_peak(res, iterations=12):
-    trace = res["lr_trace"]
-    assert trace["every"] == 1 and trace["first_iteration"] == 1 and len(trace["lr"]) == iterations
-    lrs = trace["lr"]
-    assert lrs[0] == pytest.approx(headlines.MAX_LR / 25), "OneCycleLR starts at max_lr / 25"
-    assert max(lrs) == pytest.approx(headlines.MAX_LR) and lrs.index(max(lrs)) == 2, lrs
-    assert lrs[-1] < headlines.MAX_LR / 100, "annealed by the end of the run it was built for"
-    assert res["lr_scheduler"] == "OneCycleLR" and res["scheduler_step"] == "iteration"
-    # each epoch's lr: what its last iteration trained at
-    per_epoch = len(lrs) // len(res["history"])
-    assert [h["lr"] for h in res["history"]] == pytest.approx(lrs[per_epoch - 1::per_epoch])
 
 
 # --- 1. schedules stepped the way they were built -----------------------------------------
@@ -299,12 +283,6 @@ def test_headline_task_under_spawn_and_torchrun(tmp_path, launcher):
 
 # --- 4. the tutorial script under distkit launch -------------------------------------------
 
-def tutorial(folder: Path) -> Path:
-    for name in ("multigpu_torchrun.py", "datautils.py"):
-        shutil.copy(FOREIGN / name, folder / name)
-    return folder / "multigpu_torchrun.py"
-
-
 def launch(args, cwd, timeout=240, env=None, **kwargs):
     return subprocess.run([sys.executable, "-m", "distkit", "launch", *map(str, args)], cwd=cwd,
                           env=env or clean_env(), capture_output=True, text=True, timeout=timeout,
@@ -369,7 +347,7 @@ def test_tutorial_script_trains_under_distkit_launch_resumes_and_runs_under_torc
     assert_trained_or_gloo_exit_abort(plain)
     assert "[RANK1] Epoch 0 | last loss" in plain.stdout and "[RANK0] Epoch 0 | last loss" in plain.stdout
     (tmp_path / "snapshot.pt").unlink()
-    templated = subprocess.run(["bash", str(REPO / "scripts" / "torchrun_1node.sh"), "1", "1"],
+    templated = subprocess.run(["bash", str(REPO_ROOT / "scripts" / "torchrun_1node.sh"), "1", "1"],
                                cwd=tmp_path, capture_output=True, text=True, timeout=240,
                                env=clean_env(SCRIPT="multigpu_torchrun.py", NPROC=2,
                                              PATH=f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"))
@@ -538,7 +516,7 @@ def test_templates_launch_a_script_when_asked():
                                                 "MASTER_PORT": 29501, "JOB_ID": "j",
                                                 "MAX_RESTARTS": 0}),
                         ("slurm.sbatch", {"SLURM_JOB_ID": 7})]:
-        path = REPO / "scripts" / script
+        path = REPO_ROOT / "scripts" / script
         lines = path.read_text().splitlines()
         header = lines[next(i for i, ln in enumerate(lines) if ln.startswith("# With SCRIPT set")) + 1]
         expected = header.lstrip("#").strip()
@@ -552,15 +530,14 @@ def test_templates_launch_a_script_when_asked():
         (printed,) = [ln[2:] for ln in out.stdout.splitlines() if ln.startswith("+ ")]
         assert printed == expected, script
         assert "distkit launch train.py 10 5" in printed
-    sbatch = (REPO / "scripts" / "slurm.sbatch").read_text()
+    sbatch = (REPO_ROOT / "scripts" / "slurm.sbatch").read_text()
     assert "CHANGE FOR YOUR CLUSTER" in sbatch.split("#SBATCH")[0]
     assert "#SBATCH --nodes=1" in sbatch and "#SBATCH --cpus-per-task=1" in sbatch
 
 
 def test_course_md_onecycle_task_reaches_its_peak(tmp_path, monkeypatch):
-    from test_api_examples import script_files
 
-    for name, code in script_files(REPO / "docs" / "course.md").items():
+    for name, code in script_files(REPO_ROOT / "docs" / "course.md").items():
         (tmp_path / name).write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in ("course", "onecycle_course"):

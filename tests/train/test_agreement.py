@@ -7,17 +7,14 @@ from __future__ import annotations
 
 import re
 import dataclasses
-import subprocess
-import sys
 import time
 import typing
 
 import pytest
 
-from support import subprocess_env
+from support import two_nodes
 from distkit.train.agreement import PER_NODE, setting_label
 from distkit.config import BACKENDS, DATASETS, LOGGERS, MODELS, STRATEGIES, Config
-from distkit.host.facts import free_port
 
 CHOICES = {"backend": BACKENDS, "dataset": DATASETS, "model": MODELS, "logger": LOGGERS,
            "strategy": STRATEGIES}
@@ -148,26 +145,6 @@ def model(config):
 
 task = Task(datasets=data, model=model, name="two-file-task", score=("accuracy", "max"))
 '''
-
-
-def two_nodes(tmp_path, node0_args, node1_args, timeout=150):
-    port = free_port()
-    procs = []
-    for node, args in ((0, node0_args), (1, node1_args)):
-        cmd = [sys.executable, "-m", "distkit", "train", "--nnodes", "2", "--node-rank", str(node),
-               "--master-addr", "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "1",
-               "--no-progress", "--epochs", "1", "--output-dir", str(tmp_path / "runs"),
-               "--timeout", "60", *map(str, args)]
-        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout))
-    finally:
-        for p in procs:
-            p.kill()
-    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outs)]
 
 
 @pytest.mark.slow

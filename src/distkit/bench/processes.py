@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader
 from distkit.bench.method import (TARGETS, Settings, compare, interleaved, paired_extra_us, summarize,
                                   timed, torch_threads)
 from distkit.bench.sides import KitRun, bench_config, handwritten_epochs, handwritten_setup, linear_decay
+from distkit.compat.shims import broadcast_text
 from distkit.config import Config
 from distkit.builtin.data import get_dataflow, synthetic_dataset
 from distkit.errors import DistkitError
@@ -157,7 +158,7 @@ def _pool_worker(local_rank, job):
     while True:
         cpu, wall = time.process_time(), time.perf_counter()
         name = job["commands"].get() if rank == 0 else ""
-        name = idist.broadcast(name, src=0, safe_mode=True)
+        name = broadcast_text(name, src=0)
         idle_cpu += time.process_time() - cpu
         idle_wall += time.perf_counter() - wall
         if name == "stop":

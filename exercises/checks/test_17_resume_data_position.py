@@ -76,7 +76,7 @@ def check_position(ex, ref, iteration, epoch_length, world, per_rank, seed=None)
     got = harness.call_answer(case, ex.resume_position, *args)
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(is_int(v) for v in got)):
         raise harness.ExerciseFailure(
-            f"{case} returned {harness.describe(got)} ({got!r:.80}): return (epoch, consumed), two ints")
+            f"{case} returned {got!r:.80} ({type(got).__name__}): return (epoch, consumed), two ints")
     if tuple(got) == want:
         return want
     raise harness.ExerciseFailure(f"{case} returned {tuple(got)}, not {want}: "
@@ -106,7 +106,9 @@ def why_position(got, want, iteration, epoch_length, world, per_rank) -> str:
 
 
 def _replay(seed) -> str:
-    return "" if seed is None else f"(a layout drawn by Hypothesis: {harness.replay(seed)})"
+    if seed is None:
+        return ""
+    return f"(a layout drawn by Hypothesis from seed {seed}: DISTKIT_CHECK_SEED={seed} replays it)"
 
 
 def test_resume_position():
@@ -255,9 +257,9 @@ def judge_batches(ex, ref, consumed, size, world, per_rank, seed=None, before=""
             j = next(j for j, (a, b) in enumerate(zip(batches, want)) if a != b)
             raise harness.ExerciseFailure(
                 f"{where}: every position is trained once, in the right global batches, but {case}'s batch {j} is "
-                f"{batches[j]}, and DistributedSampler deals that rank {want[j]}: within a global batch rank r takes "
-                f"every {world}-th position from the batch's r-th, as the sampler does (the kit's loader is the "
-                f"sampler) {tail}".rstrip())
+                f"{batches[j]}, and DistributedSampler deals that rank {want[j]}: of each global batch, counted "
+                f"from its first position, rank r takes the positions r, r + {world}, r + {2 * world}, ..., as the "
+                f"sampler does (the kit's loader is the sampler) {tail}".rstrip())
 
 
 def judge_global_batches(answers, consumed, size, world, per_rank, where, tail):
@@ -310,7 +312,7 @@ def test_a_resumed_run_trains_every_position_once_in_the_same_global_batches():
     ex, ref = harness.load("17"), harness.load_reference("17")
     seed = harness.check_seed()
 
-    def each(stop):
+    def judge(stop, seed):
         epoch, consumed = check_position(ex, ref, stop.iteration, stop.epoch_length, stop.world_size,
                                          stop.batch_per_rank, seed)
         per_rank = check_new_batch(ex, ref, stop.world_size, stop.batch_per_rank, stop.new_world_size, seed)
@@ -321,5 +323,9 @@ def test_a_resumed_run_trains_every_position_once_in_the_same_global_batches():
 
     example = Stop(EXAMPLE["epoch_size"], EXAMPLE["world_size"], EXAMPLE["batch_per_rank"], EXAMPLE["iteration"],
                    EXAMPLE["new_world_size"])
-    each(example)
+    judge(example, None)
+
+    def each(stop):
+        judge(stop, seed)
+
     drawn_with(seed, each)()

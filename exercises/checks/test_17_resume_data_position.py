@@ -178,6 +178,8 @@ def why_not_refused(got, global_batch, new_world) -> str:
 def why_batch(got, want, per_rank, global_batch, new_world) -> str:
     if isinstance(got, float) and got == want:
         return "a batch size is a whole number: return an int, not a float"
+    if not isinstance(got, numbers.Real) or isinstance(got, bool):
+        return f"return each new rank's batch, an int (that is {harness.describe(got)})"
     if got == per_rank:
         return (f"that is the old batch per rank: {new_world} processes of {per_rank} would train a global batch of "
                 f"{new_world * per_rank}, not {global_batch}")

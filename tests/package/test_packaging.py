@@ -270,10 +270,11 @@ def test_an_older_torch_is_refused_at_import_in_one_line(tmp_path):
 
 
 def test_the_exercises_extra_is_light_and_has_what_the_checks_need():
-    """``pip install -e ".[exercises]"`` grades the exercises: pytest and the timeout plugin
-    exercises/pytest.ini sets, and none of the test extra's trackers, notebook stack or browser."""
+    """``pip install -e ".[exercises]"`` grades the exercises: pytest, the timeout plugin
+    exercises/pytest.ini sets, hypothesis (exercise 17's check draws layouts with it), and
+    none of the test extra's trackers, notebook stack or browser."""
     extra = {_norm(re.split(r"[<>=!;\s]", r)[0]) for r in PYPROJECT["project"]["optional-dependencies"]["exercises"]}
-    assert extra == {"pytest", "pytest-timeout"}
+    assert extra == {"pytest", "pytest-timeout", "hypothesis"}
     ini = (REPO_ROOT / "exercises" / "pytest.ini").read_text()
     assert re.search(r"^timeout\s*=", ini, re.M)  # pytest-timeout's option
     checks = "\n".join(p.read_text() for p in (REPO_ROOT / "exercises" / "checks").glob("*.py"))

@@ -516,6 +516,8 @@ def test_outside_verdict_comes_from_the_data_alone(tmp_path):
     assert judged(said) == ("failed", "exercise 99 is not solved yet: ...")
     lied = {"parts": {}, "failure": None, "passed": True}                # a claim is not data
     assert judged(lied)[0] == "no verdict"
+    huge = {"parts": {"sums": expected["sums"], "shapes": [list(range(20000))] * 2}, "failure": None}
+    assert judged(huge)[0] == "failed" and "over the 16 KB it can be" in judged(huge)[1]
 
 
 _PLAIN = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),

@@ -30,6 +30,9 @@ from types import ModuleType
 from distkit.errors import DistkitError
 
 MAX_MESSAGE = 3000
+# A learner's data may be this much larger than the reference's: a wrong answer's is about
+# the same size, and the judges' plain Python loops stay quick on data this small.
+MAX_DATA_FACTOR, MIN_DATA_CAP = 4, 16 << 10
 
 
 def check_module(checks: Path, number: str) -> ModuleType:
@@ -109,6 +112,10 @@ def verdict(check: ModuleType, got: bytes, expected: bytes, seed: int) -> tuple:
     """``(status, message)``: each part of the learner's data judged against the reference's."""
     failure_type = check.harness.ExerciseFailure
     reference = from_bytes(expected)["parts"]
+    cap = max(MIN_DATA_CAP, MAX_DATA_FACTOR * len(expected))
+    if len(got) > cap:
+        return "failed", (f"the check's data came back {len(got) >> 10} KB long, over the {cap >> 10} KB "
+                          "it can be: no marks")
     try:
         data = from_bytes(got)
         parts, failure = data["parts"], data["failure"]

@@ -179,8 +179,8 @@ def grade_one(kit: Kit, learner: str, number: str, path: Path | None, limits: sa
     if judged is not None:
         return _grade_outside(learner, number, name, judged, limits, kit, scratch, slot, hidden)
     keys = (secrets.token_bytes(32), secrets.token_bytes(32))
-    references = {number: (kit.folder / "solutions" / name).read_text()}
-    payload = json.dumps({"keys": [k.hex() for k in keys], "references": references}).encode()
+    solution = {number: (kit.folder / "solutions" / name).read_text()}
+    payload = json.dumps({"keys": [k.hex() for k in keys], "references": solution}).encode()
     outcome = sandbox.run(_pytest_command(number), _binds(kit, scratch / "submission"),
                           list(hidden), _environment(), payload, limits, slot)
     status, message = verdict(outcome.records, keys)

@@ -525,6 +525,54 @@ def preload(number: str) -> None:
         pass
 
 
+# --- a check in two halves: the data an answer produces, then the verdict on it -----------
+# A check that defines PARTS runs each part's answers with collect(part, whos, seed) and
+# judges the data with judge(part, got, expected, seed). distkit check does both in one
+# process; distkit grade collects the learner's data in the sandbox, the reference's data
+# in a process of its own, and judges both in the grader, which never runs the learner's code.
+
+LEARNER, REFERENCE = "learner", "reference"
+
+
+def answer(number: str, who: str) -> ModuleType:
+    """The learner's file of exercise ``number`` or the reference solution."""
+    return load(number) if who == LEARNER else load_reference(number)
+
+
+def preload_for(number: str, whos) -> None:
+    """:func:`preload` of only the answers ``whos`` collects from (the sandbox has no reference)."""
+    if start_method() != "fork":
+        return
+    if REFERENCE in whos:
+        load_reference(number)
+    if LEARNER in whos:
+        try:
+            load(number)
+        except Exception:  # noqa: BLE001 - reported by the rank that imports it
+            pass
+
+
+def by_who(ranks, whos) -> dict:
+    """``[{who: data} per rank]`` -> ``{who: [data per rank]}``."""
+    return {who: [rank[who] for rank in ranks] for who in whos}
+
+
+def same_ranks(got, expected, where: str = "") -> list:
+    """``got`` as a list of one entry per rank of ``expected``, or the failure saying it is not."""
+    if not isinstance(got, list) or len(got) != len(expected):
+        raise ExerciseFailure(f"{where}the check's data should hold {len(expected)} rank(s), got "
+                              f"{describe(got)}")
+    return got
+
+
+def judge_here(check, parts, seed: int) -> None:
+    """``distkit check``'s way: each part's learner and reference answers collected in the same
+    processes, then judged, one part after the other (the first wrong part stops)."""
+    for part in parts:
+        data = check.collect(part, (LEARNER, REFERENCE), seed)
+        check.judge(part, data[LEARNER], data[REFERENCE], seed)
+
+
 # Set by distkit grade's plugin: in its sandbox the references are not on disk; they come
 # from the grader, guarded against a learner's code that calls them.
 REFERENCE_SOURCE = None

@@ -1,4 +1,6 @@
 """Checks for exercise 03: the shards of 2 ranks over 3 epochs."""
+import sys
+
 import pytest
 import torch
 from distkit.builtin.data import IndexedDataset, synthetic_dataset
@@ -33,43 +35,55 @@ GLOBAL_BATCH = 4
 EPOCHS = 3
 
 
-def on_rank():
-    ex = harness.load("03")
+def on_rank(whos):
     dataset = IndexedDataset(synthetic_dataset(N_SAMPLES, shape=(1, 2, 2)))
-    loader = loader_of(ex, dataset, GLOBAL_BATCH, 0)
-    sizes = [len(batch[2]) for batch in loader]
-    other_seed = loader_of(ex, dataset, GLOBAL_BATCH, 1)
-    return {"batch_sizes": sizes,
-            "epochs": [indices_of(ex, loader, epoch) for epoch in range(EPOCHS)],
-            "other_seed": indices_of(ex, other_seed, 0)}
+    found = {}
+    for who in whos:
+        ex = harness.answer("03", who)
+        loader = loader_of(ex, dataset, GLOBAL_BATCH, 0)
+        sizes = [len(batch[2]) for batch in loader]
+        other_seed = loader_of(ex, dataset, GLOBAL_BATCH, 1)
+        found[who] = {"batch_sizes": sizes,
+                      "epochs": [indices_of(ex, loader, epoch) for epoch in range(EPOCHS)],
+                      "other_seed": indices_of(ex, other_seed, 0)}
+    return found
 
 
 def test_each_rank_gets_its_own_shard_reshuffled_every_epoch():
-    check_shards(harness.run_ranks(on_rank))
+    harness.judge_here(sys.modules[__name__], [SHARDS], harness.check_seed())
 
 
 NODE_SAMPLES, NODE_BATCH = 40, 8  # on 2 nodes of 2 processes: 10 samples, batches of 2 each
 
 
-def on_node_rank():
+def on_node_rank(whos):
     import ignite.distributed as idist
 
-    ex = harness.load("03")
     dataset = IndexedDataset(synthetic_dataset(NODE_SAMPLES, shape=(1, 2, 2)))
-    report = {"rank": idist.get_rank(), "local_rank": idist.get_local_rank(),
-              "nproc_per_node": idist.get_nproc_per_node(), "world_size": idist.get_world_size()}
-    try:
-        loader = loader_of(ex, dataset, NODE_BATCH, 0)
-        report["batch_sizes"] = [len(batch[2]) for batch in loader]
-        report["epochs"] = [indices_of(ex, loader, epoch) for epoch in range(2)]
-    except ValueError as error:  # DistributedSampler refuses a rank >= num_replicas
-        report["error"] = f"{type(error).__name__}: {error}"
-    return report
+    found = {}
+    for who in whos:
+        ex = harness.answer("03", who)
+        report = {"rank": idist.get_rank(), "local_rank": idist.get_local_rank(),
+                  "nproc_per_node": idist.get_nproc_per_node(), "world_size": idist.get_world_size()}
+        try:
+            loader = loader_of(ex, dataset, NODE_BATCH, 0)
+            report["batch_sizes"] = [len(batch[2]) for batch in loader]
+            report["epochs"] = [indices_of(ex, loader, epoch) for epoch in range(2)]
+        except ValueError as error:  # DistributedSampler refuses a rank >= num_replicas
+            report["error"] = f"{type(error).__name__}: {error}"
+        found[who] = report
+    return found
 
 
 def test_shards_follow_the_global_rank_on_two_nodes():
     # 2 nodes x 2 processes: world size 4, 2 processes per node, local ranks 0, 1, 0, 1.
-    ranks = harness.run_nodes(on_node_rank)
+    harness.judge_here(sys.modules[__name__], [NODES], harness.check_seed())
+
+
+def judge_nodes(got, expected):
+    # where each rank ran is the reference's run's to say, not the learner's data
+    ranks = [{**g, **{k: e[k] for k in ("rank", "local_rank", "nproc_per_node", "world_size")}}
+             for g, e in zip(harness.same_ranks(got, expected), expected)]
     where = "on 2 nodes of 2 processes each (world size 4, local ranks 0, 1, 0, 1): "
     per_node = ranks[0]["nproc_per_node"]
     for r in ranks:
@@ -166,12 +180,13 @@ def check_shards(ranks, n_samples=N_SAMPLES, global_batch=GLOBAL_BATCH, epochs=E
 ODD_SAMPLES, ODD_BATCH = 22, 10
 
 
-def on_rank_both(seed):
+def on_rank_both(seed, whos):
     """What the learner's loader and the reference's give this rank: batch sizes and the
     indices of 2 epochs, for the same dataset and seed."""
     dataset = IndexedDataset(synthetic_dataset(ODD_SAMPLES, shape=(1, 2, 2)))
     result = {}
-    for who, module in (("expected", harness.load_reference("03")), ("got", harness.load("03"))):
+    for who in whos:
+        module = harness.answer("03", who)
         loader = loader_of(module, dataset, ODD_BATCH, seed)
         result[who] = {"batch sizes": [len(batch[2]) for batch in loader],
                        "epochs": [indices_of(module, loader, epoch) for epoch in range(2)]}
@@ -179,24 +194,54 @@ def on_rank_both(seed):
 
 
 def test_shards_equal_the_reference_in_every_layout():
-    seed = harness.check_seed() % 1000
-    for layout, ranks in harness.each_layout(on_rank_both, seed, layouts=harness.MULTI_FIRST):
-        for rank, r in enumerate(ranks):
-            want, got = r["expected"], r["got"]
-            for epoch in range(2):
-                differs = harness.difference(want["epochs"][epoch], got["epochs"][epoch],
-                                             what=f"the indices read in epoch {epoch}")
-                if differs:
-                    raise harness.ExerciseFailure(
-                        f"on {layout}, rank {rank}, {ODD_SAMPLES} samples (not a multiple of the world size): "
-                        f"{differs}; expected {harness.short_list(want['epochs'][epoch], 8)}, got "
-                        f"{harness.short_list(got['epochs'][epoch], 8)}. The reference is DistributedSampler("
-                        f"dataset, num_replicas=world size, rank=rank, shuffle=True, seed=seed) (it pads the "
-                        f"last round with repeats, drop_last=False), with set_epoch(epoch) {harness.replay(seed)}")
-            differs = harness.difference(want["batch sizes"], got["batch sizes"], what="the batch sizes")
+    harness.judge_here(sys.modules[__name__], AGAINST_REFERENCE, harness.check_seed())
+
+
+def judge_against_reference(layout, got, expected, seed):
+    for rank, (got_rank, want) in enumerate(zip(harness.same_ranks(got, expected, f"on {layout}: "), expected)):
+        for epoch in range(2):
+            differs = harness.difference(want["epochs"][epoch], got_rank["epochs"][epoch],
+                                         what=f"the indices read in epoch {epoch}")
             if differs:
                 raise harness.ExerciseFailure(
-                    f"on {layout}, rank {rank}, {ODD_SAMPLES} samples in global batches of {ODD_BATCH}: {differs}; "
-                    f"expected {harness.short_list(want['batch sizes'])}, got "
-                    f"{harness.short_list(got['batch sizes'])} (global_batch_size // world size per batch, "
-                    f"rounded down, the last batch smaller) {harness.replay(seed)}")
+                    f"on {layout}, rank {rank}, {ODD_SAMPLES} samples (not a multiple of the world size): "
+                    f"{differs}; expected {harness.short_list(want['epochs'][epoch], 8)}, got "
+                    f"{harness.short_list(got_rank['epochs'][epoch], 8)}. The reference is DistributedSampler("
+                    f"dataset, num_replicas=world size, rank=rank, shuffle=True, seed=seed) (it pads the "
+                    f"last round with repeats, drop_last=False), with set_epoch(epoch) {harness.replay(seed)}")
+        differs = harness.difference(want["batch sizes"], got_rank["batch sizes"], what="the batch sizes")
+        if differs:
+            raise harness.ExerciseFailure(
+                f"on {layout}, rank {rank}, {ODD_SAMPLES} samples in global batches of {ODD_BATCH}: {differs}; "
+                f"expected {harness.short_list(want['batch sizes'])}, got "
+                f"{harness.short_list(got_rank['batch sizes'])} (global_batch_size // world size per batch, "
+                f"rounded down, the last batch smaller) {harness.replay(seed)}")
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+
+SHARDS, NODES = "shards on 2 processes", "shards on 2 nodes x 2 processes"
+AGAINST_REFERENCE = [f"the reference on {layout[0]}" for layout in harness.MULTI_FIRST]
+PARTS = (SHARDS, NODES, *AGAINST_REFERENCE)
+
+
+def collect(part, whos, seed):
+    """``{who: [what each rank's answer gave]}`` for one part of the check."""
+    harness.preload_for("03", whos)
+    if part == SHARDS:
+        return harness.by_who(harness.run_ranks(on_rank, whos), whos)
+    if part == NODES:
+        return harness.by_who(harness.run_nodes(on_node_rank, whos), whos)
+    layout = harness.MULTI_FIRST[AGAINST_REFERENCE.index(part)]
+    ranks = harness.run_layouts(on_rank_both, seed % 1000, whos, layouts=[layout])[layout[0]]
+    return harness.by_who(ranks, whos)
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    if part == SHARDS:
+        check_shards(harness.same_ranks(got, expected))
+    elif part == NODES:
+        judge_nodes(got, expected)
+    else:
+        judge_against_reference(part[len("the reference on "):], got, expected, seed % 1000)

@@ -3,6 +3,7 @@ with no process group, 2 and 3 processes, 2 nodes x 2 processes), the learner's 
 beside the reference solution's in the same process: on the task's example (whose
 mistakes have a name) and on seeded random settings."""
 import math
+import sys
 
 import pytest
 import torch
@@ -76,22 +77,26 @@ def random_settings(seed):
     return round(rng.uniform(0.01, 0.5), 7), warmup, total
 
 
-def recorded_schedule(seed=None):
-    """The task's example (BASE_LR, WARMUP, TOTAL), and with ``seed`` the learner's and the
-    reference's schedules for random settings."""
+def recorded_schedule(seed, whos):
+    """Per answer in ``whos``: the schedule of the task's example (BASE_LR, WARMUP, TOTAL) and
+    of random settings drawn from ``seed``; and where this rank runs."""
     import ignite.distributed as idist
 
-    report = {"world_size": idist.get_world_size(), "nproc_per_node": idist.get_nproc_per_node()}
-    if seed is not None:
-        settings = random_settings(seed)
-        report["random"] = {"settings": settings,
-                            "expected": schedule_of(harness.load_reference("06").create_lr_scheduler,
-                                                    *settings)}
-    ex = harness.load("06")
-    report["lrs"] = schedule_of(ex.create_lr_scheduler, BASE_LR, WARMUP, TOTAL)
-    if seed is not None:
-        report["random"]["got"] = schedule_of(ex.create_lr_scheduler, *report["random"]["settings"])
-    return report
+    settings, found = random_settings(seed), {}
+    for who in whos:
+        create = harness.answer("06", who).create_lr_scheduler
+        found[who] = {"world_size": idist.get_world_size(), "nproc_per_node": idist.get_nproc_per_node(),
+                      "settings": settings, "lrs": schedule_of(create, BASE_LR, WARMUP, TOTAL),
+                      "random": schedule_of(create, *settings)}
+    return found
+
+
+def merged(got, expected):
+    """What :func:`explain` and :func:`against_reference` judge, for each rank: the learner's
+    schedules, with where the rank ran and the random settings from the reference's run."""
+    return [{"world_size": e["world_size"], "nproc_per_node": e["nproc_per_node"], "lrs": g["lrs"],
+             "random": {"settings": e["settings"], "expected": e["random"], "got": g["random"]}}
+            for g, e in zip(harness.same_ranks(got, expected), expected)]
 
 
 def explain(result):
@@ -99,7 +104,7 @@ def explain(result):
     want = expected_schedule(ws)
     peak = BASE_LR * ws
     where = f"with {ws} process{'es' if ws > 1 else ''}"
-    if all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(lrs, want)):
+    if len(lrs) == len(want) and all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9) for a, b in zip(lrs, want)):
         return None
     top = max(lrs)
     if math.isclose(top, OPTIMIZER_LR * ws, rel_tol=1e-6) and not math.isclose(top, peak, rel_tol=1e-6):
@@ -153,39 +158,35 @@ def against_reference(where, rank, result, seed):
                                       f"instead of {len(want)}")
 
 
-def _in_layout(index, where=""):
-    seed = harness.check_seed()
-    harness.preload("06")
-    layout = harness.LAYOUTS[index]
-    ranks = harness.run_layouts(recorded_schedule, seed, layouts=[layout])[layout[0]]
+def _in_layout(ranks, where=""):
     for rank, result in enumerate(ranks):
         problem = explain(result)
         if problem:
             raise harness.ExerciseFailure(f"{where}rank {rank}: {problem}" if where else problem)
     for rank, result in enumerate(ranks):
-        against_reference(where, rank, result, seed)
-    return ranks
+        against_reference(where, rank, result, result["seed"])
 
 
 def test_one_process_uses_the_base_lr():
     # no process group at all: a plain `python train.py`
-    _in_layout(0)
+    harness.judge_here(sys.modules[__name__], [PARTS[0]], harness.check_seed())
 
 
 def test_two_processes_scale_the_lr_and_warm_up():
-    _in_layout(1)
+    harness.judge_here(sys.modules[__name__], [PARTS[1]], harness.check_seed())
 
 
 def test_three_processes_scale_the_lr_and_warm_up():
-    _in_layout(2, "on 3 processes, ")
+    harness.judge_here(sys.modules[__name__], [PARTS[2]], harness.check_seed())
 
 
 def test_two_nodes_scale_by_the_world_size():
     # 2 nodes x 2 processes: the world size (4) is not the processes per node (2).
-    seed = harness.check_seed()
-    harness.preload("06")
-    layout = harness.LAYOUTS[3]
-    for rank, result in enumerate(harness.run_layouts(recorded_schedule, seed, layouts=[layout])[layout[0]]):
+    harness.judge_here(sys.modules[__name__], [PARTS[3]], harness.check_seed())
+
+
+def on_two_nodes(ranks):
+    for rank, result in enumerate(ranks):
         top = max(result["lrs"]) if result["lrs"] else None
         per_node = result["nproc_per_node"]
         if top is not None and math.isclose(top, BASE_LR * per_node, rel_tol=1e-6):
@@ -198,4 +199,26 @@ def test_two_nodes_scale_by_the_world_size():
         problem = explain(result)
         if problem:
             raise harness.ExerciseFailure(f"on 2 nodes, rank {rank}: {problem}")
-        against_reference("on 2 nodes, ", rank, result, seed)
+        against_reference("on 2 nodes, ", rank, result, result["seed"])
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+
+PARTS = tuple(layout[0] for layout in harness.LAYOUTS)
+
+
+def collect(part, whos, seed):
+    """``{who: [what each rank's answer gave]}`` in the layout ``part`` names."""
+    harness.preload_for("06", whos)
+    layout = harness.LAYOUTS[PARTS.index(part)]
+    return harness.by_who(harness.run_layouts(recorded_schedule, seed, whos, layouts=[layout])[part], whos)
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    ranks = [{**r, "seed": seed} for r in merged(got, expected)]
+    index = PARTS.index(part)
+    if index == 3:
+        on_two_nodes(ranks)
+    else:
+        _in_layout(ranks, "on 3 processes, " if index == 2 else "")

@@ -21,6 +21,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from support import REPO_ROOT, subprocess_env
 from test_exercises import WRONG_ANSWERS, wrong_source
@@ -154,6 +156,42 @@ harness.difference = lambda *args, **kwargs: None
 harness.ExerciseFailure = type("Nothing", (Exception,), {})
 '''
 
+# Every forgery at once, for a check judged outside the sandbox: pytest's reports made to
+# pass, the check's compare functions patched in memory, a fake PASSED line, data of the
+# check's form written on the grader's pipe (empty, so no real answer is in it), then an
+# exit with status 0 before the collector writes anything.
+FORGE_OUTSIDE = '''
+import io, os, sys
+try:
+    import _pytest.reports
+    _pytest.reports.BaseReport.passed = property(lambda self: True)
+    _pytest.reports.BaseReport.failed = property(lambda self: False)
+except Exception as error:
+    print("pytest's reports stayed as they were:", error)
+for name, module in list(sys.modules.items()):
+    if name == "harness" or name.startswith(("distkit_check_", "test_")):
+        for attr in ("judge", "difference", "same_ranks", "check_shards", "explain", "against_reference"):
+            if hasattr(module, attr):
+                setattr(module, attr, lambda *args, **kwargs: None)
+print("PASSED: all parts passed, judged outside the sandbox")
+print("========== 7 passed in 1.00s ==========", flush=True)
+try:
+    import torch
+    check = next(m for n, m in sys.modules.items() if n.startswith("distkit_check_"))
+    rank = {"batch_sizes": [], "batch sizes": [], "epochs": [[], [], []], "other_seed": [], "lrs": [],
+            "random": [], "settings": [0.1, 1, 3], "world_size": 1, "nproc_per_node": 1}
+    def ranks(part):  # as many as the layout the part names
+        return 4 if "nodes" in part else 3 if "3 processes" in part else 2 if "2 processes" in part else 1
+    forged = {"parts": {part: [dict(rank) for _ in range(ranks(part))] for part in check.PARTS},
+              "failure": None}
+    buffer = io.BytesIO()
+    torch.save(forged, buffer)
+    os.write(int(os.environ["DISTKIT_GRADE_FDS"].split(",")[1]), buffer.getvalue())
+except Exception as error:
+    print("the forged data was not written:", error)
+os._exit(0)
+'''
+
 NEVER_ENDS = "while True:\n    pass\n"
 
 
@@ -221,6 +259,8 @@ def graded_class(tmp_path_factory):
         outside=str(outside), other=str(subs / "stubs"), other_file=str(subs / "stubs" / NAMES["01"])))
     _write(subs / "hostile", "03", FORGE_THEN_EXIT)
     _write(subs / "hostile", "06", PATCH_THE_CHECK + (EXERCISES / NAMES["06"]).read_text())
+    _write(subs / "forger", "03", FORGE_OUTSIDE)
+    _write(subs / "forger", "06", FORGE_OUTSIDE)
     others = _tree_digest(subs / "stubs")
     solutions = _tree_digest(EXERCISES / "solutions")
     started = time.monotonic()
@@ -239,7 +279,7 @@ def test_a_class_is_graded_with_the_right_totals(graded_class):
     assert proc.returncode == 0, proc.stderr[-3000:]
     grades = _grades(report)
     totals = {learner: int(row["total"]) for learner, row in grades.items()}
-    assert totals == {FULL: 3, "stubs": 0, "wrong": 1, "zipped": 1, "hostile": 0}, grades
+    assert totals == {FULL: 3, "stubs": 0, "wrong": 1, "zipped": 1, "hostile": 0, "forger": 0}, grades
     assert grades["wrong"]["ex03"] == "1" and grades["wrong"]["ex06"] == "0"
     assert list(grades[FULL]) == ["learner", "ex01", "ex03", "ex06", "total"]
     # the wrong answer's message is the check's own, in results.json and the page
@@ -253,8 +293,8 @@ def test_a_class_is_graded_with_the_right_totals(graded_class):
     summary = list(csv.DictReader(open(report / "summary.csv", encoding="utf-8")))
     assert summary[0]["exercise"] in NUMBERS and int(summary[0]["learners_failed"]) >= 3, summary
     assert "not solved yet" in (report / "summary.html").read_text()
-    print(f"graded 5 learners x 3 exercises in {graded_class['seconds']:.0f} s on {os.cpu_count()} cores, "
-          f"load {os.getloadavg()[0]:.1f}")
+    print(f"graded {len(grades)} learners x {len(NUMBERS)} exercises in {graded_class['seconds']:.0f} s on "
+          f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
 
 
 @pytest.mark.slow
@@ -267,8 +307,15 @@ def test_every_escape_of_a_hostile_learner_earns_nothing_and_is_contained(graded
     assert "looked into the check's memory (sys._getframe)" in said["01"], said["01"]  # its locals
     assert "looked into the check's memory (gc.get_objects)" in said["01"], said["01"]
     assert [t["score"] for t in tests] == [0, 0, 0]
-    assert "imitating the grader's verdict" in said["03"], said["03"]  # forged records, os._exit(0)
-    assert "changed the check" in said["06"], said["06"]              # patching the check
+    # 01 is judged inside the sandbox, and the report says so; 03 and 06 outside it
+    assert "checked inside the sandbox: a forged pass is possible" in said["01"], said["01"]
+    assert "never came back whole" in said["03"], said["03"]          # os._exit(0) at import
+    assert "not solved yet" in said["06"], said["06"]                 # patching the check: a stub still
+    forger = json.loads((report / "forger" / "results.json").read_text())["tests"]
+    assert [t["score"] for t in forger] == [0, 0, 0], forger          # every forgery at once
+    assert "the data is not what the check collects" in forger[2]["output"], forger[2]
+    assert "no rank trained on sample" in forger[1]["output"], forger[1]
+    assert "PASSED" in (report / "forger" / "03.output.txt").read_text()  # it did print its lie
     assert "output cut at 1 MB" in said["01"]
     output = (report / "hostile" / "01.output.txt").read_text()
     assert len(output.encode()) <= 1 << 20
@@ -401,3 +448,100 @@ def test_reports_count_each_mistake_once_whatever_its_numbers(tmp_path):
     bo = json.loads((tmp_path / "bo" / "results.json").read_text())
     assert bo["score"] == 0 and "(output cut at 1 MB)" in bo["tests"][0]["output"]
     assert "stopped after 300 s" in (tmp_path / "Zoë Å" / "report.html").read_text()
+
+
+def _two_halves_check(tmp_path: Path):
+    """A check in two halves, as exercises/checks' are, small enough to judge in a test."""
+    checks = tmp_path / "checks"
+    checks.mkdir()
+    shutil.copy(EXERCISES / "checks" / "harness.py", checks / "harness.py")
+    (checks / "test_99_tiny.py").write_text(
+        "import harness\n"
+        "PARTS = ('sums', 'shapes')\n"
+        "def collect(part, whos, seed):\n    raise AssertionError('not in the grader')\n"
+        "def judge(part, got, expected, seed):\n"
+        "    harness.same_ranks(got, expected, part + ': ')\n"
+        "    for rank, (g, e) in enumerate(zip(got, expected)):\n"
+        "        found = harness.difference(e, g, what=f'{part} of rank {rank}')\n"
+        "        if found:\n            raise harness.ExerciseFailure(found)\n")
+    from distkit.grade import outside
+
+    return outside.check_module(checks, "99")
+
+
+class _Planted:
+    """A pickle that, loaded by a full unpickler, would run code in the grader."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_outside_verdict_comes_from_the_data_alone(tmp_path):
+    """Each way a learner's process can say 'passed' without the data, judged by the grader's
+    own code: an empty pipe (an exit before the data), bytes that are not the collector's,
+    a pickle that would run code in the grader, data of the wrong form or values, a part
+    missing, and the learner's failure message, against the right data passing."""
+    import torch
+
+    from distkit.grade import outside
+
+    check = _two_halves_check(tmp_path)
+    expected = {"sums": [torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])], "shapes": [[2, 3], [2, 3]]}
+    reference = outside.to_bytes({"parts": expected, "failure": None})
+
+    def judged(data):
+        return outside.verdict(check, data if isinstance(data, bytes) else outside.to_bytes(data), reference, 7)
+
+    assert judged({"parts": expected, "failure": None}) == \
+        ("passed", "all 2 parts passed, judged outside the sandbox")
+    assert judged(b"")[0] == "no verdict"                                  # os._exit(0), nothing written
+    assert judged(b"PASSED all 2 parts passed\n")[0] == "no verdict"       # a line, not the data
+    planted = tmp_path / "planted"
+    import pickle
+
+    assert judged(pickle.dumps({"parts": _Planted(planted), "failure": None}, protocol=2))[0] == "no verdict"
+    assert not planted.exists()                                            # never unpickled with code
+    wrong = {"parts": {**expected, "shapes": [[2, 3], [3, 2]]}, "failure": None}
+    assert judged(wrong) == ("failed", "shapes of rank 1[0] should be 2, got 3")
+    fewer = {"parts": {"sums": expected["sums"][:1], "shapes": expected["shapes"]}, "failure": None}
+    assert judged(fewer)[1].startswith("sums: the check's data should hold 2 rank(s)")
+    strange = {"parts": {"sums": expected["sums"], "shapes": {"a": 1}}, "failure": None}
+    assert judged(strange)[0] == "failed"
+    half = {"parts": {"sums": expected["sums"]}, "failure": None}
+    assert judged(half) == ("no verdict", "the check stopped before it finished (1 of 2 parts)")
+    said = {"parts": {"sums": expected["sums"]}, "failure": "exercise 99 is not solved yet: ..."}
+    assert judged(said) == ("failed", "exercise 99 is not solved yet: ...")
+    lied = {"parts": {}, "failure": None, "passed": True}                # a claim is not data
+    assert judged(lied)[0] == "no verdict"
+    huge = {"parts": {"sums": expected["sums"], "shapes": [list(range(20000))] * 2}, "failure": None}
+    assert judged(huge)[0] == "failed" and "over the 16 KB it can be" in judged(huge)[1]
+
+
+_PLAIN = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                     max_size=3),
+                      max_leaves=10)
+
+
+@settings(max_examples=150, deadline=None, print_blob=True)
+@given(parts=st.dictionaries(st.sampled_from(["sums", "shapes", "extra"]),
+                             _PLAIN | st.lists(_PLAIN, min_size=2, max_size=2), max_size=3),
+       failure=st.none() | st.text(max_size=20))
+def test_no_drawn_data_earns_a_pass(parts, failure, tmp_path_factory):
+    """Whatever plain data a learner's process writes in place of the collector's (the right
+    answer needs tensors no drawn value is), the grader's judge never says passed, and never
+    raises."""
+    from distkit.grade import outside
+
+    import torch
+
+    check = _two_halves_check(tmp_path_factory.mktemp("tiny")) if "distkit_check_99" not in sys.modules \
+        else sys.modules["distkit_check_99"]
+    reference = outside.to_bytes({"parts": {"sums": [torch.ones(2)] * 2, "shapes": [[2, 3]] * 2}, "failure": None})
+    status, message = outside.verdict(check, outside.to_bytes({"parts": parts, "failure": failure}), reference, 7)
+    assert status in ("failed", "no verdict"), (status, message)
+    if failure and "sums" not in parts:
+        assert message == failure

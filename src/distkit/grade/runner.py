@@ -1,10 +1,16 @@
-"""Learners x exercises, each graded by ``distkit check``'s pytest in a sandbox of its own,
-side by side; the verdict read from the plugin's signed records (:mod:`distkit.grade.plugin`),
-never from the sandbox's exit status.
+"""Learners x exercises, each graded in a sandbox of its own, side by side, never from the
+sandbox's exit status:
 
-Each (learner, exercise) gets: a fresh key; a copy of that one file (a symlink or a file
-over 1 MB is refused, so nothing outside the submission is ever shown to the sandbox); the
-checks and pytest.ini read-only; the reference solution of that exercise only through
+- a check made of two halves (:mod:`distkit.grade.outside`) collects the learner's data in
+  the sandbox, with no reference there; the grader judges it against the reference's data
+  (collected once per class, on a seed drawn for the class) in its own process;
+- any other check runs as ``distkit check``'s pytest in the sandbox, and its verdict is read
+  from the plugin's signed records (:mod:`distkit.grade.plugin`): decided inside the
+  learner's process, which the report says beside it.
+
+Each (learner, exercise) gets a copy of that one file (a symlink or a file over 1 MB is
+refused, so nothing outside the submission is ever shown to the sandbox) and the checks
+read-only; for pytest's checks, a fresh key and the reference of that exercise only through
 the plugin's pipe.
 """
 from __future__ import annotations
@@ -17,16 +23,18 @@ import secrets
 import shutil
 import sys
 import tempfile
+import threading
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from distkit.errors import DistkitError
-from distkit.grade import sandbox
+from distkit.grade import outside, sandbox
 from distkit.grade.plugin import VERDICT_KINDS, sign
 
 MAX_FILE_BYTES = 1 << 20
+INSIDE_NOTE = "checked inside the sandbox: a forged pass is possible"
 MAX_ZIP_BYTES = 50 << 20
 INSIDE = "/grade"
 
@@ -112,13 +120,14 @@ def grade_class(kit: Kit, learners: dict, numbers: list, limits: sandbox.Limits,
     for slot in range(jobs):
         slots.put(slot)
     hidden = [kit.folder / "solutions", work, *{f.parent.resolve() for f in learners.values()}]
+    references = References(kit, limits, work / "references")
 
     def one(task):
         learner, number = task
         slot = slots.get()
         try:
             return grade_one(kit, learner, number, learner_file(learners[learner], names[number]),
-                             limits, work / f"slot{slot}", slot, hidden)
+                             limits, work / f"slot{slot}", slot, hidden, references)
         finally:
             slots.put(slot)
 
@@ -130,8 +139,34 @@ def grade_class(kit: Kit, learners: dict, numbers: list, limits: sandbox.Limits,
     return results
 
 
+class References:
+    """The reference's data of each exercise judged outside, collected the first time a
+    learner's file of it is graded, on a seed drawn for this class."""
+
+    def __init__(self, kit: Kit, limits: sandbox.Limits, folder: Path):
+        self.kit, self.limits, self.folder = kit, limits, folder
+        self.found, self.lock, self.locks = {}, threading.Lock(), {}
+
+    def of(self, number: str):
+        """``(check, seed, reference data)``, or None when the check is pytest's only."""
+        with self.lock:
+            lock = self.locks.setdefault(number, threading.Lock())
+        with lock:
+            if number not in self.found:
+                check = outside.check_module(self.kit.folder / "checks", number)
+                found = None
+                if outside.judged_outside(check):
+                    seed = secrets.randbelow(10**6) + 1
+                    self.folder.mkdir(parents=True, exist_ok=True)
+                    data = outside.reference_data(self.kit.folder / "checks", number, seed,
+                                                  self.limits.timeout_s, self.folder / f"{number}.pt")
+                    found = (check, seed, data)
+                self.found[number] = found
+            return self.found[number]
+
+
 def grade_one(kit: Kit, learner: str, number: str, path: Path | None, limits: sandbox.Limits,
-              scratch: Path, slot: int = 0, hidden=()) -> Result:
+              scratch: Path, slot: int = 0, hidden=(), references: References | None = None) -> Result:
     name = kit.names()[number]
     if path is None:
         return Result(learner, number, name, "missing", f"no file {name} was handed in")
@@ -140,9 +175,12 @@ def grade_one(kit: Kit, learner: str, number: str, path: Path | None, limits: sa
     shutil.rmtree(scratch, ignore_errors=True)
     (scratch / "submission").mkdir(parents=True)
     shutil.copyfile(path, scratch / "submission" / name)
+    judged = (references or References(kit, limits, scratch / "references")).of(number)
+    if judged is not None:
+        return _grade_outside(learner, number, name, judged, limits, kit, scratch, slot, hidden)
     keys = (secrets.token_bytes(32), secrets.token_bytes(32))
-    references = {number: (kit.folder / "solutions" / name).read_text()}
-    payload = json.dumps({"keys": [k.hex() for k in keys], "references": references}).encode()
+    solution = {number: (kit.folder / "solutions" / name).read_text()}
+    payload = json.dumps({"keys": [k.hex() for k in keys], "references": solution}).encode()
     outcome = sandbox.run(_pytest_command(number), _binds(kit, scratch / "submission"),
                           list(hidden), _environment(), payload, limits, slot)
     status, message = verdict(outcome.records, keys)
@@ -154,7 +192,24 @@ def grade_one(kit: Kit, learner: str, number: str, path: Path | None, limits: sa
     elif status == "no verdict":
         message = f"{message}\n{_tail(outcome.output)}"
     shutil.rmtree(scratch, ignore_errors=True)
-    return Result(learner, number, name, status, message, outcome.seconds, notes, outcome.output)
+    return Result(learner, number, name, status, message, outcome.seconds, [*notes, INSIDE_NOTE],
+                  outcome.output)
+
+
+def _grade_outside(learner, number, name, judged, limits, kit, scratch, slot, hidden) -> Result:
+    """The learner's data collected in the sandbox, judged here against the reference's."""
+    check, seed, reference = judged
+    command = [sys.executable, "-m", "distkit.grade.outside", f"{INSIDE}/exercises/checks", number, str(seed)]
+    outcome = sandbox.run(command, _binds(kit, scratch / "submission"), list(hidden), _environment(),
+                          b"", limits, slot)
+    status, message = outside.verdict(check, outcome.records, reference, seed)
+    if outcome.timed_out:
+        status, message = "stopped", f"stopped after {limits.timeout_s:.0f} s: {message}"
+    elif status == "no verdict":
+        message = f"{message}\n{_tail(outcome.output)}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    return Result(learner, number, name, status, message, outcome.seconds, containments(outcome, limits),
+                  outcome.output)
 
 
 def _pytest_command(number: str) -> list:

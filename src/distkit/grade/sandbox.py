@@ -39,6 +39,7 @@ class Limits:
     file_mb: int = 64
     tmp_mb: int = 512
     output_bytes: int = 1 << 20
+    records_bytes: int = 16 << 20  # what comes back on the grader's pipe: records, or a check's data
 
 
 @dataclass
@@ -159,7 +160,7 @@ def _run(inside, binds, hidden, env, payload, limits, uid) -> Outcome:
                             pass_fds=(to_read, from_write), start_new_session=True)
     os.close(to_read)
     os.close(from_write)
-    output, records = _Reader(proc.stdout.fileno(), limits.output_bytes), _Reader(from_read, 1 << 20)
+    output, records = _Reader(proc.stdout.fileno(), limits.output_bytes), _Reader(from_read, limits.records_bytes)
     threading.Thread(target=_write_all, args=(to_write, payload), daemon=True).start()
     try:
         proc.wait(timeout=limits.timeout_s)

@@ -176,6 +176,13 @@ def _why_rank(got_rank, p) -> str:
     if positions.index(rank) == got_rank:
         return ("that is the position of rank {0}'s record in the list; the records come in any order "
                 "(here {1}): a rank is its record's \"rank\"").format(rank, positions)
+    if positions[0] == rank and got_rank == positions[1]:
+        return (f"did you compare every rank with the first record? Here that is rank {rank}, the odd "
+                f"one itself: compare each rank with what MOST ranks called")
+    if p.trimmed is not None and got_rank == p.trimmed:
+        return (f"rank {got_rank}'s Flight Recorder kept only its latest entries (its list begins at "
+                f"#{p.records[got_rank]['collectives'][0]['seq']}, the others' at #1): line the "
+                f"collectives up by their number (\"seq\"), not by their position in the list")
     if p.trimmed is not None and kind in ("missing", "extra"):
         return (f"rank {p.trimmed}'s list is short only because its Flight Recorder dropped its oldest "
                 f"entries (it begins at #{p.records[p.trimmed]['collectives'][0]['seq']}): how far a rank "
@@ -186,13 +193,6 @@ def _why_rank(got_rank, p) -> str:
     if kind == "extra":
         return (f"rank {got_rank} stopped where most ranks stopped; the odd one is the rank that went on "
                 f"to a collective none of the others reached")
-    if p.trimmed is not None and got_rank == p.trimmed:
-        return (f"rank {got_rank}'s Flight Recorder kept only its latest entries (its list begins at "
-                f"#{p.records[got_rank]['collectives'][0]['seq']}, the others' at #1): line the "
-                f"collectives up by their number (\"seq\"), not by their position in the list")
-    if positions[0] == rank:
-        return (f"did you compare every rank with the first record? Here that is rank {rank}, the odd "
-                f"one itself: compare each rank with what MOST ranks called")
     return f"rank {got_rank} called the same as most ranks; find the one rank whose call differs"
 
 

@@ -52,7 +52,7 @@ class Planted:
     """One hung run's records with one rank's disagreement planted, and what the check
     knows about it: the answer, and the facts its messages name."""
 
-    def __init__(self, rng, family, world, odd, trim=0, transposed=False, order=None):
+    def __init__(self, rng, family, world, odd, trim=0, transposed=False, order=None, before=None):
         self.family, self.world, self.odd = family, world, odd
         script = rng.choice(["train.py", "eval.py", "course/step.py"])
         lines = iter(rng.sample(range(5, 400), 12))
@@ -61,11 +61,11 @@ class Planted:
             op = op or rng.choice([o for o in OPS if o not in avoid])
             return _call(op, shape or [rng.randint(1, 4096)], dtype, f"{script}:{next(lines)}")
 
-        n = rng.randint(3 if trim else 1, 6)  # collectives every rank completed before
+        n = rng.randint(3 if trim else 1, 6) if before is None else before  # collectives all completed
         before = []
         for _ in range(n):  # neighbours differ, so that a list read by position misaligns
             before.append(call(avoid=[before[-1]["op"]] if before else []))
-        stuck = call(shape=[64, 32] if transposed else None, avoid=[before[-1]["op"]])
+        stuck = call(shape=[64, 32] if transposed else None, avoid=[before[-1]["op"]] if before else [])
         error = rng.choice([None, TIMED_OUT])
         self.seq, self.theirs = n + 1, stuck  # where the disagreement shows, and the others' call
         mine = None
@@ -248,6 +248,8 @@ VARIED = [
     ("records of 6 ranks whose odd rank is rank 4", dict(family="shape", world=6, odd=4)),
     ("records with a transposed tensor", dict(family="shape", world=3, odd=1, transposed=True)),
     ("records of a rank that called one more collective", dict(family="one_more", world=5, odd=3)),
+    ("records of a rank that died before its first collective",
+     dict(family="dies", world=3, odd=1, before=0)),
 ]
 
 

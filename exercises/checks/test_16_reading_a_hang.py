@@ -127,8 +127,8 @@ def _advice(error):
 def judge(ex, planted, on=""):
     dumps = copy.deepcopy(planted.dumps)  # an answer may change what it is given
     got = harness.call_answer(f"{on}diagnose(dumps)", ex.diagnose, dumps, advice=_advice)
-    if isinstance(got, tuple) and len(got) == 3 and tuple(got) == planted.answer \
-            and type(got[0]) is int:
+    if isinstance(got, tuple) and len(got) == 3 and all(
+            type(g) is type(a) and g == a for g, a in zip(got, planted.answer)):
         return
     raise harness.ExerciseFailure(f"{on}diagnose(dumps) returned {_said(got)}, but {planted.story()}: "
                                   f"{why(got, planted)}")
@@ -157,9 +157,9 @@ def why(got, p) -> str:
     if len(got) != 3:
         return f"return three things, (rank, kind, line), not {len(got)}"
     got_rank, got_kind, got_line = got
-    if got_rank != rank or type(got_rank) is not int:
+    if type(got_rank) is not int or got_rank != rank:
         return _why_rank(got_rank, p)
-    if got_kind != kind:
+    if type(got_kind) is not str or got_kind != kind:
         return _why_kind(got_kind, p)
     return _why_line(got_line, p)
 
@@ -169,8 +169,8 @@ def _why_rank(got_rank, p) -> str:
     positions = [d["rank"] for d in p.dumps]
     if isinstance(got_rank, str):
         return "the rank is an int (the record's \"rank\"), not text"
-    if got_rank == rank:
-        return f"the rank is an int (the record's \"rank\"), not a {type(got_rank).__name__}"
+    if type(got_rank) is not int:
+        return f"the rank is an int (the record's \"rank\"), not {harness.describe(got_rank)}"
     if got_rank not in positions:
         return f"there is no rank {got_rank!r} in these dumps (their ranks: {sorted(positions)})"
     if positions.index(rank) == got_rank:
@@ -198,6 +198,8 @@ def _why_rank(got_rank, p) -> str:
 
 def _why_kind(got_kind, p) -> str:
     rank, kind, _ = p.answer
+    if type(got_kind) is not str:
+        return f"the kind is one of KINDS, a text, not {harness.describe(got_kind)}"
     if got_kind not in ("op", "shape", "dtype", "missing", "extra"):
         return f"the kind is one of KINDS, and {got_kind!r} is not"
     if p.family == "skip" and got_kind == "missing":
@@ -229,6 +231,8 @@ def _why_line(got_line, p) -> str:
     if line is None:
         return (f"rank {rank} {p.records[rank]['state']}: it is at no line, and its record has no "
                 f"\"where\"; return None as its line")
+    if not (got_line is None or isinstance(got_line, (str, int))):
+        return f"the line is the record's \"where\" as it stands, a text like {line!r}"
     if got_line in others:
         return f"{got_line!r} is where the other ranks are; return the line of rank {rank}"
     if isinstance(got_line, int) or got_line is None:

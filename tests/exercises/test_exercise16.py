@@ -7,6 +7,7 @@ in this process, in milliseconds, with the check's own seed (printed: a failure 
 with ``DISTKIT_CHECK_SEED``)."""
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
 import random
@@ -91,3 +92,21 @@ def test_wrong_answer_is_rejected_with_the_learners_message(tmp_path, monkeypatc
     from mutants import leaked_lines  # a message that prints a line of the solution gives it away
 
     assert not leaked_lines("16", message, wrong_source("16", name, change))
+
+
+def test_the_exercises_records_are_the_doctors(check16, seed):
+    """The records the check plants are what distkit's hang doctor reads: its verdict on
+    each names the odd rank and, where the rank is at a line, that line (every family, 3 to
+    6 ranks, records in any order, 50 record sets from the printed seed)."""
+    from distkit.observe import hangs
+
+    rng = random.Random(seed)
+    for _ in range(5):
+        for family in check16.KIND_OF:
+            world = rng.randint(3, 6)
+            planted = check16.Planted(rng, family, world, rng.randrange(world),
+                                      order=rng.sample(range(world), world))
+            rank, _, line = planted.answer
+            said = hangs.verdict(copy.deepcopy(planted.dumps))
+            assert re.search(rf"\brank {rank}\b", said) and (line is None or line in said), \
+                (family, planted.answer, said)

@@ -70,7 +70,9 @@ def measure(local_rank, steps, blocks):
     trainer = create_trainer(model, optimizer, torch.nn.CrossEntropyLoss(), Config())
     data = [(torch.randn(32, 1, 8, 8), torch.randint(0, 10, (32,)))] * steps
     small = torch.ones(1000)
-    trainer.run(data, max_epochs=1)  # warm-up
+    before = _recorded()
+    trainer.run(data, max_epochs=1)  # warm-up; what one step records (0 with the recorder off)
+    per_step = (_recorded() - before) / steps
     dist.all_reduce(small)
     rows = []
     for b in range(2 * blocks):  # plain, watcher, watcher, plain, ...: rotated pairs
@@ -83,7 +85,39 @@ def measure(local_rank, steps, blocks):
                      "ar_wall": ar_wall, "ar_cpu": ar_cpu})
         if stop:
             stop()
-    return {"rows": rows, "recorded_entries": _recorded()}
+    return {"rows": rows, "recorded_entries": _recorded(), "entries_per_step": per_step}
+
+
+def measure_alone(local_rank, calls, blocks):
+    """One rank: CPU time per all_reduce of float32[1000] with nobody to wait for, so the
+    recorder's work is a larger share of the call and no peer's delay enters it."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    small = torch.ones(1000)
+    _block(lambda: dist.all_reduce(small), calls)  # warm-up
+    return [_block(lambda: dist.all_reduce(small), calls)[1] for _ in range(blocks)]
+
+
+def watcher_poll_cpu(polls=2000):
+    """CPU seconds of one poll of the kit's watcher (a stat of the request file, a sleep's
+    wake-up, the GIL taken and given back), measured on a watcher armed with a 1 ms poll
+    while this thread sleeps; the kit polls every 0.1 s."""
+    from distkit.observe.hang_records import REQUEST, arm
+
+    folder = tempfile.mkdtemp()
+    idle_cpu, start = time.process_time(), time.perf_counter()
+    time.sleep(polls * 0.001)
+    idle = time.process_time() - idle_cpu
+    cpu, start = time.process_time(), time.perf_counter()
+    thread = arm(folder, 0, poll_s=0.001)
+    time.sleep(polls * 0.001)
+    armed, wall = time.process_time() - cpu, time.perf_counter() - start
+    open(os.path.join(folder, REQUEST), "w").close()
+    thread.join()
+    done = wall / 0.001  # polls made, at most (a loaded machine wakes the thread late)
+    return {"cpu_per_poll_us": 1e6 * (armed - idle) / done, "polls_at_most": round(done)}
 
 
 WHATS = ("step_wall", "step_cpu", "ar_wall", "ar_cpu")
@@ -136,7 +170,29 @@ def main():
         results.append(got)
         print(f"round {r + 1}: recorder entries off/on:", got["off"]["recorded_entries"],
               got["on"]["recorded_entries"], "load", os.getloadavg()[0], flush=True)
-    print("rank 0:", json.dumps(summarize(results), indent=1))
+    summary = summarize(results)
+    print("rank 0:", json.dumps(summary, indent=1))
+    per_step = statistics.median(r["on"]["entries_per_step"] for r in results)
+    alone = []
+    for r in range(rounds):  # one rank, recorder off and on, rotated
+        got = {}
+        for side in (("off", "on") if r % 2 == 0 else ("on", "off")):
+            os.environ["TORCH_FR_BUFFER_SIZE"] = "0" if side == "off" else "2000"
+            got[side] = statistics.median(run_per_rank(measure_alone, 1, "gloo", 20 * steps, blocks)[0])
+        alone.append(got)
+    extra = statistics.median(a["on"] - a["off"] for a in alone)
+    print("one rank, CPU us per all_reduce float32[1000]: recorder off",
+          round(1e6 * statistics.median(a["off"] for a in alone), 2), "on",
+          round(1e6 * statistics.median(a["on"] for a in alone), 2), "median paired extra",
+          round(1e6 * extra, 2), "quartiles", [round(1e6 * q, 2) for q in statistics.quantiles(
+              [a["on"] - a["off"] for a in alone], n=4)])
+    step_cpu = summary["step_cpu"]["recorder_off_us"]
+    print(f"recorder entries per step (the kit's MLP step under DDP): {per_step:g}; their CPU, "
+          f"{per_step:g} x {1e6 * extra:.2f} us = {per_step * 1e6 * extra:.1f} us, is "
+          f"{100 * per_step * 1e6 * extra / step_cpu:.2f} % of the step's {step_cpu:g} us of CPU")
+    poll = watcher_poll_cpu()
+    print(f"watcher: {poll['cpu_per_poll_us']:.1f} us of CPU per poll ({poll['polls_at_most']} polls at "
+          f"most), 10 polls a second: {100 * 10 * poll['cpu_per_poll_us'] / 1e6:.4f} % of one core")
     print("load after", os.getloadavg())
 
 

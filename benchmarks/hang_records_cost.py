@@ -15,6 +15,11 @@ DDP), 32 samples per rank; also one all_reduce of float32[1000].
   blocks without it, so its cost is a paired difference in the same process.
 - Wall and CPU time (the process, all its threads) per step. On a loaded machine CPU time
   is the number to read: wall time there is mostly waiting for a core.
+- Then the pieces, which a loaded machine resolves where whole steps do not: the
+  recorder's CPU per all_reduce on ONE rank (no peer to wait for; again processes off and
+  on in rotated rounds), times the entries one step records (counted), over the step's CPU;
+  and the watcher's CPU per poll (armed with a 1 ms poll while the main thread sleeps),
+  times its 10 polls a second.
 
     python benchmarks/hang_records_cost.py [rounds] [steps per block] [blocks per side]
 """

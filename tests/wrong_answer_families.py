@@ -7,7 +7,9 @@ Any ``tests/wrong_answers_*.py`` module may declare, for the exercises it owns:
 - ``FAMILY = {(exercise, wrong answer's name): family}``: the family of each wrong answer
   of those exercises (wherever the answer itself is listed), one of ``TAGS``;
 - ``APPLIES = {exercise: (family, ...)}``: the families that apply to the exercise;
-- ``NOT_APPLICABLE = {(exercise, family): why}``: the others, each with its reason.
+- ``NOT_APPLICABLE = {(exercise, family): why}``: the others, each with its reason;
+- ``GRADED_APART = [...]``: wrong answers that a test file of their own grades (not
+  test_exercises.py's rounds of pytest subprocesses).
 
 Every (exercise, family) pair is decided exactly once, in one module.
 """
@@ -84,11 +86,11 @@ def shortfalls(answers, numbers):
 
 def all_answers():
     """Every wrong answer: test_exercises.py's list (which gathers the other modules') and
-    exercise 15's, which tests/exercises/test_exercise15.py grades."""
+    those a module grades apart (``GRADED_APART``: exercise 15's and 16's, which
+    tests/exercises/test_exercise15.py and test_exercise16.py grade in their own process)."""
     import test_exercises
-    from wrong_answers_trace import WRONG_ANSWERS_15
 
-    return test_exercises.WRONG_ANSWERS + WRONG_ANSWERS_15
+    return test_exercises.WRONG_ANSWERS + [a for m in modules() for a in getattr(m, "GRADED_APART", [])]
 
 
 def table(answers, numbers) -> str:
@@ -109,7 +111,7 @@ def table(answers, numbers) -> str:
 if __name__ == "__main__":  # python tests/wrong_answer_families.py [08 09]: what is missing, and the counts
     import sys
 
-    sys.path.insert(0, str(HERE))
+    sys.path[:0] = [str(HERE), str(HERE / "exercises")]  # test_exercises.py lives in tests/exercises
     wanted = sys.argv[1:] or sorted({n for n, *_ in all_answers()})
     print(table(all_answers(), wanted))
     print("\n".join(shortfalls(all_answers(), wanted)) or "nothing missing")

@@ -134,3 +134,5 @@ def waited_fraction(trace):
             for rank in _ranks(trace) if rank != slow}
 """, r"waited_fraction\(trace\) returned \{0: 0\.6, 1: 0\.4\} \(dict\); return a number"),
 ]
+
+GRADED_APART = WRONG_ANSWERS_15  # tests/wrong_answer_families.py counts them

@@ -1,0 +1,215 @@
+"""Properties the exercise checks enforce, with the wrong answers drawn by Hypothesis
+rather than listed: each case builds an answer from drawn choices, grades it with the
+exercise's own check in this process (the check's module imported here, as
+test_exercise15.py does), and asserts that the check accepts it exactly when the drawn
+choices are right, and otherwise rejects it with a message that names the cause drawn.
+
+- 04: nodes that disagree about what is on disk (one node's copy lost, the other's kept):
+  who decides whether to download (this node, rank 0 for everyone, an all_reduce of
+  every node's answer) and how the node's processes re-check.
+- 05: a Timer's events against handlers on every event a step's time could straddle
+  (EPOCH_STARTED, ITERATION_STARTED, the batch fetch, ITERATION_COMPLETED, EPOCH_COMPLETED).
+- 07: how the checkpoint files are numbered (global_step_transform) and kept (n_saved).
+- 10: a walk over a model with nested blocks (modules(), children(), iterating the model).
+
+Every case prints its seed; ``DISTKIT_PROPERTY_SEED=N`` draws the same cases again.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import sys
+import warnings
+
+import pytest
+from hypothesis import HealthCheck, Phase, example, given, seed, settings
+from hypothesis import strategies as st
+
+from test_exercises import SOLUTIONS
+
+SEED = int(os.environ.get("DISTKIT_PROPERTY_SEED") or random.randrange(2 ** 32))
+CHECKS = SOLUTIONS.parent / "checks"
+# A case runs processes or sleeps through a trainer: a failing one is reported as drawn,
+# not shrunk through dozens more runs.
+AS_DRAWN = dict(deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck))
+
+
+def replay_line(test: str) -> str:
+    return (f"seed {SEED}: DISTKIT_PROPERTY_SEED={SEED} python -m pytest "
+            f"tests/exercises/test_check_properties.py -k {test} -p no:cacheprovider")
+
+
+@pytest.fixture(scope="module")
+def checks():
+    """``checks(NN)``: exercise NN's check module, imported in this process."""
+    sys.path.insert(0, str(CHECKS))  # the checks import their harness
+    loaded = {}
+
+    def load(number):
+        if number not in loaded:
+            path = next(CHECKS.glob(f"test_{number}_*.py"))
+            spec = importlib.util.spec_from_file_location(f"check_{number}_properties", path)
+            module = importlib.util.module_from_spec(spec)
+            with warnings.catch_warnings():  # its exNN marker is registered in exercises/pytest.ini only
+                warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+                spec.loader.exec_module(module)
+            loaded[number] = module
+        return loaded[number]
+
+    yield load
+    sys.path.remove(str(CHECKS))
+
+
+def answer(tmp_path, monkeypatch, number: str, source: str):
+    """Make ``source`` the file the checks grade for exercise ``number``."""
+    folder = tmp_path / "graded"
+    folder.mkdir(exist_ok=True)
+    solution = next(SOLUTIONS.glob(f"{number}_*.py"))
+    (folder / solution.name).write_text(source)
+    monkeypatch.setenv("DISTKIT_EXERCISES", str(folder))
+    sys.modules.pop(f"distkit_exercise_{number}", None)
+
+
+def verdict(run) -> str:
+    """'' when ``run()`` passes, else the message the learner reads."""
+    import harness
+
+    try:
+        run()
+    except harness.ExerciseFailure as failure:
+        return str(failure)
+    return ""
+
+
+def with_function(number: str, name: str, body: str) -> str:
+    """The solution of ``number`` with function ``name`` replaced by ``body`` (appended: the
+    later definition wins)."""
+    return next(SOLUTIONS.glob(f"{number}_*.py")).read_text() + "\n\n" + body
+
+
+# --- 04: nodes that disagree about what is on disk ----------------------------------------------
+
+DECIDERS = {  # whether a download is needed, as this process comes to know it
+    "its own node's disk": "here",
+    "rank 0's disk, broadcast to every node": "idist.broadcast(torch.tensor(here), src=0).item()",
+    "any node's disk (an all_reduce MAX)": 'idist.all_reduce(here, op="MAX")',
+    "every node's disk (an all_reduce MIN)": 'idist.all_reduce(here, op="MIN")',
+}
+GUARDS = {  # who, inside one_rank_first(local=True), then downloads
+    "local rank 0": "idist.get_local_rank() == 0",
+    "whoever finds no file on its node": "not is_downloaded(root)",
+}
+
+
+def download_answer(decider: str, guard: str) -> str:
+    return with_function("04", "get_dataset", f'''
+def get_dataset(root):
+    here = float(not is_downloaded(root))
+    missing = {DECIDERS[decider]}
+    with idist.one_rank_first(local=True):
+        if missing and {GUARDS[guard]}:
+            download(root)
+    return load(root)
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@seed(SEED)
+@settings(max_examples=2, **AS_DRAWN)
+@given(decider=st.sampled_from(sorted(DECIDERS)), guard=st.sampled_from(sorted(GUARDS)))
+@example(decider="rank 0's disk, broadcast to every node", guard="local rank 0")
+def test_04_a_download_is_decided_by_each_nodes_own_disk(decider, guard, checks, tmp_path_factory):
+    import harness
+
+    print(f"04: decided by {decider}, downloaded by {guard}; {replay_line('04')}", flush=True)
+    check = checks("04")
+    tmp = tmp_path_factory.mktemp("ex04")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        answer(tmp, monkeypatch, "04", download_answer(decider, guard))
+        base = str(tmp / "run")
+        layout = harness.LAYOUTS[3]  # 2 nodes x 2 processes, a disk per node: where nodes can disagree
+        message = verdict(lambda: [check.judge(name, ranks, base) for name, ranks in
+                                   harness.each_layout(check.on_rank, base, layouts=[layout])])
+    # re-checking its own disk inside the block makes any decider right: a node that has the
+    # file never downloads it again, and an all_reduce MAX never says "no" to a node that lacks it
+    right = decider == "its own node's disk" or (guard == "whoever finds no file on its node"
+                                                 and "MAX" in decider)
+    if right:
+        assert message == "", message
+        return
+    assert "the nodes disagree about what is on disk, so each node decides from its own disk" in message.lower(), \
+        message
+    cause = "downloaded it again on node 0" if "MAX" in decider else "nobody on node 1 downloaded it"
+    assert cause in message, message
+
+
+# --- 07: how the checkpoint files are numbered and kept ---------------------------------------
+
+NUMBERINGS = {  # the global_step_transform, as the learner wrote it (None: Checkpoint's own)
+    "Checkpoint's own": None,
+    "the iteration": "lambda engine, _: engine.state.iteration",
+    "the epoch": "lambda engine, _: engine.state.epoch",
+    "the iteration, counted down": "lambda engine, _: -engine.state.iteration",
+}
+
+
+@pytest.mark.timeout(300)
+@seed(SEED)
+@settings(max_examples=25, **AS_DRAWN)
+@given(numbering=st.sampled_from(sorted(NUMBERINGS)), offset=st.integers(-3, 3),
+       n_saved=st.sampled_from([1, 2, 3, None]), per_epoch=st.integers(2, 6), stop=st.integers(1, 14))
+def test_07_files_are_numbered_by_their_iteration_and_the_last_2_kept(
+        numbering, offset, n_saved, per_epoch, stop, checks, tmp_path_factory):
+    """A real ignite Checkpoint (in this process, on an Engine of ``per_epoch`` iterations
+    an epoch) with the drawn numbering and ``n_saved``, stopped after ``stop`` iterations:
+    the check's judgement of the files it left against what was drawn."""
+    import torch
+    from ignite.engine import Engine, Events
+    from ignite.handlers import Checkpoint, DiskSaver
+
+    print(f"07: numbered by {numbering} {offset:+d}, n_saved={n_saved}, {per_epoch} iterations an "
+          f"epoch, stopped after {stop}; {replay_line('07')}", flush=True)
+    check = checks("07")
+    transform = NUMBERINGS[numbering]
+    if transform is not None and offset:
+        transform = f"{transform} + {offset}"
+    elif transform is None and offset:
+        transform = f"lambda engine, _: engine.state.iteration + {offset}"
+    folder = str(tmp_path_factory.mktemp("ex07"))
+    trainer = Engine(lambda engine, batch: None)
+    model = torch.nn.Linear(1, 1)  # two objects: one dict per file, as the exercise saves
+    checkpoint = Checkpoint({"trainer": trainer, "model": model}, DiskSaver(folder, require_empty=False), n_saved=n_saved,
+                            global_step_transform=None if transform is None else eval(transform))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, checkpoint)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop), lambda engine: engine.terminate())
+    trainer.run(range(per_epoch), max_epochs=stop // per_epoch + 1)
+
+    class Answer:  # what saved_files reads the files with: the stub's given read_checkpoint
+        read_checkpoint = staticmethod(lambda path: torch.load(path, weights_only=True))
+
+    files = check.saved_files(Answer, folder)
+    message = check.numbering(files, per_epoch)
+    by_iteration = transform is None or (numbering == "the iteration" and offset == 0)
+    if by_iteration:
+        kept = min(n_saved or stop, stop)
+        assert message == "", message
+        assert [i for _, i in files] == list(range(stop - kept + 1, stop + 1)), files  # the last ones
+        return
+    numbers = [check.file_number(name) for name, _ in files]
+    if numbers == [i for _, i in files]:
+        # a numbering that meets the iteration where the run stopped (the epoch at iteration 1)
+        assert message == "", message
+        return
+    assert message, f"files {files} passed as numbered by their iteration"
+    if len(files) == 1:  # one number against one iteration: an offset is all it shows
+        assert "the checkpoint files are numbered" in message, message
+    elif numbering == "the epoch":
+        assert ("numbered by epoch" if offset == 0 else "numbered otherwise than by the iteration") in message, \
+            message
+    elif numbering != "the iteration, counted down":
+        assert f"numbered {abs(offset)} {'above' if offset > 0 else 'below'} the iteration" in message, message
+    else:
+        assert "numbered otherwise than by the iteration" in message, message

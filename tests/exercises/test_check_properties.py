@@ -213,3 +213,108 @@ def test_07_files_are_numbered_by_their_iteration_and_the_last_2_kept(
         assert f"numbered {abs(offset)} {'above' if offset > 0 else 'below'} the iteration" in message, message
     else:
         assert "numbered otherwise than by the iteration" in message, message
+
+
+# --- 05: a Timer against handlers on every event a step could straddle --------------------------
+
+TIMER_EVENTS = {  # (start, resume, pause, the extra pause's event or None)
+    "start": ["EPOCH_STARTED", "STARTED"],
+    "resume": ["ITERATION_STARTED", "GET_BATCH_COMPLETED"],
+    "pause": ["ITERATION_COMPLETED", "GET_BATCH_STARTED"],
+    "extra_pause": ["EPOCH_STARTED", "GET_BATCH_STARTED", None],
+}
+
+
+def timer_answer(start, resume, pause, extra_pause) -> str:
+    extra = f"\n    trainer.add_event_handler(Events.{extra_pause}, timer.pause)" if extra_pause else ""
+    return with_function("05", "attach_step_timer", f'''
+def attach_step_timer(trainer):
+    timer = Timer(average=True)
+    timer.attach(trainer, start=Events.{start}, resume=Events.{resume}, pause=Events.{pause},
+                 step=Events.ITERATION_COMPLETED){extra}
+    return timer
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@seed(SEED)
+@settings(max_examples=6, **AS_DRAWN)
+@given(**{name: st.sampled_from(choices) for name, choices in TIMER_EVENTS.items()})
+@example(start="EPOCH_STARTED", resume="ITERATION_STARTED", pause="ITERATION_COMPLETED",
+         extra_pause="GET_BATCH_STARTED")  # every fetch kept out, but not EPOCH_STARTED's handlers
+@example(start="EPOCH_STARTED", resume="GET_BATCH_COMPLETED", pause="ITERATION_COMPLETED",
+         extra_pause="EPOCH_STARTED")  # resumed before ITERATION_STARTED's earlier handlers
+def test_05_the_timer_keeps_out_every_handler_it_could_straddle(start, resume, pause, extra_pause, checks,
+                                                               tmp_path_factory):
+    print(f"05: start {start}, resume {resume}, pause {pause}, also paused at {extra_pause}; "
+          f"{replay_line('05')}", flush=True)
+    check = checks("05")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        answer(tmp_path_factory.mktemp("ex05"), monkeypatch, "05", timer_answer(start, resume, pause, extra_pause))
+        message = verdict(check.test_timer_measures_only_the_step)
+    # the step is bracketed by ITERATION_STARTED and ITERATION_COMPLETED, and the clock that
+    # every start event sets running is paused before any other handler and fetch
+    right = resume == "ITERATION_STARTED" and pause == "ITERATION_COMPLETED" and extra_pause == "EPOCH_STARTED"
+    if right:
+        assert message == "", message
+        return
+    assert message, "a timer that counts other handlers or fetches passed"
+    assert "it also counts" in message, message  # a fetch or a handler, named
+    if resume == "GET_BATCH_COMPLETED":
+        assert "at GET_BATCH_COMPLETED" in message or "fetch" in message, message
+    if (resume, pause, extra_pause) == ("ITERATION_STARTED", "ITERATION_COMPLETED", "GET_BATCH_STARTED"):
+        assert "set_epoch handler (at EPOCH_STARTED)" in message and "pause it in a handler of that event" in message, \
+            message
+    if (resume, pause, extra_pause) == ("GET_BATCH_COMPLETED", "ITERATION_COMPLETED", "EPOCH_STARTED"):
+        assert "scheduler handler (at ITERATION_STARTED)" in message \
+            and "batch to device handler (at GET_BATCH_COMPLETED)" in message, message
+
+
+# --- 10: a walk over a model with nested blocks ---------------------------------------------
+
+WALKS = {  # how the answer finds the layers to shard; True: it reaches every depth
+    "model.modules()": ("model.modules()", True),
+    "model.named_modules()": ("(m for _, m in model.named_modules())", True),
+    "children(), recursively": ("_every(model)", True),
+    "model.children()": ("model.children()", False),
+    "iterating the model": ("iter(model)", False),
+    "model.named_children()": ("(m for _, m in model.named_children())", False),
+}
+
+
+def shard_answer(walk: str) -> str:
+    return with_function("10", "shard", f'''
+def _every(module):
+    for child in module.children():
+        yield child
+        yield from _every(child)
+
+
+def shard(model):
+    for layer in {WALKS[walk][0]}:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@seed(SEED)
+@settings(max_examples=2, **AS_DRAWN)
+@given(walk=st.sampled_from(sorted(WALKS)))
+@example(walk="model.children()")
+def test_10_a_walk_reaches_the_layers_of_nested_blocks(walk, checks, tmp_path_factory):
+    import harness
+
+    print(f"10: layers found by {walk}; {replay_line('10')}", flush=True)
+    check = checks("10")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        answer(tmp_path_factory.mktemp("ex10"), monkeypatch, "10", shard_answer(walk))
+        message = verdict(lambda: check.judge(harness.run_ranks(check.on_rank)))
+    if WALKS[walk][1]:
+        assert message == "", message
+    else:
+        assert "not the one(s) inside a nested block (2.0)" in message and "model.modules()" in message, message

@@ -11,12 +11,15 @@ choices are right, and otherwise rejects it with a message that names the cause 
   (EPOCH_STARTED, ITERATION_STARTED, the batch fetch, ITERATION_COMPLETED, EPOCH_COMPLETED).
 - 07: how the checkpoint files are numbered (global_step_transform) and kept (n_saved).
 - 10: a walk over a model with nested blocks (modules(), children(), iterating the model).
+- 14: a cause named from several shapes, not one: an answer that gives a slip's count on one
+  shape and something else on the others is not told it made that slip.
 
 Every case prints its seed; ``DISTKIT_PROPERTY_SEED=N`` draws the same cases again.
 """
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import random
 import sys
@@ -52,6 +55,7 @@ def checks():
             path = next(CHECKS.glob(f"test_{number}_*.py"))
             spec = importlib.util.spec_from_file_location(f"check_{number}_properties", path)
             module = importlib.util.module_from_spec(spec)
+            sys.modules[spec.name] = module  # an answer may look the check's helpers up by name
             with warnings.catch_warnings():  # its exNN marker is registered in exercises/pytest.ini only
                 warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
                 spec.loader.exec_module(module)
@@ -318,3 +322,57 @@ def test_10_a_walk_reaches_the_layers_of_nested_blocks(walk, checks, tmp_path_fa
         assert message == "", message
     else:
         assert "not the one(s) inside a nested block (2.0)" in message and "model.modules()" in message, message
+
+
+# --- 14: a slip named only when every shape checked shows it -------------------------------------
+
+def flops_answer(slip: int, target) -> str:
+    """A step_flops that gives slip ``slip``'s count on shape ``target`` (all of them when
+    None) and the right count elsewhere."""
+    return with_function("14", "step_flops", f'''
+def step_flops(model, batch_per_rank, world_size):
+    import sys
+    check = sys.modules["check_14_properties"]
+    key = (model.n_layer, model.n_head, model.d_model, model.block_size, batch_per_rank, world_size)
+    target = {target!r}
+    if target is None or key == target:
+        return check.mistakes(model, batch_per_rank, world_size)[{slip}][1]
+    return check.harness.load_reference("14").step_flops(model, batch_per_rank, world_size)
+''')
+
+
+@pytest.mark.timeout(300)
+@seed(SEED)
+@settings(max_examples=6, **AS_DRAWN)
+@given(slip=st.integers(0, 7), everywhere=st.booleans(), shape=st.integers(0, 4), check_seed=st.integers(1, 10**6))
+@example(slip=5, everywhere=False, shape=0, check_seed=7)  # sequences for tokens on the first shape only
+@example(slip=4, everywhere=True, shape=0, check_seed=7)  # one process's step, everywhere
+def test_14_a_slip_is_named_only_when_every_shape_shows_it(slip, everywhere, shape, check_seed, checks,
+                                                           tmp_path_factory):
+    print(f"14: slip {slip} {'on every shape' if everywhere else f'on shape {shape} only'}, check seed "
+          f"{check_seed}; {replay_line('14')}", flush=True)
+    check = checks("14")
+    shapes = check.SHAPES + check.random_shapes(check_seed)
+    target = None if everywhere else shapes[shape]
+    models = [(check.gpt(*s[:4]), s[4], s[5]) for s in shapes]
+    reference = check.harness.load_reference("14")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("DISTKIT_CHECK_SEED", str(check_seed))
+        answer(tmp_path_factory.mktemp("ex14"), monkeypatch, "14", flops_answer(slip, target))
+        message = verdict(check.test_step_flops_equal_the_reference_count_exactly)
+    shown = [k for k, (model, per_rank, world) in enumerate(models)
+             if not math.isclose(check.mistakes(model, per_rank, world)[slip][1],
+                                 reference.step_flops(model, per_rank, world), rel_tol=1e-12)]
+    if not (everywhere and shown) and not (not everywhere and shape in shown):
+        assert message == "", message  # the slip gives the right count wherever it was made
+        return
+    first = shown[0] if everywhere else shape
+    words = check.mistakes(*models[first])[slip][0]
+    # the slip is named when every shape checked agrees with it: made everywhere, or made on one
+    # shape where on every other it gives the right count anyway
+    consistent = everywhere or shown == [shape]
+    assert message, "a wrong count passed"
+    if consistent:
+        assert words in message, message
+    else:
+        assert words not in message, message

@@ -19,7 +19,8 @@ Task: write two functions.
    ``ignite.handlers.Checkpoint`` that saves trainer, model and optimizer into
    ``dirname`` (a ``DiskSaver``; the folder may already exist and hold checkpoints: a
    resumed run saves into the folder it resumed from) after EVERY iteration, keeping the
-   last 2 files; attach it to ``trainer`` and return it.
+   last 2 files, each numbered by the iteration it holds (``checkpoint_7.pt`` holds
+   iteration 7); attach it to ``trainer`` and return it.
 2. ``resume(trainer, model, optimizer, checkpoint_file)``: read that file with the
    given ``read_checkpoint`` (``torch.load(..., weights_only=True)``: never unpickle
    arbitrary objects) and load it into the same three objects.
@@ -46,8 +47,8 @@ def read_checkpoint(path: str) -> dict:
 
 
 def attach_checkpointing(trainer, model, optimizer, dirname: str) -> Checkpoint:
-    """Save trainer, model and optimizer after every iteration (last 2 kept); return the
-    Checkpoint. Called on every rank."""
+    """Save trainer, model and optimizer after every iteration (last 2 kept, each file
+    numbered by the iteration it holds); return the Checkpoint. Called on every rank."""
     # TODO: a Checkpoint with a DiskSaver, attached to the trainer.
     raise NotImplementedError("exercise 07: write attach_checkpointing")
 

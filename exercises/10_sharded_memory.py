@@ -13,9 +13,9 @@ Task:
    under ``strategy`` "ddp" or "fsdp", as a dict with the keys "params", "grads" and
    "optimizer" (Adam keeps two moments per parameter, ``exp_avg`` and ``exp_avg_sq``;
    leave out its one-number step counters). Assume every shard is the same size.
-2. ``shard(model)``: turn the plain ``nn.Sequential`` ``model`` into an FSDP model: call
-   ``fully_shard`` on every ``nn.Linear`` in it, then on the model itself (the root),
-   and return the model. The check builds the optimizer afterwards.
+2. ``shard(model)``: turn the ``nn.Sequential`` ``model`` into an FSDP model: call
+   ``fully_shard`` on every ``nn.Linear`` in it (some sit inside nested blocks), then on
+   the model itself (the root), and return the model. The check builds the optimizer afterwards.
 
 Check it:  pytest exercises -m ex10     (or: distkit check 10)
 Stuck?     distkit check 10 --hint     (or read exercises/hints.md)

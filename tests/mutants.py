@@ -366,6 +366,109 @@ def grade(drawn: list, folder: Path, *, rounds_at_once: int = 2, identity: bool 
     return graded
 
 
+def grade_in_process(drawn: list, folder: Path, *, at_once: int = 2, identity: bool = True) -> dict:
+    """Like :func:`grade`, cheaper: one Python process per exercise imports the exercise's
+    check module once and runs its check functions on each mutant in turn (the ranks are
+    forked from that warm process), instead of a pytest subprocess per mutant that imports
+    torch, ignite and the checks again. Only for checks whose functions take no fixture but
+    ``tmp_path``; the verdicts have the same form."""
+    import json
+    import os
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    entries = {}
+    for number in sorted({m.number for m in drawn}):
+        entries[number] = [(f"{number}-identity", identity_source(number))] if identity else []
+    for m in drawn:
+        entries[m.number].append((m.ident, m.source))
+
+    def run(number):
+        place = folder / f"in-process-{number}"
+        jobs = []
+        for k, (ident, source) in enumerate(entries[number]):
+            (place / str(k)).mkdir(parents=True, exist_ok=True)
+            (place / str(k) / solution_file(number).name).write_text(source)
+            jobs.append([ident, str(place / str(k))])
+        (place / "jobs.json").write_text(json.dumps(jobs))
+        env = {**os.environ, "DISTKIT_CHECK_TIMEOUT": "10", "PYTHONPATH": _pythonpath(),
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        proc = subprocess.run([sys.executable, __file__, "--worker", number, str(place)], env=env,
+                              capture_output=True, text=True, timeout=60 + 150 * len(jobs))
+        out = place / "verdicts.json"
+        assert out.exists(), f"the in-process grader of {number} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+        return json.loads(out.read_text())
+
+    graded = {}
+    with ThreadPoolExecutor(max_workers=at_once) as pool:
+        for verdicts in pool.map(run, sorted(entries)):
+            graded.update({ident: [tuple(t) for t in tests] for ident, tests in verdicts.items()})
+    return graded
+
+
+def _worker(number: str, place: Path) -> None:
+    """Grade the mutant folders listed in ``place/jobs.json`` with exercise ``number``'s
+    checks, in this process; write ``place/verdicts.json``."""
+    import importlib.util
+    import inspect
+    import json
+    import os
+    import signal
+    import tempfile
+    import traceback
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(1)  # as exercises/checks/conftest.py
+    checks = HERE.parent / "exercises" / "checks"
+    sys.path.insert(0, str(checks))
+    import harness
+
+    path = next(checks.glob(f"test_{number}_*.py"))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec.loader.exec_module(module)
+    tests = [f for name, f in vars(module).items() if name.startswith("test_") and callable(f)]
+    tests.sort(key=lambda f: f.__code__.co_firstlineno)
+    fixtures = {p for f in tests for p in inspect.signature(f).parameters} - {"tmp_path"}
+    assert not fixtures, f"exercise {number}'s checks take fixtures {fixtures}: grade it with grade()"
+
+    def hung(*_):
+        raise TimeoutError("the check ran past 150 s")
+
+    signal.signal(signal.SIGALRM, hung)
+    verdicts = {}
+    for ident, folder in json.loads((place / "jobs.json").read_text()):
+        os.environ["DISTKIT_EXERCISES"] = folder
+        sys.modules.pop(f"distkit_exercise_{number}", None)
+        results = []
+        for test in tests:
+            test_id = f"checks.{path.stem}::{test.__name__}"
+            if results and results[-1][1] == "failed":
+                results.append((test_id, "skipped", "an earlier check of this exercise already rejected the mutant"))
+                continue
+            kwargs = {"tmp_path": Path(tempfile.mkdtemp(dir=folder))} \
+                if "tmp_path" in inspect.signature(test).parameters else {}
+            signal.alarm(150)
+            try:
+                test(**kwargs)
+                results.append((test_id, "passed", ""))
+            except harness.ExerciseFailure as failure:
+                results.append((test_id, "failed", str(failure)))
+            except NotImplementedError as error:
+                results.append((test_id, "failed", harness.not_solved_message(error)))
+            except Exception:  # noqa: BLE001 - pytest would report the mutant's error as a failure
+                results.append((test_id, "failed", traceback.format_exc()[-3000:]))
+            finally:
+                signal.alarm(0)
+        verdicts[ident] = results
+        (place / "verdicts.json").write_text(json.dumps(verdicts))
+    (place / "verdicts.json").write_text(json.dumps(verdicts))
+
+
 def _pythonpath() -> str:
     import os
 
@@ -443,6 +546,8 @@ def main(argv=None) -> int:
                         "the survivors of an earlier --out file")
     parser.add_argument("--list", action="store_true", help="print the mutants, grade none")
     parser.add_argument("--rounds-at-once", type=int, default=2)
+    parser.add_argument("--in-process", action="store_true", help="one process per exercise grades its "
+                        "mutants in turn (cheaper; checks whose functions take no fixture but tmp_path)")
     parser.add_argument("--out", type=Path, help="write every verdict as JSON here")
     args = parser.parse_args(argv)
     chosen = [n for n in args.exercises.split(",") if n] or None
@@ -460,7 +565,8 @@ def main(argv=None) -> int:
         return 0
     start, load = time.monotonic(), os.getloadavg()
     with tempfile.TemporaryDirectory() as folder:
-        graded = grade(drawn, Path(folder), rounds_at_once=args.rounds_at_once)
+        graded = (grade_in_process(drawn, Path(folder), at_once=args.rounds_at_once) if args.in_process
+                  else grade(drawn, Path(folder), rounds_at_once=args.rounds_at_once))
     explained = survivors_explained()
     verdicts = {}
     for m in drawn:
@@ -488,4 +594,6 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(HERE))
+    if sys.argv[1:2] == ["--worker"]:
+        sys.exit(_worker(sys.argv[2], Path(sys.argv[3])))
     sys.exit(main())

@@ -2,7 +2,10 @@
 twice, in every layout: 1 process (no process group), 2 and 3 processes on one node, and
 2 nodes x 2 processes where EACH NODE HAS ITS OWN FOLDER (its own disk), as on a cluster
 without a shared file system. So "once per node" and "once in the whole run" differ: on
-2 x 2, one download for the whole run leaves the second node without its dataset.
+2 x 2, one download for the whole run leaves the second node without its dataset. On
+2 x 2 two more calls follow, each after one node's disk lost the dataset (node 1's, then
+node 0's) while the other's still holds it: the nodes disagree about what is on disk, and
+only a node that looks at its own disk downloads where (and only where) it must.
 
 A download starts, and later holds its half-written file, only once every other process of
 the node waits in a collective (a barrier), downloads too, or has given up (at most
@@ -93,39 +96,54 @@ def on_rank(base):
     ex.time = HeldTime(real_time, state)
     expected = harness.load_reference("04").PAYLOAD
     outcome = []
-    for attempt in range(2):  # a second run finds the dataset already there
+    # a first run finds no dataset, a second finds it; with several nodes, two more find it
+    # on one node only (the other's disk was wiped): the nodes disagree about what is there
+    lacking = [None, None] + ([1, 0] if idist.get_nnodes() > 1 else [])
+    for attempt, wiped in enumerate(lacking):
         idist.barrier()  # start together, as the processes of a real run do
+        dataset = os.path.join(root, harness.load_reference("04").DATA_FILE)
+        if wiped is not None and node == wiped and idist.get_local_rank() == 0 and os.path.exists(dataset):
+            os.remove(dataset)
         state["marks"] = f"{root.rstrip('/')}-marks{attempt}"  # beside root: the learner owns root
         os.makedirs(state["marks"], exist_ok=True)
+        before = len(downloads(root))
         idist.barrier()
-        waited = []
-        saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
-
-        def noting(name, original):
-            def call(*args, **kwargs):  # a collective: this process waits for the others here
-                waited.append(name)
-                mark(state, "wait")
-                return original(*args, **kwargs)
-            return call
-
-        for name, original in saved.items():
-            setattr(dist, name, noting(name, original))
-        try:
-            data = ex.get_dataset(root)
-            outcome.append({"error": None, "problem": returned_problem(data, expected),
-                            "waited": bool(waited)})
-        except ex.IncompleteDataset as error:
-            outcome.append({"error": str(error), "waited": bool(waited)})
-        finally:
-            for name, original in saved.items():
-                setattr(dist, name, original)
-            mark(state, "left")
+        outcome.append({**one_call(ex, root, state, expected), "lacking": wiped})
         # Every rank takes part in these collectives, whatever happened to it.
-        if idist.all_reduce(float(outcome[-1]["error"] is not None)) > 0:
+        failed = idist.all_reduce(float(outcome[-1]["error"] is not None)) > 0
+        outcome[-1]["downloads_now"] = downloads(root)[before:]  # this call's, into this node's folder
+        if failed:
             break
         idist.barrier()
         outcome[-1]["downloads_so_far"] = downloads(root)
     return {"outcome": outcome, "node": idist.get_node_rank()}
+
+
+def one_call(ex, root, state, expected):
+    """Call the answer's get_dataset once, noting whether it waited in a collective."""
+    import torch.distributed as dist
+
+    waited = []
+    saved = {name: getattr(dist, name) for name in COLLECTIVES if hasattr(dist, name)}
+
+    def noting(name, original):
+        def call(*args, **kwargs):  # a collective: this process waits for the others here
+            waited.append(name)
+            mark(state, "wait")
+            return original(*args, **kwargs)
+        return call
+
+    for name, original in saved.items():
+        setattr(dist, name, noting(name, original))
+    try:
+        data = ex.get_dataset(root)
+        return {"error": None, "problem": returned_problem(data, expected), "waited": bool(waited)}
+    except ex.IncompleteDataset as error:
+        return {"error": str(error), "waited": bool(waited)}
+    finally:
+        for name, original in saved.items():
+            setattr(dist, name, original)
+        mark(state, "left")
 
 
 def returned_problem(data, payload):
@@ -210,18 +228,57 @@ def judge(layout, ranks, base):
         if not first:
             raise harness.ExerciseFailure(
                 f"{where}: nobody called download(root): download when is_downloaded(root) is False")
+        if any(len(ranks[rank]["outcome"]) < 2 for rank in members):
+            continue  # a process of another node failed the first call: its message comes
         for rank in members:
-            for o in ranks[rank]["outcome"]:
+            for o in ranks[rank]["outcome"][:2]:
                 if o["error"]:
                     raise harness.ExerciseFailure(f"{where}: rank {rank}, second call: {o['error']}")
                 if o["problem"]:
                     raise harness.ExerciseFailure(
                         f"{where}: rank {rank} returned {o['problem']}: return load(root)")
-        again = downloads(root)[len(first):]
+        again = ranks[members[0]]["outcome"][1]["downloads_now"]
         if again:
             raise harness.ExerciseFailure(
                 f"{where}: the second call downloaded the dataset again (rank {again[0][0]}) although it was "
                 f"already there: download only when is_downloaded(root) is False")
+    for attempt in range(2, len(ranks[0]["outcome"])):
+        disagreeing(on, ranks, attempt)
+
+
+def disagreeing(on, ranks, attempt):
+    """The calls where one node's disk lacks the dataset and the others' hold it: the node
+    that lacks it downloads once, the others not at all, every process loads it."""
+    lacking = ranks[0]["outcome"][attempt]["lacking"]
+    holding = sorted({r["node"] for r in ranks} - {lacking})
+    scene = (f"{on}, call {attempt + 1}: node {lacking}'s disk had lost the dataset while node"
+             f"{'s' if len(holding) > 1 else ''} {', '.join(map(str, holding))} still held it")
+    advice = ("the nodes disagree about what is on disk, so each node decides from its OWN disk: "
+              "is_downloaded(root) looked at on that node (by its local rank 0, inside "
+              "idist.one_rank_first(local=True)), not an answer from rank 0 or combined over the nodes")
+    for node in sorted({r["node"] for r in ranks}):
+        members = [rank for rank, r in enumerate(ranks) if r["node"] == node]
+        outcomes = [ranks[rank]["outcome"] for rank in members]
+        if any(len(o) <= attempt for o in outcomes):
+            continue  # an earlier call of this node failed: another rank's message comes
+        now = next((o[attempt].get("downloads_now") for o in outcomes if "downloads_now" in o[attempt]), [])
+        if node != lacking and now:
+            raise harness.ExerciseFailure(
+                f"{scene}: rank {now[0][0]} downloaded it again on node {node}, where it was there: {advice}")
+        for rank, o in zip(members, outcomes):
+            if o[attempt]["error"]:
+                cause = (f"nobody on node {node} downloaded it" if node == lacking and not now
+                         else "it was read before the download had finished")
+                raise harness.ExerciseFailure(
+                    f"{scene}: rank {rank} (node {node}) found no complete dataset ({o[attempt]['error']}): "
+                    f"{cause}. " + advice[0].upper() + advice[1:])
+            if o[attempt]["problem"]:
+                raise harness.ExerciseFailure(f"{scene}: rank {rank} returned {o[attempt]['problem']}: "
+                                              f"return load(root)")
+        if node == lacking and len(now) > 1:
+            raise harness.ExerciseFailure(
+                f"{scene}: node {node} downloaded it {len(now)} times (ranks "
+                f"{', '.join(str(d[0]) for d in now)}): once per node is enough. " + advice[0].upper() + advice[1:])
 
 
 def _downloaded_into(found, base):

@@ -2,8 +2,9 @@
 processes, 2 nodes x 2 processes sharing one checkpoint folder, as nodes share a cluster's
 file system), a run stopped after STOP iterations and resumed from its checkpoint must end
 with exactly the weights of a run that never stopped, and its folder must hold the files
-the task asks for."""
+the task asks for: the last 2, each numbered by the iteration it holds."""
 import os
+import re
 
 import pytest
 import torch
@@ -155,6 +156,41 @@ def saved_files(ex, dirname):
     return sorted(found, key=lambda f: f[1] if isinstance(f[1], int) else -1)
 
 
+def file_number(name):
+    """The number in a checkpoint file's name (``checkpoint_7.pt``: 7), or None."""
+    found = re.search(r"_(-?\d+)\.pt$", name)
+    return int(found.group(1)) if found else None
+
+
+def numbering(files, per_epoch):
+    """'' when every file is numbered by the iteration it holds (what Checkpoint does by
+    itself for a handler on ITERATION_COMPLETED), else what the numbers are instead. The
+    numbers are Checkpoint's priorities: it keeps the files of the highest numbers and
+    writes no file whose name it already wrote, so a number that is not the iteration
+    keeps other files than the last ones."""
+    held = [(name, file_number(name), iteration) for name, iteration in files if isinstance(iteration, int)]
+    if not held or any(number is None for _, number, _ in held) or all(n == i for _, n, i in held):
+        return ""
+    shown = ", ".join(f"{name} holds iteration {iteration}" for name, _, iteration in held[-3:])
+    fix = ("number each file by the iteration it holds: for a handler on Events.ITERATION_COMPLETED "
+           "Checkpoint does so by itself, or give it a global_step_transform that returns the trainer's "
+           "iteration")
+    epochs = [(iteration - 1) // per_epoch + 1 for _, _, iteration in held]
+    if [n for _, n, _ in held] == epochs:
+        return (f"the checkpoint files are numbered by epoch ({shown}): Checkpoint writes no file under a "
+                f"name it already wrote and keeps the files of the highest numbers, so within an epoch "
+                f"only its first iteration is saved and a run that stops mid-epoch resumes from there; {fix}")
+    offsets = {n - i for _, n, i in held}
+    if len(offsets) == 1:
+        offset = offsets.pop()
+        return (f"the checkpoint files are numbered {abs(offset)} {'above' if offset > 0 else 'below'} the "
+                f"iteration they hold ({shown}): whoever resumes from checkpoint_N.pt expects iteration N "
+                f"in it; {fix}")
+    return (f"the checkpoint files are numbered otherwise than by the iteration they hold ({shown}): "
+            f"Checkpoint keeps the files of the highest numbers, so numbers that do not grow with the "
+            f"iteration keep other files than the last 2; {fix}")
+
+
 def judge(dirname, ranks, fail):
     for rank, r in enumerate(ranks):
         if r["returned"] != "Checkpoint" and all(other["returned"] == r["returned"] for other in ranks):
@@ -192,6 +228,9 @@ def judge(dirname, ranks, fail):
                    f"the folder ({names}) were written only when the run ended "
                    f"(Events.COMPLETED or TERMINATE), which a crash never reaches: save after "
                    f"EVERY iteration (Events.ITERATION_COMPLETED)")
+    misnumbered = numbering(files, ranks[0]["total"] // EPOCHS)
+    if misnumbered:
+        raise fail(misnumbered)
     newest = files[-1][1]
     if isinstance(newest, int) and newest != STOP:
         raise fail(f"the run stopped after iteration {STOP}, but its newest checkpoint holds "

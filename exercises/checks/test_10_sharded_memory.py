@@ -19,9 +19,12 @@ DIMS = {2: (16, 32, 32, 8), 3: (12, 24, 24, 12), 4: (12, 24, 24, 12)}  # rows di
 
 
 def make_model(world=WORLD):
+    """Three nn.Linear layers, the middle one inside a nested block (models are rarely
+    flat: a walk must reach every level)."""
     torch.manual_seed(0)  # every layer's first dimension divides by the world size: equal shards
     a, b, c, d = DIMS[world]
-    return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Linear(b, c), nn.ReLU(), nn.Linear(c, d))
+    return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Sequential(nn.Linear(b, c), nn.ReLU()),
+                         nn.Linear(c, d))
 
 
 NUM_PARAMS = sum(p.numel() for p in make_model().parameters())
@@ -59,6 +62,8 @@ def on_rank():
     report["whole"] = [name for name, p in sharded.named_parameters() if not isinstance(p, DTensor)]
     report["root_unit"] = isinstance(sharded, FSDPModule)
     report["linear_units"] = [isinstance(m, FSDPModule) for m in sharded.modules() if isinstance(m, nn.Linear)]
+    report["nested_left"] = [name for name, m in sharded.named_modules() if isinstance(m, nn.Linear)
+                             and "." in name and not isinstance(m, FSDPModule)]
     # While the model runs: before each layer's forward, the bytes of the weights that are
     # whole (gathered) on this rank at that moment. FSDP gathers a layer just before its
     # forward and, by default (reshard_after_forward=True), frees it right after.
@@ -118,6 +123,12 @@ def judge(ranks, where=""):
         raise harness.ExerciseFailure(where +
             f"after shard(model) the parameters {harness.short_list(r['whole'])} are still whole "
             f"(plain tensors, not DTensor shards) on every rank: call fully_shard on every nn.Linear")
+    if any(r["linear_units"]) and r.get("nested_left") and \
+            sum(not unit for unit in r["linear_units"]) == len(r["nested_left"]):
+        raise harness.ExerciseFailure(where +
+            f"the nn.Linear layers at the top level of the model are FSDP units, but not the one(s) inside a "
+            f"nested block ({harness.short_list(r['nested_left'])}): a walk over model.children() or over the "
+            f"model itself sees only the top level. model.modules() visits every module at every depth")
     if not all(r["linear_units"]):
         raise harness.ExerciseFailure(where +
             f"only {sum(r['linear_units'])} of the {len(r['linear_units'])} nn.Linear layers are "

@@ -73,7 +73,8 @@ def on_rank(seed):
 # --- the mistakes, replayed in one process ----------------------------------------------
 
 def replay(q, k, v, n, scale=True, rescale=True, diagonal_mask=True, skip_later=True, mask_earlier=False,
-           backwards=False, normalise=True, max_from_zero=False, mask_diagonal_too=False):
+           backwards=False, normalise=True, max_from_zero=False, mask_diagonal_too=False, stale=False,
+           keep_m=False):
     """Every rank's rows of a ring attention with the given choices; the defaults are right."""
     outs = []
     for rank in range(n):
@@ -81,7 +82,7 @@ def replay(q, k, v, n, scale=True, rescale=True, diagonal_mask=True, skip_later=
         m = torch.full(qr.shape[:-1], 0.0 if max_from_zero else float("-inf"))
         l, acc = torch.zeros(qr.shape[:-1]), torch.zeros_like(qr)
         for step in range(n):
-            held = (rank + step) % n if backwards else (rank - step) % n  # whose block arrived
+            held = rank if stale else (rank + step) % n if backwards else (rank - step) % n  # whose block arrived
             source = (rank - step) % n  # whose block the code believes it is
             if source > rank and skip_later:
                 continue
@@ -94,7 +95,7 @@ def replay(q, k, v, n, scale=True, rescale=True, diagonal_mask=True, skip_later=
             m_new = torch.maximum(m, s.amax(-1))
             p = torch.exp(s - m_new[..., None])
             r = torch.exp(m - m_new) if rescale else torch.ones_like(m)
-            l, acc, m = l * r + p.sum(-1), acc * r[..., None] + p @ block(v, held), m_new
+            l, acc, m = l * r + p.sum(-1), acc * r[..., None] + p @ block(v, held), m if keep_m else m_new
         outs.append(acc / l[..., None] if normalise else acc)
     return outs
 
@@ -126,6 +127,13 @@ MISTAKES = [
      "the running maximum started at 0, not -inf: in rows whose every score is far below 0 (about -200 in "
      "head 1 here) exp(score - 0) underflows to 0, and acc / l is 0 / 0 or loses its digits. Start m at "
      "-inf: the first block's own maximum then becomes the reference"),
+    (dict(stale=True),
+     "every step computed with this rank's OWN keys and values: the blocks received were never used. After "
+     "waiting for a step's transfers, the received blocks become the ones held for the next step"),
+    (dict(keep_m=True),
+     "the running maximum m was never updated after a block: each block's terms were then rescaled by "
+     "exp(m - m_new) against the first m, which throws away what earlier blocks summed. After adding a "
+     "block, m becomes m_new"),
     (dict(mask_diagonal_too=True),
      "the mask keeps out the diagonal itself: a query must see its own key (mask keys AFTER the query, "
      "causal_mask, not keys at or after it); the first query of the sequence then had every score masked "
@@ -185,6 +193,16 @@ def structure(layout, rank, n, log):
                 f"{(BATCH, HEADS, BLOCK, HEAD_DIM)} each, {want} sends and {want} receives per rank")
     # in flight: from a receive's post to its wait; a block computed on meanwhile overlaps
     waits = {c["of"]: i for i, c in enumerate(log) if c["op"] == "wait" and "of" in c}
+    if not any(c["op"] == "matmul" for c in log):
+        return (f"{where} made no matrix product at all: the scores of its queries against a block's keys "
+                f"(q @ k.T) and their weights times the block's values are what each step computes, on the "
+                f"blocks of this rank and of the ranks before it")
+    unwaited = [i for i, c in enumerate(log) if c["op"] == "irecv" and i not in waits]
+    if unwaited:
+        return (f"{where} never waited for {len(unwaited)} of its {len(recvs)} receive(s): a transfer that "
+                f"dist.batch_isend_irecv posted has arrived only once its request's wait() returned; until "
+                f"then the buffer may still be empty (on a GPU it usually is). Wait for every request "
+                f"before using the blocks received")
     windows = [(i, waits.get(i, i)) for i, c in enumerate(log) if c["op"] == "irecv"]
     overlapped = {k for k, (start, end) in enumerate(windows)
                   if any(c["op"] == "matmul" for c in log[start:end])}

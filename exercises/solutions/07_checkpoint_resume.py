@@ -23,8 +23,8 @@ def _objects(trainer, model, optimizer) -> dict:
 
 
 def attach_checkpointing(trainer, model, optimizer, dirname: str) -> Checkpoint:
-    """Save trainer, model and optimizer after every iteration (last 2 kept); return the
-    Checkpoint. Called on every rank."""
+    """Save trainer, model and optimizer after every iteration (last 2 kept, each file
+    numbered by the iteration it holds); return the Checkpoint. Called on every rank."""
     # Created on every rank: DiskSaver writes on rank 0 only (atomically: a temporary file,
     # then a rename, so a crash never leaves half a checkpoint), and on TPUs saving is a
     # collective that every rank must join. require_empty=False: resuming into the same

@@ -113,8 +113,6 @@ if dist.get_rank() == 1:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(strict=False, reason="KNOWN FLAKY, open (issue 45): torch's TCPStore sometimes prints a C++ "
-                   "'Connection reset by peer' warning on stderr as the ranks end, beside the kit's one line")
 def test_a_script_without_an_optimizer_gets_one_line_and_no_empty_trace(tmp_path):
     (tmp_path / "no_optimizer.py").write_text(NO_OPTIMIZER)
     out = launch(["--trace", "--nproc-per-node", "2", "no_optimizer.py"], tmp_path)

@@ -447,7 +447,8 @@ def ring_attention(q, k, v):
     ("13", "a ring of two: the other rank is 1 - rank (right on 2)",
      [(_SEND, "dist.P2POp(dist.isend, k, 1 - rank), dist.P2POp(dist.isend, v, 1 - rank)"),
       (_RECV, "dist.P2POp(dist.irecv, k_next, 1 - rank), dist.P2POp(dist.irecv, v_next, 1 - rank)")],
-     r"on 3 processes: rank 2 raised \w+: "),
+     r"on 3 processes: rank 2 called dist.isend to rank -1, but the ranks are 0 to 2: a neighbour on the ring is "
+     r"\(rank \+ 1\) % N or \(rank - 1\) % N"),
     ("13", "as many steps as processes per node (right on one node)",
      [("    for step in range(n):", "    for step in range(idist.get_nproc_per_node()):")],
      r"on 2 nodes x 2 processes, rank 0 sent 4 and received 4 tensor\(s\) of shapes \[\(2, 2, 5, 8\)\]: a ring of 4 "

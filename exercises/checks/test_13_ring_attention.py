@@ -50,6 +50,30 @@ def block(t, rank):
     return t[..., rank * BLOCK:(rank + 1) * BLOCK, :]
 
 
+class RingRecorder(harness.Recorder):
+    """The harness's record, which also stops a transfer to or from a rank that does not
+    exist before gloo gets it. gloo connects to a peer the first time it is used, by
+    waiting in the run's store for that rank's address: for a rank that does not exist,
+    until the timeout, or until the store closes when rank 0 (which serves it) ends. That
+    rank then ended in whichever C++ error came first (a lost connection, or an abort of
+    the whole process under load), never in one that names the peer."""
+
+    def __init__(self, rank, n):
+        super().__init__(compute=True)
+        self.rank, self.n = rank, n
+
+    def _note(self, name, args, kwargs):
+        super()._note(name, args, kwargs)
+        peer = self.log[-1]["peer"]
+        if name in ("send", "recv", "isend", "irecv") and isinstance(peer, int) and not 0 <= peer < self.n:
+            towards = "to" if name in ("send", "isend") else "from"
+            raise harness.ExerciseFailure(
+                f"rank {self.rank} called dist.{name} {towards} rank {peer}, but the ranks are 0 to {self.n - 1}: "
+                f"a neighbour on the ring is (rank + 1) % N or (rank - 1) % N, taken % N "
+                f"(N = idist.get_world_size()) so that the last rank's next is rank 0 and rank 0's "
+                f"previous is the last")
+
+
 def on_rank(seed):
     import ignite.distributed as idist
 
@@ -59,7 +83,7 @@ def on_rank(seed):
     with torch.no_grad():
         expected = harness.load_reference("13").ring_attention(*[t.clone() for t in mine])
     ex = harness.load("13")
-    with torch.no_grad(), harness.DeviceStandIn() as placement, harness.Recorder(compute=True) as record:
+    with torch.no_grad(), harness.DeviceStandIn() as placement, RingRecorder(rank, n) as record:
         out = ex.ring_attention(*mine)
     if isinstance(out, torch.Tensor):
         out = out.detach().clone()

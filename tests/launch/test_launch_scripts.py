@@ -92,3 +92,30 @@ def test_the_rank_that_never_came_is_named_and_the_bound_is_the_timeout_flag(tmp
     assert lines[1] == ("distkit: rank 0 waited the bound of distkit launch's --timeout 5 s (raise "
                         "--timeout for waits that are longer); rank 1 was not waiting: still running "
                         "its own code then (busy, or spinning in a loop): look there first"), out.stderr
+
+
+RANK0_LEAVES_FIRST = '''
+import time
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+if dist.get_rank() == 1:
+    time.sleep(3)  # rank 0 has ended by now
+    store = dist.distributed_c10d._get_default_store()
+    store.set("late", "still served")
+    print("rank 1 read:", store.get("late").decode(), flush=True)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_rendezvous_store_outlives_rank_0(tmp_path):
+    """The launcher serves the ranks' store, as torchrun's agent does: a rank still using
+    it after rank 0 ended (as a slower rank still in init_process_group does) is answered.
+    Served by rank 0, the store ended with it: "Connection reset by peer", and torch's C++
+    warning on stderr."""
+    (tmp_path / "leaves.py").write_text(RANK0_LEAVES_FIRST)
+    out, _ = launch(tmp_path, "--nproc-per-node", 2, "leaves.py")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "rank 1 read: still served" in out.stdout
+    assert "reset by peer" not in out.stderr and "TCPStore" not in out.stderr, out.stderr[-3000:]

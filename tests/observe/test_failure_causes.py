@@ -267,3 +267,47 @@ def test_a_failure_names_the_run_it_happened_in_and_no_earlier_one(tmp_path, in_
     assert "earlier-run" not in line, line
     assert ("no checkpoint had been written yet" in line) == in_a_run, line
     assert (f"full traceback in {run}/tracebacks/rank0.txt" in line) == in_a_run, line
+
+
+REPORT_AS = '''
+import signal, sys
+from distkit.observe.failures import RankFailed, report_from_worker
+signal.signal(signal.SIGTERM, lambda *a: print("asked to stop", flush=True))  # as training's handler
+print("reporting", flush=True)
+report_from_worker(RankFailed("rank 0 (local rank 0) raised RuntimeError: Connection reset by peer",
+                              kind=sys.argv[1]))
+print("reported", flush=True)
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["lost", "raised"])
+def test_under_torchrun_a_witness_waits_for_the_agent_and_a_cause_reports_at_once(tmp_path, kind):
+    """A worker of torchrun (its variables, a real SIGTERM as the agent sends it) whose
+    failure only lost a peer writes no error file and prints nothing before the agent
+    stops it, and the SIGTERM ends it even where training's handler would only ask for a
+    stop; one that raised records its line for torchrun's summary and returns."""
+    import json
+    import signal
+    import time
+
+    error_file = tmp_path / "attempt_0" / "0" / "error.json"
+    error_file.parent.mkdir(parents=True)
+    env = subprocess_env(TORCHELASTIC_RUN_ID="witness", TORCHELASTIC_ERROR_FILE=error_file, WORLD_SIZE=2,
+                         LOCAL_WORLD_SIZE=2, RANK=0, LOCAL_RANK=0, MASTER_ADDR="127.0.0.1",
+                         MASTER_PORT=free_port())
+    proc = subprocess.Popen([sys.executable, "-c", REPORT_AS, kind], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if kind == "lost":
+        assert proc.stdout.readline() == "reporting\n"
+        time.sleep(2.0)  # inside the witness's wait
+        proc.send_signal(signal.SIGTERM)  # what torchrun's agent sends the workers left
+    out, err = proc.communicate(timeout=60)
+    if kind == "lost":  # ended by the signal itself, not asked to stop at a later iteration
+        assert proc.returncode == -signal.SIGTERM, (out, err)
+        assert not error_file.exists() and "distkit: error" not in err and out == "", (out, err)
+    else:
+        assert proc.returncode == 0 and out == "reporting\nreported\n", (out, err)
+        line = "distkit: error: rank 0 (local rank 0) raised RuntimeError: Connection reset by peer"
+        assert err.splitlines() == [line]
+        assert json.loads(error_file.read_text())["message"]["message"] == line

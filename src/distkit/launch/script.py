@@ -249,6 +249,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
         def on_term(signum, frame):
             raise _Terminated(signum)
         previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGHUP)}
+    store = _serve_store(ranks, timeout_s)
     try:
         for local_rank in ranks.local_ranks:
             env = _child_env(ranks, local_rank, folder, verbose)
@@ -285,6 +286,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
                             f"{script}; every rank has ended") from None
     finally:
         _stop(procs, signal.SIGKILL, 0)  # nothing left behind, whatever happened
+        del store  # the rendezvous store closes after the last rank has ended
         for t in threads:
             t.join(2)
         if run_dir is not None:  # the launch failed: no merged trace, no empty folder left
@@ -293,6 +295,26 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
             remove_run_dir_if_empty(run_dir)
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _serve_store(ranks: Ranks, timeout_s: float):
+    """On one node, where this launcher starts every rank: serve the ranks' rendezvous
+    store here, as torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE=True``: torch's
+    ``env://`` rendezvous then makes every rank a client of the store at ``MASTER_ADDR:
+    MASTER_PORT``). Returns the store, to keep until every rank has ended; None elsewhere.
+
+    Why: served by rank 0, the store ended with rank 0. A rank 0 that finished its script
+    while another rank was still in ``init_process_group`` (reading its peers' addresses
+    from the store) left that rank a reset connection, reported as its own failure
+    (``DistNetworkError: Connection reset by peer``, with torch's C++ warning and frames on
+    stderr) instead of what it was about to raise or print."""
+    if ranks.mode != "spawn" or ranks.nnodes > 1:
+        return None
+    from distkit.launch.rendezvous import host_master_store
+
+    store = host_master_store(ranks.master_addr, ranks.master_port, 1, len(ranks.local_ranks), timeout_s)
+    ranks.extra_env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    return store
 
 
 def _trace_run_dir(ranks: Ranks, output_dir: str) -> str:

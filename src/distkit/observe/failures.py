@@ -42,7 +42,7 @@ import traceback
 
 from distkit.host.files import write_json_quietly, write_text
 from distkit.errors import DistkitError
-from distkit.host.layout import elastic, slurm_job, slurm_step_key, world_layout
+from distkit.host.layout import elastic, local_world_size, slurm_job, slurm_step_key, world_layout
 
 TRACEBACKS = "tracebacks"  # the folder inside the run folder
 
@@ -67,12 +67,14 @@ class RankFailed(DistkitError):
     """A rank's training function raised; the message is the one line that says so.
 
     ``traceback_path``: where the full traceback is; ``reported``: the line was already
-    printed (under torchrun the worker prints it itself)."""
+    printed (under torchrun the worker prints it itself); ``kind``: its record's
+    (:attr:`FailureRecord.kind`: ``"lost"`` for a rank that only lost a peer)."""
 
-    def __init__(self, message: str, traceback_path: str | None = None):
+    def __init__(self, message: str, traceback_path: str | None = None, kind: str = "raised"):
         super().__init__(message)
         self.traceback_path = traceback_path
         self.reported = False
+        self.kind = kind
 
 
 def _library_roots() -> tuple[str, ...]:
@@ -295,10 +297,10 @@ class Reporter:
             what = f"{lost}: {cause(error)}" if lost else f"raised {cause(error)}"
             message = (f"rank {rank} (local rank {local_rank}{_node_words()}) {what}{where}"
                        f"{self.checkpoint_words(run_dir)}")
-        self.record(record_of(error, rank, local_rank, message, traceback_path=path if words is None else None,
-                              last_checkpoint=self.newest_checkpoint(run_dir),
-                              node=(_topology() or (0,))[0]))
-        return RankFailed(message, path)
+        record = record_of(error, rank, local_rank, message, traceback_path=path if words is None else None,
+                           last_checkpoint=self.newest_checkpoint(run_dir), node=(_topology() or (0,))[0])
+        self.record(record)
+        return RankFailed(message, path, record.kind)
 
 
 # What torch's gloo / nccl / store errors say when a peer went away or did not answer.
@@ -469,9 +471,26 @@ def write_error_file(line: str) -> None:
         "py_callstack": line, "timestamp": str(int(time.time()))}}})
 
 
+# How long a rank that only lost a peer waits for torchrun's agent to stop it (see
+# report_from_worker). The agent looks at its workers every 0.1 s (--monitor-interval) and
+# SIGTERMs the rest as soon as one has failed; 10 s leaves room for a loaded machine and
+# is the whole delay where the agent never comes (the lost peer was on another node).
+WITNESS_WAIT_S = 10.0
+
+
 def report_from_worker(error: RankFailed) -> RankFailed:
     """Under torchrun / SLURM: print the line (first failing rank of the node only),
-    record it for torchrun's summary, and mark it reported."""
+    record it for torchrun's summary, and mark it reported.
+
+    A rank that only lost a peer (``kind == "lost"``) is a witness: under torchrun, with
+    other workers on its node, it first waits (up to :data:`WITNESS_WAIT_S`) for the
+    agent to stop it, saying nothing. torchrun names as root cause the failure with the
+    earliest timestamp, in whole seconds, the first worker it saw end winning a tie; a
+    witness that wrote its error file and exited at once beat a killed peer (it notices
+    the closed connection before the agent's next look), and torchrun named the witness.
+    Stopped by the agent, the witness leaves the cause to the peer the agent saw first."""
+    if getattr(error, "kind", None) == "lost":
+        _wait_for_the_agent()
     line = f"distkit: error: {error}"
     if first_on_this_node():
         sys.stderr.write(line + "\n")
@@ -479,6 +498,24 @@ def report_from_worker(error: RankFailed) -> RankFailed:
     write_error_file(line)
     error.reported = True
     return error
+
+
+def _wait_for_the_agent(wait_s: float = WITNESS_WAIT_S) -> None:
+    """Under torchrun with other workers on this node: wait up to ``wait_s`` for the
+    agent's SIGTERM, which then ends this process at once (the default action: the
+    training's handler would only ask for a checkpoint at the next iteration)."""
+    import signal
+
+    if not elastic().run_id or local_world_size() < 2:
+        return
+    try:
+        previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    except ValueError:  # not the main thread: no handler of ours to wait under
+        return
+    try:
+        time.sleep(wait_s)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # --- messages of launch_function: its parameters, not distkit train's flags --------------

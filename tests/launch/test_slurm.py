@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
 
 from support import REPO_ROOT
 from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
@@ -238,3 +245,136 @@ def test_scancel_term_leaves_a_checkpoint_and_one_line(slurm_cluster, tmp_path):
     lines = [ln for ln in log.splitlines() if ln.startswith("distkit: stopped by SIGTERM")]
     assert len(lines) == 1, log[-3000:]
     assert "--resume-from" in lines[0]
+
+
+# --------------------------------------------------------------------------------------
+# A failure and a stop end with different codes under srun (docs/failures.md)
+# --------------------------------------------------------------------------------------
+
+SEED = int(os.environ.get("DISTKIT_SLURM_SEED") or random.randrange(2 ** 32))
+print(f"test_slurm: DISTKIT_SLURM_SEED={SEED}")
+REPLAY = f"replay with: DISTKIT_SLURM_SEED={SEED} python -m pytest tests/launch/test_slurm.py -m slow -k codes"
+
+FAILING_TASK = '''
+import torch.nn as nn
+import ignite.distributed as idist
+from distkit import Task
+from distkit.builtin.data import get_datasets
+
+
+class Breaks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if idist.get_rank() == RANK and self.calls == CALL:
+            raise ValueError("the course's model broke")
+        return self.fc(x)
+
+
+task = Task(datasets=get_datasets, model=lambda config: Breaks())
+'''
+
+FAILING_SCRIPT = '''
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+for step in range(1, 1000):
+    if dist.get_rank() == RANK and step == CALL:
+        raise ValueError("the script broke")
+    dist.barrier()
+    time.sleep(0.05)
+'''
+
+LONG_SCRIPT = '''
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("script started", flush=True)
+for step in range(400):
+    dist.barrier()
+    time.sleep(0.05)
+dist.destroy_process_group()
+'''
+
+TASKS_ENDED_BY_A_SIGNAL = re.compile(r"task \d+: (Terminated|Killed|Hangup|User defined signal)")
+
+
+@given(case=st.fixed_dictionaries({"command": st.sampled_from(["train", "launch"]),
+                                   "rank": st.integers(0, 1), "call": st.integers(1, 4)}))
+@seed(SEED)
+@settings(max_examples=2, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_codes_a_failure_under_srun_exits_200_whatever_the_other_task_does(slurm_cluster, tmp_path, case):
+    """One task fails (a course task's forward raises under distkit train; a script raises
+    under distkit launch); srun --kill-on-bad-exit=1 then sends SIGTERM to the other,
+    which stops (143) or loses its peer (200). srun reports the highest task code, and a
+    task ended by the signal itself over any code: the job step must exit 200, with no
+    task ended by a signal, and one error line naming the failed rank."""
+    print(f"case {case}; {REPLAY}")
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))  # a folder per drawn case
+    source = FAILING_TASK if case["command"] == "train" else FAILING_SCRIPT
+    (folder / "failing.py").write_text(source.replace("RANK", str(case["rank"]))
+                                       .replace("CALL", str(case["call"])))
+    args = (["train", "--task", "failing.py:task", "--epochs", "1", "--no-progress",
+             "--output-dir", "runs"] if case["command"] == "train" else ["launch", "failing.py"])
+    out = slurm_cluster.srun(["-n", "2", "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",
+                              *args, "--timeout", "30"], cwd=folder, env=job_env(), timeout=280)
+    said = (out.stdout + out.stderr)[-3000:]
+    print(f"srun exit {out.returncode}")
+    assert out.returncode == 200, said
+    assert f"task {case['rank']}: Exited with exit code 200" in out.stderr, said
+    assert not TASKS_ENDED_BY_A_SIGNAL.search(out.stderr), said
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("distkit: error: ")]
+    assert errors and errors[0].startswith(f"distkit: error: rank {case['rank']} "), said
+    assert "ValueError" in errors[0], said
+
+
+@given(case=st.fixed_dictionaries({"command": st.sampled_from(["train", "launch"]),
+                                   "signal": st.sampled_from(["TERM", "USR1", "HUP"]),
+                                   "after_s": st.integers(0, 120).map(lambda tenths: tenths / 10)}))
+@seed(SEED)
+@settings(max_examples=2, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+def test_codes_a_stop_under_srun_exits_128_plus_its_signal(slurm_cluster, tmp_path, case):
+    """``scancel --signal`` to a running job step at a drawn moment after its tasks have
+    started (while torch loads, during the rendezvous, in training): the step exits
+    128 + the signal (a stop, requeue-able) or 0 (it had finished), never 200 and no task
+    ended by the signal itself; a stop says so in a line of its own."""
+    import signal as signals_module
+
+    print(f"case {case}; {REPLAY}")
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))  # a folder per drawn case
+    name = f"distkit-stop-{random.randrange(10 ** 9)}"
+    if case["command"] == "train":
+        args = ["train", "--epochs", "2", "--no-progress", "--dataset", "synthetic",
+                "--dataset-size", "1024", "--checkpoint-every", "4", "--output-dir", "runs"]
+    else:
+        (folder / "long.py").write_text(LONG_SCRIPT)
+        args = ["launch", "long.py"]
+    proc = subprocess.Popen(["srun", "-n", "2", "--kill-on-bad-exit=1", "-J", name, sys.executable,
+                             "-m", "distkit", *args], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**slurm_cluster.env, **job_env()})
+    try:
+        started = proc.stdout.readline()  # a task's first line: its process has started
+        time.sleep(case["after_s"])
+        sent = slurm_cluster.run(["scancel", f"--signal={case['signal']}", f"--name={name}"])
+        assert sent.returncode == 0, sent.stderr
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = (started + stdout + stderr)[-3000:]
+    code = 128 + getattr(signals_module, f"SIG{case['signal']}")
+    print(f"srun exit {proc.returncode}")
+    assert proc.returncode in (0, code), said
+    assert not TASKS_ENDED_BY_A_SIGNAL.search(stderr), said
+    assert "distkit: error" not in stderr, said
+    if proc.returncode == code:
+        stops = [ln for ln in stderr.splitlines()
+                 if ln.startswith((f"distkit: stopped by SIG{case['signal']}", "distkit: got SIG"))]
+        assert stops, said

@@ -72,6 +72,7 @@ from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, check_address_resolves, ch
                              threads_per_process)
 from distkit.host.layout import WorldLayout, slurm_cpus_per_task, world_layout
 from distkit.observe.failures import read_records
+from distkit.train import signals
 
 CPU_DEFAULT_NPROC = 2
 DEFAULT_PORT = 29500  # torchrun's, for several nodes
@@ -249,6 +250,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
         def on_term(signum, frame):
             raise _Terminated(signum)
         previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGHUP)}
+        signals.begin()  # from here on_term decides; after it a signal is only noted
     try:
         for local_rank in ranks.local_ranks:
             env = _child_env(ranks, local_rank, folder, verbose)

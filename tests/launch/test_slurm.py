@@ -240,11 +240,13 @@ def test_scancel_term_leaves_a_checkpoint_and_one_line(slurm_cluster, tmp_path):
     _wait_for_checkpoint(tmp_path, job, slurm_cluster)
     done = slurm_cluster.run(["scancel", "--signal=TERM", job])  # to the tasks, as preemption
     assert done.returncode == 0, done.stderr
-    slurm_cluster.wait(job, timeout_s=120)
+    info = slurm_cluster.wait(job, timeout_s=120)
     log = next(tmp_path.glob(f"*-{job}.out")).read_text()
     lines = [ln for ln in log.splitlines() if ln.startswith("distkit: stopped by SIGTERM")]
     assert len(lines) == 1, log[-3000:]
     assert "--resume-from" in lines[0]
+    # the job's code is the stop's (requeue-able), not a failure's 200 (docs/failures.md)
+    assert info["ExitCode"] == "143:0", (info, log[-3000:])
 
 
 # --------------------------------------------------------------------------------------

@@ -92,3 +92,40 @@ def test_the_rank_that_never_came_is_named_and_the_bound_is_the_timeout_flag(tmp
     assert lines[1] == ("distkit: rank 0 waited the bound of distkit launch's --timeout 5 s (raise "
                         "--timeout for waits that are longer); rank 1 was not waiting: still running "
                         "its own code then (busy, or spinning in a loop): look there first"), out.stderr
+
+
+RAISES = '''
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+for step in range(1, 6):
+    if dist.get_rank() == RANK and step == STEP:
+        raise ValueError("the script broke")
+    dist.all_reduce(torch.ones(1))
+'''
+
+
+@pytest.mark.slow
+def test_with_a_run_folder_the_traceback_goes_to_its_tracebacks(tmp_path):
+    """``--trace`` makes the launch a run folder: a rank's traceback goes to
+    ``<run>/tracebacks/rank<R>.txt`` with its record, as under ``distkit train`` (the
+    rank and the step it raises at are drawn; printed)."""
+    import json
+    import random
+    from pathlib import Path
+
+    rank, step = random.randrange(2), random.randint(1, 5)
+    print(f"rank {rank} raises at step {step}")
+    (tmp_path / "raises.py").write_text(RAISES.replace("RANK", str(rank)).replace("STEP", str(step)))
+    out, _ = launch(tmp_path, "--nproc-per-node", "2", "--backend", "gloo", "--trace",
+                    "--output-dir", "runs", "raises.py")
+    assert out.returncode == 1, out.stderr
+    line = error_lines(out)[0]
+    (run,) = (tmp_path / "runs").iterdir()
+    traceback_file = run / "tracebacks" / f"rank{rank}.txt"
+    assert f"full traceback in {traceback_file}" in line, (line, sorted(map(str, run.rglob("*"))))
+    assert "ValueError: the script broke" in traceback_file.read_text()
+    record = json.loads((run / "tracebacks" / f"rank{rank}.json").read_text())
+    assert (record["rank"], record["kind"], record["traceback"]) == (rank, "raised", str(traceback_file))
+    assert Path(record["traceback"]).is_file()

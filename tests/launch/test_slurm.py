@@ -333,6 +333,12 @@ def test_codes_a_failure_under_srun_exits_200_whatever_the_other_task_does(slurm
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("distkit: error: ")]
     assert errors and errors[0].startswith(f"distkit: error: rank {case['rank']} "), said
     assert "ValueError" in errors[0], said
+    # the traceback is where the run's output goes (a folder every node of a shared file
+    # system reaches), not in the node's temporary folder
+    named = Path(re.search(r"full traceback in (\S+?\.txt)", errors[0]).group(1))
+    (traceback_file,) = (folder / "runs").glob(f"*/tracebacks/rank{case['rank']}.txt")
+    assert (folder / named if not named.is_absolute() else named) == traceback_file, said
+    assert "ValueError" in traceback_file.read_text()
 
 
 @given(case=st.fixed_dictionaries({"command": st.sampled_from(["train", "launch"]),

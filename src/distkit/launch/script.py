@@ -14,7 +14,8 @@ CPU_ONLY_ENVIRONMENT`). Then it starts one process per rank and supervises them:
 
 - a rank that raises: one line naming the rank, the exception's type and first line and
   the ``file:line`` in the script; its full traceback in a file whose path the line
-  gives (:mod:`distkit.launch.script_worker`); the other ranks are stopped; exit 1;
+  gives (:mod:`distkit.launch.script_worker`; where: :func:`tracebacks_folder`); the
+  other ranks are stopped; exit 1 (200 in an srun step: :mod:`distkit.train.signals`);
 - a rank killed by a signal or exiting non-zero: one line naming it and how;
 - ``timeout_s`` (``--timeout``, 120 s by default, as ``distkit train --timeout``): the
   default timeout of every process group the script makes without its own ``timeout=``
@@ -240,6 +241,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     ranks = plan_ranks(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend)
     run_dir = _trace_run_dir(ranks, output_dir) if trace else None
     folder = tempfile.mkdtemp(prefix="distkit-launch-")
+    tracebacks = tracebacks_folder(ranks, run_dir, output_dir)
     target = ["-m", script] if module else [script]
     command = [sys.executable, "-m", "distkit.launch.script_worker", *target, *map(str, args)]
     relay = not _has_real_stdout()
@@ -256,6 +258,8 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
             env = _child_env(ranks, local_rank, folder, verbose)
             env["DISTKIT_TIMEOUT"] = repr(float(timeout_s))
             env["DISTKIT_GRACE"] = repr(float(grace_s))  # a rank outliving the launcher: SIGKILL after
+            if tracebacks:
+                env["DISTKIT_TRACEBACKS"] = tracebacks
             if debug_collectives:  # torch compares each collective across ranks first
                 env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
             if run_dir is not None:
@@ -295,6 +299,22 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
             remove_run_dir_if_empty(run_dir)
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def tracebacks_folder(ranks: Ranks, run_dir: str | None, output_dir: str) -> str | None:
+    """Where a failing rank's traceback goes: the run folder's ``tracebacks/`` (``--trace``
+    makes one); in an srun step or under torchrun, ``<output_dir>/launch-<job>/tracebacks/``
+    (made only when a rank fails), which every node of a cluster's shared folder reaches
+    and every task names alike; None (beside the launcher's records, in this node's
+    temporary folder) for a launch of one node without a run folder."""
+    from distkit.observe.failures import launch_tag, traceback_folder
+
+    if run_dir is not None:
+        return os.path.abspath(traceback_folder(run_dir))
+    tag = launch_tag() if ranks.mode != "spawn" else None
+    if tag is None:
+        return None
+    return os.path.abspath(traceback_folder(os.path.join(output_dir, f"launch-{tag}")))
 
 
 def _trace_run_dir(ranks: Ranks, output_dir: str) -> str:

@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, seed, settings
-from hypothesis import strategies as st
 
 from support import REPO_ROOT
 from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
@@ -253,6 +251,8 @@ def test_scancel_term_leaves_a_checkpoint_and_one_line(slurm_cluster, tmp_path):
 # A failure and a stop end with different codes under srun (docs/failures.md)
 # --------------------------------------------------------------------------------------
 
+# Drawn from a seed, not by Hypothesis: a job step costs half a minute, and Hypothesis's
+# first example of a run is always the simplest one (here: no delay, the first rank).
 SEED = int(os.environ.get("DISTKIT_SLURM_SEED") or random.randrange(2 ** 32))
 print(f"test_slurm: DISTKIT_SLURM_SEED={SEED}")
 REPLAY = f"replay with: DISTKIT_SLURM_SEED={SEED} python -m pytest tests/launch/test_slurm.py -m slow -k codes"
@@ -305,17 +305,16 @@ dist.destroy_process_group()
 TASKS_ENDED_BY_A_SIGNAL = re.compile(r"task \d+: (Terminated|Killed|Hangup|User defined signal)")
 
 
-@given(case=st.fixed_dictionaries({"command": st.sampled_from(["train", "launch"]),
-                                   "rank": st.integers(0, 1), "call": st.integers(1, 4)}))
-@seed(SEED)
-@settings(max_examples=2, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-def test_codes_a_failure_under_srun_exits_200_whatever_the_other_task_does(slurm_cluster, tmp_path, case):
+@pytest.mark.parametrize("draw", range(2))
+def test_codes_a_failure_under_srun_exits_200_whatever_the_other_task_does(slurm_cluster, tmp_path, draw):
     """One task fails (a course task's forward raises under distkit train; a script raises
     under distkit launch); srun --kill-on-bad-exit=1 then sends SIGTERM to the other,
     which stops (143) or loses its peer (200). srun reports the highest task code, and a
     task ended by the signal itself over any code: the job step must exit 200, with no
     task ended by a signal, and one error line naming the failed rank."""
+    rng = random.Random(f"{SEED}-{draw}")
+    case = {"command": rng.choice(["train", "launch"]), "rank": rng.randrange(2),
+            "call": rng.randint(1, 4)}
     print(f"case {case}; {REPLAY}")
     folder = Path(tempfile.mkdtemp(dir=tmp_path))  # a folder per drawn case
     source = FAILING_TASK if case["command"] == "train" else FAILING_SCRIPT
@@ -328,7 +327,7 @@ def test_codes_a_failure_under_srun_exits_200_whatever_the_other_task_does(slurm
     said = (out.stdout + out.stderr)[-3000:]
     print(f"srun exit {out.returncode}")
     assert out.returncode == 200, said
-    assert f"task {case['rank']}: Exited with exit code 200" in out.stderr, said
+    assert re.search(r"tasks? [\d,-]+: Exited with exit code 200", out.stderr), said
     assert not TASKS_ENDED_BY_A_SIGNAL.search(out.stderr), said
     errors = [ln for ln in out.stderr.splitlines() if ln.startswith("distkit: error: ")]
     assert errors and errors[0].startswith(f"distkit: error: rank {case['rank']} "), said
@@ -341,25 +340,23 @@ def test_codes_a_failure_under_srun_exits_200_whatever_the_other_task_does(slurm
     assert "ValueError" in traceback_file.read_text()
 
 
-@given(case=st.fixed_dictionaries({"command": st.sampled_from(["train", "launch"]),
-                                   "signal": st.sampled_from(["TERM", "USR1", "HUP"]),
-                                   "after_s": st.integers(0, 120).map(lambda tenths: tenths / 10)}))
-@seed(SEED)
-@settings(max_examples=2, deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-def test_codes_a_stop_under_srun_exits_128_plus_its_signal(slurm_cluster, tmp_path, case):
+@pytest.mark.parametrize("draw", range(2))
+def test_codes_a_stop_under_srun_exits_128_plus_its_signal(slurm_cluster, tmp_path, draw):
     """``scancel --signal`` to a running job step at a drawn moment after its tasks have
     started (while torch loads, during the rendezvous, in training): the step exits
     128 + the signal (a stop, requeue-able) or 0 (it had finished), never 200 and no task
     ended by the signal itself; a stop says so in a line of its own."""
     import signal as signals_module
 
+    rng = random.Random(f"{SEED}-{draw}")
+    case = {"command": rng.choice(["train", "launch"]), "signal": rng.choice(["TERM", "USR1", "HUP"]),
+            "after_s": round(rng.uniform(0, 12), 1)}
     print(f"case {case}; {REPLAY}")
     folder = Path(tempfile.mkdtemp(dir=tmp_path))  # a folder per drawn case
     name = f"distkit-stop-{random.randrange(10 ** 9)}"
     if case["command"] == "train":
-        args = ["train", "--epochs", "2", "--no-progress", "--dataset", "synthetic",
-                "--dataset-size", "1024", "--checkpoint-every", "4", "--output-dir", "runs"]
+        args = ["train", "--epochs", "3", "--no-progress", "--dataset", "synthetic",  # ~30 s
+                "--dataset-size", "16384", "--checkpoint-every", "50", "--output-dir", "runs"]
     else:
         (folder / "long.py").write_text(LONG_SCRIPT)
         args = ["launch", "long.py"]
@@ -378,11 +375,15 @@ def test_codes_a_stop_under_srun_exits_128_plus_its_signal(slurm_cluster, tmp_pa
             proc.kill()
     said = (started + stdout + stderr)[-3000:]
     code = 128 + getattr(signals_module, f"SIG{case['signal']}")
+    if case["command"] == "launch" and case["signal"] == "HUP":
+        code = 143  # distkit launch stops on SIGHUP as on SIGTERM (docs/launch.md)
     print(f"srun exit {proc.returncode}")
     assert proc.returncode in (0, code), said
     assert not TASKS_ENDED_BY_A_SIGNAL.search(stderr), said
     assert "distkit: error" not in stderr, said
     if proc.returncode == code:
         stops = [ln for ln in stderr.splitlines()
-                 if ln.startswith((f"distkit: stopped by SIG{case['signal']}", "distkit: got SIG"))]
+                 if ln.startswith((f"distkit: stopped by SIG{case['signal']}",
+                                   f"distkit: got SIG{case['signal']}"))]
         assert stops, said
+        print(stops[0])

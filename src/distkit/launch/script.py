@@ -82,9 +82,13 @@ MAX_TIMEOUT_S = 86400.0
 
 
 class ScriptStopped(DistkitError):
-    """The launcher was told to stop (SIGTERM) and stopped every rank; ``exit_code`` 143."""
+    """The launcher was told to stop (SIGTERM, SIGHUP; under srun any stop signal) and
+    every rank has ended; ``exit_code`` 128 + the signal (143 for SIGTERM)."""
 
-    exit_code = 128 + signal.SIGTERM
+    def __init__(self, message: str, signum: int = signal.SIGTERM):
+        super().__init__(message)
+        # SIGHUP stops the launch as SIGTERM does (it forwards SIGTERM): 143 for both
+        self.exit_code = signals.exit_code(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
 
 @dataclass
@@ -250,6 +254,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:  # SIGHUP (a closed terminal or ssh session) is a stop like SIGTERM
         def on_term(signum, frame):
+            signals.request(signum)
             raise _Terminated(signum)
         previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGHUP)}
         signals.begin()  # from here on_term decides; after it a signal is only noted
@@ -389,6 +394,12 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
             if code is not None:
                 seen.setdefault(rank, polls)
         failed = [r for r, c in codes.items() if c not in (None, 0)]
+        stop = signals.requested()  # srun's scancel --signal reaches every process of the step
+        if failed and stop and all(codes[r] == -stop for r in failed):
+            stopped = _stop(procs, signal.SIGTERM, grace_s)
+            raise ScriptStopped(f"got {signals.name(stop)}, as did {len(failed)} rank(s) of "
+                                f"{script}, ended by it; {stopped} more stopped; every rank has "
+                                "ended", stop)
         if failed:
             # the hang doctor reads every rank's record while the others still run
             doctor = doctor_lines(folder, {r: p.poll() for r, (_, p) in procs.items()})

@@ -252,6 +252,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     procs, threads = {}, []
     previous = {}
     in_main = threading.current_thread() is threading.main_thread()
+    signals.clear()  # a stop asked of an earlier launch in this process (a notebook) is not this one's
     if in_main:  # SIGHUP (a closed terminal or ssh session) is a stop like SIGTERM
         def on_term(signum, frame):
             signals.request(signum)

@@ -115,6 +115,10 @@ class Config:
     """SGD weight decay of the built-in tasks (no flag: set it from Python)."""
     num_workers: int = _cli(0, metavar="W")
     """GLOBAL data-loader workers, divided among the processes (auto_dataloader)."""
+    persistent_workers: bool = False
+    """Keep each loader's worker processes from one epoch to the next (DataLoader's
+    persistent_workers) instead of starting them again every epoch; needs --num-workers 1
+    or more. A resumed run goes on exactly as without it."""
     seed: int = _cli(0, metavar="S")
     """Seed of every random generator (each rank derives its own from it)."""
     amp: bool = False
@@ -215,6 +219,10 @@ class Config:
                 _real(name, getattr(self, name), low, low_open, high, high_open)
         if self.peak_flops is not None:
             _real("peak_flops", self.peak_flops, 0.0, True, None, False)
+        if self.persistent_workers and self.num_workers == 0:  # torch: a ValueError per rank
+            raise DistkitError("--persistent-workers keeps the data loaders' worker processes, "
+                               "and --num-workers 0 starts none: add --num-workers 2 (or more), "
+                               "or drop --persistent-workers")
         if self.warmup_epochs > self.epochs:
             raise DistkitError(f"--warmup-epochs {self.warmup_epochs} is longer than --epochs "
                                f"{self.epochs}: use --warmup-epochs {self.epochs} or less")

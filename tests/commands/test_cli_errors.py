@@ -35,6 +35,7 @@ from support import assert_one_line_error, within_seconds
     (["--timeout", "inf"], ["--timeout must be a finite number", "the default 120"]),
     (["--timeout", "0"], ["--timeout must be", "got 0.0"]),
     (["--warmup-epochs", "nan"], ["--warmup-epochs must be a finite number"]),
+    (["--persistent-workers"], ["--persistent-workers", "--num-workers 0", "--num-workers 2"]),
     (["--seed", "-1"], ["--seed must be a whole number from 0 to 4294967295", "got -1"]),
     (["--nproc-per-node", "2", "--batch-size", "3"], ["--batch-size 3", "world size 2", "2 or 4"]),
     (["--nnodes", "2", "--node-rank", "0", "--master-addr", "no-such-host.invalid"],

@@ -107,6 +107,18 @@ if dist.get_rank() == 1:
 '''
 
 
+RAISES = '''
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+for step in range(1, 6):
+    if dist.get_rank() == RANK and step == STEP:
+        raise ValueError("the script broke")
+    dist.all_reduce(torch.ones(1))
+'''
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_the_rendezvous_store_outlives_rank_0(tmp_path):
@@ -119,3 +131,27 @@ def test_the_rendezvous_store_outlives_rank_0(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert "rank 1 read: still served" in out.stdout
     assert "reset by peer" not in out.stderr and "TCPStore" not in out.stderr, out.stderr[-3000:]
+
+
+def test_with_a_run_folder_the_traceback_goes_to_its_tracebacks(tmp_path):
+    """``--trace`` makes the launch a run folder: a rank's traceback goes to
+    ``<run>/tracebacks/rank<R>.txt`` with its record, as under ``distkit train`` (the
+    rank and the step it raises at are drawn; printed)."""
+    import json
+    import random
+    from pathlib import Path
+
+    rank, step = random.randrange(2), random.randint(1, 5)
+    print(f"rank {rank} raises at step {step}")
+    (tmp_path / "raises.py").write_text(RAISES.replace("RANK", str(rank)).replace("STEP", str(step)))
+    out, _ = launch(tmp_path, "--nproc-per-node", "2", "--backend", "gloo", "--trace",
+                    "--output-dir", "runs", "raises.py")
+    assert out.returncode == 1, out.stderr
+    line = error_lines(out)[0]
+    (run,) = (tmp_path / "runs").iterdir()
+    traceback_file = run / "tracebacks" / f"rank{rank}.txt"
+    assert f"full traceback in {traceback_file}" in line, (line, sorted(map(str, run.rglob("*"))))
+    assert "ValueError: the script broke" in traceback_file.read_text()
+    record = json.loads((run / "tracebacks" / f"rank{rank}.json").read_text())
+    assert (record["rank"], record["kind"], record["traceback"]) == (rank, "raised", str(traceback_file))
+    assert Path(record["traceback"]).is_file()

@@ -7,7 +7,12 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import re
+import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -233,8 +238,152 @@ def test_scancel_term_leaves_a_checkpoint_and_one_line(slurm_cluster, tmp_path):
     _wait_for_checkpoint(tmp_path, job, slurm_cluster)
     done = slurm_cluster.run(["scancel", "--signal=TERM", job])  # to the tasks, as preemption
     assert done.returncode == 0, done.stderr
-    slurm_cluster.wait(job, timeout_s=120)
+    info = slurm_cluster.wait(job, timeout_s=120)
     log = next(tmp_path.glob(f"*-{job}.out")).read_text()
     lines = [ln for ln in log.splitlines() if ln.startswith("distkit: stopped by SIGTERM")]
     assert len(lines) == 1, log[-3000:]
     assert "--resume-from" in lines[0]
+    # the job's code is the stop's (requeue-able), not a failure's 200 (docs/failures.md)
+    assert info["ExitCode"] == "143:0", (info, log[-3000:])
+
+
+# --------------------------------------------------------------------------------------
+# A failure and a stop end with different codes under srun (docs/failures.md)
+# --------------------------------------------------------------------------------------
+
+# Drawn from a seed, not by Hypothesis: a job step costs half a minute, and Hypothesis's
+# first example of a run is always the simplest one (here: no delay, the first rank).
+SEED = int(os.environ.get("DISTKIT_SLURM_SEED") or random.randrange(2 ** 32))
+print(f"test_slurm: DISTKIT_SLURM_SEED={SEED}")
+REPLAY = f"replay with: DISTKIT_SLURM_SEED={SEED} python -m pytest tests/launch/test_slurm.py -m slow -k codes"
+
+FAILING_TASK = '''
+import torch.nn as nn
+import ignite.distributed as idist
+from distkit import Task
+from distkit.builtin.data import get_datasets
+
+
+class Breaks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if idist.get_rank() == RANK and self.calls == CALL:
+            raise ValueError("the course's model broke")
+        return self.fc(x)
+
+
+task = Task(datasets=get_datasets, model=lambda config: Breaks())
+'''
+
+FAILING_SCRIPT = '''
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+for step in range(1, 1000):
+    if dist.get_rank() == RANK and step == CALL:
+        raise ValueError("the script broke")
+    dist.barrier()
+    time.sleep(0.05)
+'''
+
+LONG_SCRIPT = '''
+import time
+import torch.distributed as dist
+dist.init_process_group("gloo")
+print("script started", flush=True)
+for step in range(400):
+    dist.barrier()
+    time.sleep(0.05)
+dist.destroy_process_group()
+'''
+
+TASKS_ENDED_BY_A_SIGNAL = re.compile(r"task \d+: (Terminated|Killed|Hangup|User defined signal)")
+
+
+@pytest.mark.parametrize("draw", range(2))
+def test_codes_a_failure_under_srun_exits_200_whatever_the_other_task_does(slurm_cluster, tmp_path, draw):
+    """One task fails (a course task's forward raises under distkit train; a script raises
+    under distkit launch); srun --kill-on-bad-exit=1 then sends SIGTERM to the other,
+    which stops (143) or loses its peer (200). srun reports the highest task code, and a
+    task ended by the signal itself over any code: the job step must exit 200, with no
+    task ended by a signal, and one error line naming the failed rank."""
+    rng = random.Random(f"{SEED}-{draw}")
+    case = {"command": rng.choice(["train", "launch"]), "rank": rng.randrange(2),
+            "call": rng.randint(1, 4)}
+    print(f"case {case}; {REPLAY}")
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))  # a folder per drawn case
+    source = FAILING_TASK if case["command"] == "train" else FAILING_SCRIPT
+    (folder / "failing.py").write_text(source.replace("RANK", str(case["rank"]))
+                                       .replace("CALL", str(case["call"])))
+    args = (["train", "--task", "failing.py:task", "--epochs", "1", "--no-progress",
+             "--output-dir", "runs"] if case["command"] == "train" else ["launch", "failing.py"])
+    out = slurm_cluster.srun(["-n", "2", "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",
+                              *args, "--timeout", "30"], cwd=folder, env=job_env(), timeout=280)
+    said = (out.stdout + out.stderr)[-3000:]
+    print(f"srun exit {out.returncode}")
+    assert out.returncode == 200, said
+    assert re.search(r"tasks? [\d,-]+: Exited with exit code 200", out.stderr), said
+    assert not TASKS_ENDED_BY_A_SIGNAL.search(out.stderr), said
+    errors = [ln for ln in out.stderr.splitlines() if ln.startswith("distkit: error: ")]
+    assert errors and errors[0].startswith(f"distkit: error: rank {case['rank']} "), said
+    assert "ValueError" in errors[0], said
+    # the traceback is where the run's output goes (a folder every node of a shared file
+    # system reaches), not in the node's temporary folder
+    named = Path(re.search(r"full traceback in (\S+?\.txt)", errors[0]).group(1))
+    (traceback_file,) = (folder / "runs").glob(f"*/tracebacks/rank{case['rank']}.txt")
+    assert (folder / named if not named.is_absolute() else named) == traceback_file, said
+    assert "ValueError" in traceback_file.read_text()
+
+
+@pytest.mark.parametrize("draw", range(2))
+def test_codes_a_stop_under_srun_exits_128_plus_its_signal(slurm_cluster, tmp_path, draw):
+    """``scancel --signal`` to a running job step at a drawn moment after its tasks have
+    started (while torch loads, during the rendezvous, in training): the step exits
+    128 + the signal (a stop, requeue-able) or 0 (it had finished), never 200 and no task
+    ended by the signal itself; a stop says so in a line of its own."""
+    import signal as signals_module
+
+    rng = random.Random(f"{SEED}-{draw}")
+    case = {"command": rng.choice(["train", "launch"]), "signal": rng.choice(["TERM", "USR1", "HUP"]),
+            "after_s": round(rng.uniform(0, 12), 1)}
+    print(f"case {case}; {REPLAY}")
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))  # a folder per drawn case
+    name = f"distkit-stop-{random.randrange(10 ** 9)}"
+    if case["command"] == "train":
+        args = ["train", "--epochs", "3", "--no-progress", "--dataset", "synthetic",  # ~30 s
+                "--dataset-size", "16384", "--checkpoint-every", "50", "--output-dir", "runs"]
+    else:
+        (folder / "long.py").write_text(LONG_SCRIPT)
+        args = ["launch", "long.py"]
+    proc = subprocess.Popen(["srun", "-n", "2", "--kill-on-bad-exit=1", "-J", name, sys.executable,
+                             "-m", "distkit", *args], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env={**slurm_cluster.env, **job_env()})
+    try:
+        started = proc.stdout.readline()  # a task's first line: its process has started
+        time.sleep(case["after_s"])
+        sent = slurm_cluster.run(["scancel", f"--signal={case['signal']}", f"--name={name}"])
+        assert sent.returncode == 0, sent.stderr
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    said = (started + stdout + stderr)[-3000:]
+    code = 128 + getattr(signals_module, f"SIG{case['signal']}")
+    if case["command"] == "launch" and case["signal"] == "HUP":
+        code = 143  # distkit launch stops on SIGHUP as on SIGTERM (docs/launch.md)
+    print(f"srun exit {proc.returncode}")
+    assert proc.returncode in (0, code), said
+    assert not TASKS_ENDED_BY_A_SIGNAL.search(stderr), said
+    assert "distkit: error" not in stderr, said
+    if proc.returncode == code:
+        stops = [ln for ln in stderr.splitlines()
+                 if ln.startswith((f"distkit: stopped by SIG{case['signal']}",
+                                   f"distkit: got SIG{case['signal']}"))]
+        assert stops, said
+        print(stops[0])

@@ -319,3 +319,85 @@ def test_distkit_train_names_the_rank_whose_step_stalls(tmp_path):
     # the other rank waits in DDP's gradient all-reduce, started from autograd's hooks
     assert f"rank {1 - odd}: all_reduce #" in hang[1 - odd] and "distkit/train/" in hang[1 - odd]
     assert hang[-1].startswith(f"distkit: hang: verdict: rank {odd} never reached all_reduce #")
+
+
+SPINNING_COURSE = '''
+import time
+import torch.nn as nn
+from torch.utils.data import default_collate
+import ignite.distributed as idist
+from ignite.engine import Events
+from distkit import Task
+from distkit.builtin.data import get_datasets
+
+calls = {"forward": 0, "loss": 0, "handler": 0, "collate": 0}
+
+
+def spin(where):
+    calls[where] += 1
+    while where == "WHERE" and idist.get_rank() == ODD and calls[where] == CALL:
+        sum(range(1000))  # SPIN LINE
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+    def forward(self, x):
+        spin("forward")
+        return self.fc(x)
+
+
+class Loss(nn.CrossEntropyLoss):
+    def forward(self, y_pred, y):
+        spin("loss")
+        return super().forward(y_pred, y)
+
+
+def model(config):
+    return Model()
+
+
+def collate(samples):
+    spin("collate")
+    return default_collate(samples)
+
+
+def handlers(trainer, evaluator, config):
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: spin("handler"))
+
+
+task = Task(datasets=get_datasets, model=model, loss=Loss, collate_fn=collate, handlers=handlers)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_distkit_train_names_the_rank_spinning_anywhere_in_its_own_code(tmp_path):
+    """A rank loops forever in the course's own code, never reaching its next collective:
+    in the model's forward, the loss, a handler of the task on the trainer, or the
+    loaders' collate_fn (drawn, with the rank, the call and 2 or 3 processes; printed).
+    The doctor names that rank at the spinning line, and only it; the verdict says it never
+    reached the collective the others wait in."""
+    rng = random.Random(int(os.environ.get("DISTKIT_HANG_SEED") or random.randrange(2 ** 32)))
+    nproc = rng.choice([2, 3])
+    odd, call, where = rng.randrange(nproc), rng.randint(1, 4), rng.choice(
+        ["forward", "loss", "handler", "collate"])
+    print(f"{nproc} processes; rank {odd} spins in its {where} call {call}")
+    source = SPINNING_COURSE.lstrip("\n").replace("WHERE", where).replace("ODD", str(odd)) \
+        .replace("CALL", str(call))
+    body = next(i for i, text in enumerate(source.splitlines(), 1) if "SPIN LINE" in text)
+    loop = {f"course_spin.py:{body - 1}", f"course_spin.py:{body}"}  # its while line, or its body
+    (tmp_path / "course_spin.py").write_text(source)
+    done = subprocess.run([sys.executable, "-m", "distkit", "train", "--task", "course_spin.py:task",
+                           "--epochs", "1", "--no-progress", "--nproc-per-node", str(nproc),
+                           "--batch-size", "60", "--timeout", "8", "--output-dir", "runs"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=380)
+    hang = [ln for ln in done.stderr.splitlines() if ln.startswith("distkit: hang: ")]
+    assert done.returncode != 0 and len(hang) == nproc + 1, done.stderr[-3000:]
+    assert hang[odd] in {f"distkit: hang: rank {odd}: not in a collective: at {at}" for at in loop}, \
+        done.stderr[-3000:]
+    others = [h for r, h in enumerate(hang[:-1]) if r != odd]
+    assert not any("not in a collective" in h for h in others), done.stderr[-3000:]
+    assert hang[-1].startswith(f"distkit: hang: verdict: rank {odd} never reached "), done.stderr[-3000:]

@@ -1,6 +1,7 @@
 """Stop anywhere, resume exactly: drawn stop moments, stop kinds and settings.
 
-Each case draws a run's settings (processes, loader workers, checkpoint interval dividing
+Each case draws a run's settings (processes, loader workers, persistent or not
+(``--persistent-workers``), checkpoint interval dividing
 the epoch or not, a per-iteration or per-epoch schedule, early stopping, the kit's step or
 the task's own, ddp or fsdp) and a moment of its life (inside a step, before a checkpoint,
 during validation, between validation and the schedule step, at an epoch's end, while the
@@ -61,12 +62,13 @@ def env() -> dict:
 RUNS = st.fixed_dictionaries({
     "nproc": st.sampled_from([1, 2, 3]),
     "num_workers": st.sampled_from([0, 2]),
+    "persistent_workers": st.booleans(),  # --persistent-workers, with workers only
     "checkpoint_every": st.sampled_from([4, 3]),  # dividing the epoch of 8, and not
     "schedule": st.sampled_from(["iteration", "epoch"]),
     "patience": st.sampled_from([0, 1]),
     "own_step": st.booleans(),
     "strategy": st.sampled_from(["ddp", "ddp", "fsdp"]),
-})
+}).map(lambda run: {**run, "persistent_workers": run["persistent_workers"] and run["num_workers"] > 0})
 MOMENTS = st.one_of(
     st.builds(lambda n: f"step:{n}", st.integers(2, EPOCHS * 8)),
     st.builds(lambda n: f"checkpoint:{n}", st.integers(1, EPOCHS * 8)),
@@ -91,7 +93,7 @@ def arguments(run: dict, out: str) -> list[str]:
             "--num-workers", str(run["num_workers"]), "--strategy", run["strategy"],
             "--early-stopping-patience", str(run["patience"]),
             "--set", f"schedule={run['schedule']}", "--no-progress", "--timeout", "60",
-            "--output-dir", out]
+            "--output-dir", out] + (["--persistent-workers"] if run.get("persistent_workers") else [])
 
 
 def train(cwd: Path, args, timeout=300, stop: dict | None = None) -> subprocess.CompletedProcess:

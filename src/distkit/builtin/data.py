@@ -256,6 +256,8 @@ def get_dataflow(config, datasets=None, collate_fn=None):
     train_set, val_set = datasets if datasets is not None else get_datasets(config)
     pin = idist.device().type == "cuda"
     extra = {"collate_fn": collate_fn} if collate_fn is not None else {}
+    if config.persistent_workers and config.num_workers > 0:
+        extra["persistent_workers"] = True  # (Config refuses it without workers)
     train_loader = idist.auto_dataloader(
         train_set, batch_size=config.batch_size, num_workers=config.num_workers,
         drop_last=False, pin_memory=pin, **extra, **same_order_at_any_world_size(train_set))

@@ -112,20 +112,35 @@ def main(argv=None) -> None:
     if args.command is None:  # bare `distkit`: say what there is, as --help does
         parser.print_help()
         sys.exit(0)
-    from distkit.train.signals import Preempted
+    from distkit.train import signals
 
+    signals.install_for_slurm_step()  # a task of an srun step never ends by the signal itself
     try:
-        code = args._module.main(args)
-    except Preempted as e:  # stopped by a signal with a checkpoint: "terminated", 128 + signal
+        code = _exit_code(args, signals)
+    finally:  # the code is decided: the interpreter's exit must not end by a signal instead
+        signals.leaving()
+    signals.exit_now_in_slurm_step(code)
+    sys.exit(code)
+
+
+def _exit_code(args, signals) -> int:
+    """Run the sub-command; what it ended with, as one line and an exit status: 0, 128 +
+    signal for a stop, ``signals.failure_exit_code()`` for a failure, 130 for Ctrl-C."""
+    try:
+        return args._module.main(args) or 0
+    except signals.StoppedStarting as e:
+        sys.stderr.write(f"distkit: {e.line()}\n")
+        return e.exit_code
+    except signals.Preempted as e:  # stopped by a signal with a checkpoint: "terminated", 128 + signal
         if not e.reported:  # a torchrun / srun rank said so itself, once per node
             sys.stderr.write(f"distkit: {e}\n")
             sys.stderr.flush()
-        sys.exit(e.exit_code)
+        return e.exit_code
     except DistkitError as e:
+        signals.begin()  # the failure decides the exit: a stop signal now is only noted
         if not getattr(e, "reported", False):  # a torchrun worker's failure says so itself
             report_error(e)
-        sys.exit(1)
+        return signals.failure_exit_code()  # 200 in an srun step: it outranks a stop
     except KeyboardInterrupt as e:  # the launcher says what it stopped and what is left
         sys.stderr.write(f"distkit: interrupted{f': {e}' if str(e) else ''}\n")
-        sys.exit(130)
-    sys.exit(code or 0)
+        return 130

@@ -45,7 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "with garbage (one extra collective each; not with DDP: torch 2.15's "
                         "DDP crashes under it)")
     p.add_argument("--output-dir", default="runs", metavar="D",
-                   help="where --trace makes its run folder (default: runs)")
+                   help="where --trace makes its run folder (a failing rank's traceback then goes "
+                        "to its tracebacks/); inside srun or torchrun, a failing rank's traceback "
+                        "goes to D/launch-<job>/tracebacks/, a folder every node of a shared "
+                        "file system reaches (default: runs)")
     p.add_argument("--grace", dest="grace_s", type=float, default=10.0, metavar="S",
                    help="seconds a rank gets to end after Ctrl-C or SIGTERM before SIGKILL")
     p.add_argument("--verbose", action="store_true",

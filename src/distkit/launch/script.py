@@ -14,7 +14,8 @@ CPU_ONLY_ENVIRONMENT`). Then it starts one process per rank and supervises them:
 
 - a rank that raises: one line naming the rank, the exception's type and first line and
   the ``file:line`` in the script; its full traceback in a file whose path the line
-  gives (:mod:`distkit.launch.script_worker`); the other ranks are stopped; exit 1;
+  gives (:mod:`distkit.launch.script_worker`; where: :func:`tracebacks_folder`); the
+  other ranks are stopped; exit 1 (200 in an srun step: :mod:`distkit.train.signals`);
 - a rank killed by a signal or exiting non-zero: one line naming it and how;
 - ``timeout_s`` (``--timeout``, 120 s by default, as ``distkit train --timeout``): the
   default timeout of every process group the script makes without its own ``timeout=``
@@ -72,6 +73,7 @@ from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, check_address_resolves, ch
                              threads_per_process)
 from distkit.host.layout import WorldLayout, slurm_cpus_per_task, world_layout
 from distkit.observe.failures import read_records
+from distkit.train import signals
 
 CPU_DEFAULT_NPROC = 2
 DEFAULT_PORT = 29500  # torchrun's, for several nodes
@@ -80,9 +82,13 @@ MAX_TIMEOUT_S = 86400.0
 
 
 class ScriptStopped(DistkitError):
-    """The launcher was told to stop (SIGTERM) and stopped every rank; ``exit_code`` 143."""
+    """The launcher was told to stop (SIGTERM, SIGHUP; under srun any stop signal) and
+    every rank has ended; ``exit_code`` 128 + the signal (143 for SIGTERM)."""
 
-    exit_code = 128 + signal.SIGTERM
+    def __init__(self, message: str, signum: int = signal.SIGTERM):
+        super().__init__(message)
+        # SIGHUP stops the launch as SIGTERM does (it forwards SIGTERM): 143 for both
+        self.exit_code = signals.exit_code(signal.SIGTERM if signum == signal.SIGHUP else signum)
 
 
 @dataclass
@@ -239,22 +245,28 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     ranks = plan_ranks(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend)
     run_dir = _trace_run_dir(ranks, output_dir) if trace else None
     folder = tempfile.mkdtemp(prefix="distkit-launch-")
+    tracebacks = tracebacks_folder(ranks, run_dir, output_dir)
     target = ["-m", script] if module else [script]
     command = [sys.executable, "-m", "distkit.launch.script_worker", *target, *map(str, args)]
     relay = not _has_real_stdout()
     procs, threads = {}, []
     previous = {}
     in_main = threading.current_thread() is threading.main_thread()
+    signals.clear()  # a stop asked of an earlier launch in this process (a notebook) is not this one's
     if in_main:  # SIGHUP (a closed terminal or ssh session) is a stop like SIGTERM
         def on_term(signum, frame):
+            signals.request(signum)
             raise _Terminated(signum)
         previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGHUP)}
+        signals.begin()  # from here on_term decides; after it a signal is only noted
     store = _serve_store(ranks, timeout_s)
     try:
         for local_rank in ranks.local_ranks:
             env = _child_env(ranks, local_rank, folder, verbose)
             env["DISTKIT_TIMEOUT"] = repr(float(timeout_s))
             env["DISTKIT_GRACE"] = repr(float(grace_s))  # a rank outliving the launcher: SIGKILL after
+            if tracebacks:
+                env["DISTKIT_TRACEBACKS"] = tracebacks
             if debug_collectives:  # torch compares each collective across ranks first
                 env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
             if run_dir is not None:
@@ -315,6 +327,22 @@ def _serve_store(ranks: Ranks, timeout_s: float):
     store = host_master_store(ranks.master_addr, ranks.master_port, 1, len(ranks.local_ranks), timeout_s)
     ranks.extra_env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     return store
+
+
+def tracebacks_folder(ranks: Ranks, run_dir: str | None, output_dir: str) -> str | None:
+    """Where a failing rank's traceback goes: the run folder's ``tracebacks/`` (``--trace``
+    makes one); in an srun step or under torchrun, ``<output_dir>/launch-<job>/tracebacks/``
+    (made only when a rank fails), which every node of a cluster's shared folder reaches
+    and every task names alike; None (beside the launcher's records, in this node's
+    temporary folder) for a launch of one node without a run folder."""
+    from distkit.observe.failures import launch_tag, traceback_folder
+
+    if run_dir is not None:
+        return os.path.abspath(traceback_folder(run_dir))
+    tag = launch_tag() if ranks.mode != "spawn" else None
+    if tag is None:
+        return None
+    return os.path.abspath(traceback_folder(os.path.join(output_dir, f"launch-{tag}")))
 
 
 def _trace_run_dir(ranks: Ranks, output_dir: str) -> str:
@@ -389,6 +417,12 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
             if code is not None:
                 seen.setdefault(rank, polls)
         failed = [r for r, c in codes.items() if c not in (None, 0)]
+        stop = signals.requested()  # srun's scancel --signal reaches every process of the step
+        if failed and stop and all(codes[r] == -stop for r in failed):
+            stopped = _stop(procs, signal.SIGTERM, grace_s)
+            raise ScriptStopped(f"got {signals.name(stop)}, as did {len(failed)} rank(s) of "
+                                f"{script}, ended by it; {stopped} more stopped; every rank has "
+                                "ended", stop)
         if failed:
             # the hang doctor reads every rank's record while the others still run
             doctor = doctor_lines(folder, {r: p.poll() for r, (_, p) in procs.items()})

@@ -13,6 +13,10 @@ torchrun variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``...) and
   the exception's type, its first line, the ``file:line`` in the user's script where it
   was raised, the traceback's path, and the one line the launcher prints).
 
+With ``DISTKIT_TRACEBACKS`` set (the launch's run folder's ``tracebacks/``, see
+:func:`distkit.launch.script.tracebacks_folder`), the traceback and a copy of the record
+go there instead, and the record still goes to ``DISTKIT_SCRIPT_REPORTS`` for the launcher.
+
 Before the script runs, ``DISTKIT_TIMEOUT`` (the launcher's ``--timeout``, 120 s by
 default, as ``distkit train``) becomes the default timeout of every process group the
 script makes without a ``timeout=`` of its own (:func:`bound_waits`): its
@@ -51,11 +55,15 @@ def _report(error: BaseException) -> None:
     if isinstance(error, DistkitError):  # the kit's own refusal: its line names the fix
         write_record(folder, record_of(error, rank, local_rank, str(error), node=layout.node_rank))
         return
-    path = write_traceback(folder, int(rank), error) if folder else None
+    # the traceback goes where the run's output goes (DISTKIT_TRACEBACKS), else beside the records
+    tracebacks = os.environ.get("DISTKIT_TRACEBACKS") or folder
+    path = write_traceback(tracebacks, int(rank), error) if tracebacks else None
     where = f"; full traceback in {path}" if path else ""
     line = f"rank {rank} (local rank {local_rank}{node}) raised {cause(error)}{where}"
-    write_record(folder, record_of(error, rank, local_rank, line, traceback_path=path,
-                                   node=layout.node_rank))
+    record = record_of(error, rank, local_rank, line, traceback_path=path, node=layout.node_rank)
+    write_record(folder, record)
+    if path and tracebacks != folder:
+        write_record(tracebacks, record)  # the record beside its traceback, as distkit train's
     if os.environ.get("DISTKIT_VERBOSE") == "1" or not folder:
         sys.stderr.write("".join(traceback.format_exception(type(error), error,
                                                             error.__traceback__)))

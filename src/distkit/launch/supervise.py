@@ -237,7 +237,7 @@ class bounded_wait:
             "--max-restarts on several nodes, launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 "
             "and --rdzv-backend=c10d (scripts/torchrun_nnodes.sh)\n")
         sys.stderr.flush()
-        os._exit(1)
+        os._exit(signals.failure_exit_code())
 
     def __enter__(self):
         threading.Thread(target=self._watch, name="distkit-bounded-wait", daemon=True).start()

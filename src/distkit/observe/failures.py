@@ -230,12 +230,23 @@ def write_traceback(folder: str, rank: int, error: BaseException) -> str | None:
         return None
 
 
-def default_folder() -> str:
-    """Where tracebacks go when the run has no folder: one per launch (torchrun's run id,
-    the SLURM job, else this process), under the system's temporary folder."""
+def launch_tag() -> str | None:
+    """A name every rank of a torchrun or SLURM launch gives it alike (torchrun's run id,
+    the SLURM job); None for a launch the kit spawned (its launcher names it)."""
     job = slurm_job()
-    tag = elastic().run_id or (f"slurm{job}" if job else None) or f"{os.getpid()}-{int(time.time())}"
-    return os.path.join(tempfile.gettempdir(), f"distkit-{tag}", TRACEBACKS)
+    return elastic().run_id or (f"slurm{job}" if job else None)
+
+
+def traceback_folder(run_dir: str) -> str:
+    """Where a rank's traceback goes in a run that has a folder: ``<run>/tracebacks``."""
+    return os.path.join(run_dir, TRACEBACKS)
+
+
+def default_folder() -> str:
+    """Where tracebacks go when the run has no folder: one per launch (its
+    :func:`launch_tag`, else this process), under the system's temporary folder."""
+    tag = launch_tag() or f"{os.getpid()}-{int(time.time())}"
+    return traceback_folder(os.path.join(tempfile.gettempdir(), f"distkit-{tag}"))
 
 
 class Reporter:
@@ -259,7 +270,7 @@ class Reporter:
 
     def traceback_folder(self, run_dir: str | None = None) -> str:
         if run_dir and os.path.isdir(run_dir):
-            return os.path.join(run_dir, TRACEBACKS)
+            return traceback_folder(run_dir)
         return self.folder or default_folder()
 
     @staticmethod

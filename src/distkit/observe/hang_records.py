@@ -85,8 +85,16 @@ def _where(frames) -> tuple[str | None, object | None]:
     where = f"{_shown(f.f_code.co_filename)}:{f.f_lineno}"
     called = [f for f in frames[user_at + 1:]
               if f.f_code.co_filename.endswith(os.path.join("torch", "distributed",
-                                                            "distributed_c10d.py"))]
+                                                            "distributed_c10d.py"))
+              and is_collective(f.f_code.co_name)]
     return where, (called[0] if called else None)
+
+
+def is_collective(function: str) -> bool:
+    """Whether torch.distributed's ``function`` waits on other ranks: not a question about
+    this process (``get_rank``, ``is_initialized``: a loop that spins asking it is
+    computing, not waiting), and not one that makes or ends groups."""
+    return not function.startswith(("get_", "is_", "new_", "init_", "destroy_", "_"))
 
 
 _TENSOR_ARGUMENTS = ("tensor", "input_tensor", "input", "tensor_list", "input_tensor_list",
@@ -99,7 +107,7 @@ def _called(c10d_frame) -> dict | None:
     import torch
 
     op = c10d_frame.f_code.co_name
-    if op.startswith(("new_", "init_", "destroy_", "_")):  # makes or ends groups
+    if not is_collective(op):
         return None
     args = c10d_frame.f_locals
     for name in _TENSOR_ARGUMENTS:
@@ -173,9 +181,14 @@ def _write(folder: str, record: dict) -> None:
     write_json_quietly(record_path(folder, record["rank"]), record)
 
 
+# One record per rank: the watcher's live one is never written over the rank's own raised one
+_writing = threading.Lock()
+
+
 def write_raised(folder: str, rank: int, error: BaseException) -> None:
     """A rank whose code raised: its record, before it exits."""
-    _write(folder, raised_record(rank, error))
+    with _writing:
+        _write(folder, raised_record(rank, error))
 
 
 def arm(folder: str, rank: int, poll_s: float = 0.1) -> threading.Thread:
@@ -186,8 +199,9 @@ def arm(folder: str, rank: int, poll_s: float = 0.1) -> threading.Thread:
         request = os.path.join(folder, REQUEST)
         while not os.path.exists(request):
             time.sleep(poll_s)
-        if not os.path.exists(record_path(folder, rank)):
-            _write(folder, live_record(rank, sys._current_frames().get(main)))
+        with _writing:  # checked and written at once: the rank raising meanwhile waits
+            if not os.path.exists(record_path(folder, rank)):
+                _write(folder, live_record(rank, sys._current_frames().get(main)))
 
     try:  # a rank that gloo aborts (SIGABRT) or that crashes leaves its Python stack here
         import faulthandler
@@ -254,7 +268,8 @@ def crash_site(path: str) -> tuple[str | None, str | None]:
     for name, line, function in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main):
         path = os.path.realpath(name)
         if name.endswith(os.path.join("torch", "distributed", "distributed_c10d.py")):
-            call = function  # the outermost torch.distributed frame is the user's call
+            if is_collective(function):  # the outermost torch.distributed frame is the user's call
+                call = function
         elif not (name.startswith("<") or path.startswith(libraries) or path.startswith(KIT_ROOT)):
             return f"{_shown(name)}:{line}", call
     return None, None

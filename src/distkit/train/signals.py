@@ -8,6 +8,16 @@ at the same iteration), saves a checkpoint and raises :class:`Preempted`, whose 
 the signal, the checkpoint and the command that resumes; the process exits with
 ``128 + signal`` (143 for SIGTERM), as the shell's "killed by SIGTERM" would.
 
+A failure (an error, a refusal, a lost rank) exits 1, except in a task of an ``srun`` job
+step, where it exits :data:`FAILED_IN_SLURM_STEP` (200). ``srun`` exits with the highest
+code of its tasks, and a task killed by a signal outranks every code: when one task fails,
+``srun --kill-on-bad-exit`` sends SIGTERM to the others, which then stop with 143. So under
+srun a failure must outrank every stop, and no task may end by the signal itself:
+:func:`install_for_slurm_step` holds the stop signals from the process's start, so a
+signal before training begins ends the task with ``128 + signal`` and one line
+(:class:`StoppedStarting`), one after training has ended (a peer failed) is noted,
+not fatal, and once the exit status is decided they are ignored (:func:`leaving`).
+
 In a rank of a torchrun / srun launch SIGINT is one of them too: torchrun passes the
 Ctrl-C it got on to its workers, and every node then stops with a checkpoint and one
 line instead of a traceback. A second SIGINT while stopping interrupts at once.
@@ -23,10 +33,79 @@ import sys
 import threading
 
 from distkit.errors import DistkitError
+from distkit.host.layout import in_slurm_step
 
 # SIGHUP: a closed terminal or ssh session stops the run as SIGTERM does, with a checkpoint
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+FAILED = 1
+FAILED_IN_SLURM_STEP = 200
+"""Above 128 + any stop signal, so srun's "highest code of the tasks" says failure; not
+128 + a signal number (those end at 128 + 64), so it is never read as "killed by"."""
 _received: list[int] = []
+_begun: list[bool] = []  # training has installed its handlers once in this process
+
+
+class StoppedStarting(BaseException):
+    """A stop signal before training began (in a task of an srun step): nothing to save.
+    A BaseException, so no ``except Exception`` on the way up swallows it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum, self.exit_code = int(signum), exit_code(signum)
+
+    def line(self) -> str:
+        return (f"stopped by {name(self.signum)} while starting, before the first iteration: "
+                "nothing to save (no checkpoint)")
+
+
+def failure_exit_code(environ=os.environ) -> int:
+    """The exit status of a failed run: 1, or 200 in a task of an srun job step."""
+    return FAILED_IN_SLURM_STEP if in_slurm_step(environ) else FAILED
+
+
+def begin() -> None:
+    """The run has begun (training, or a launcher's ranks): from now on its own handlers
+    decide what a stop signal does, and after them the signal is only noted."""
+    _begun.append(True)
+
+
+def _on_signal_in_step(signum, frame) -> None:
+    if not _begun:
+        raise StoppedStarting(signum)
+    request(signum)  # after training (a failure being reported, or the end): its code decides
+
+
+def leaving(environ=os.environ) -> None:
+    """In a task of an srun step whose exit status is decided: ignore the stop signals.
+    The interpreter's exit puts the default action back on every signal with a Python
+    handler (not on an ignored one), and a SIGTERM that srun sends to the other tasks
+    while this one's exit is still freeing torch's objects would end it as "killed by
+    SIGTERM", which srun reports over every task's exit code."""
+    if in_slurm_step(environ) and threading.current_thread() is threading.main_thread():
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
+
+def exit_now_in_slurm_step(code: int, environ=os.environ) -> None:
+    """In a task of an srun step that failed or stopped: leave now with ``code``, without
+    the interpreter's teardown. After a lost peer, freeing torch's process-group objects
+    at exit took over 5 s here (2-core VM, load 20), and srun's SIGKILL after ``KillWait``
+    then reports the task as "Killed" (137) over every task's code. The run's files are
+    written whole before this point; only the output streams need flushing."""
+    if code and in_slurm_step(environ):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(code)
+
+
+def install_for_slurm_step(environ=os.environ) -> None:
+    """In a task of an srun step, from the process's start: a stop signal never kills it
+    (see the module's docstring). Elsewhere nothing changes."""
+    if in_slurm_step(environ):
+        install(STOP_SIGNALS, handler=_on_signal_in_step)
 
 
 def _on_signal(signum, frame) -> None:
@@ -36,15 +115,17 @@ def _on_signal(signum, frame) -> None:
         _received.append(signum)
 
 
-def install(signals=STOP_SIGNALS):
+def install(signals=STOP_SIGNALS, handler=None):
     """Make ``signals`` set the stop flag in this process (main thread only; elsewhere
     nothing changes). Returns a function that puts the previous handlers back."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
+    if handler is None:  # training's own: from now on a signal is a stop at an iteration
+        begin()
     previous = {}
     for signum in signals:
         try:
-            previous[signum] = signal.signal(signum, _on_signal)
+            previous[signum] = signal.signal(signum, handler or _on_signal)
         except (OSError, ValueError):  # not settable here
             continue
 

@@ -197,7 +197,7 @@ def test_stopped_and_resumed_ends_where_the_uninterrupted_run_ends(how, task, la
         epoch_length = 6 if task == "course" else 12
         # at an epoch's end; on one process mid-epoch, where its RandomSampler matters
         stop_at = epoch_length + (3 if launcher == "one" else 0)
-        first = run_to_end(tmp_path, launcher, [*args, "--max-iters", str(stop_at)])
+        run_to_end(tmp_path, launcher, [*args, "--max-iters", str(stop_at)])
         assert newest_results(runs)["iterations"] == stop_at
         resume = ["--resume-from", "latest"]
     else:

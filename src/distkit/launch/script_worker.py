@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import os
 import runpy
-import signal
 import sys
 import traceback
 

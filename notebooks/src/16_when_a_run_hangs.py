@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 import distkit
 from distkit.errors import DistkitError
-from distkit.machine import cpu_only_processes, free_port, quiet_ignite_logs
+from distkit.host.facts import cpu_only_processes, free_port, quiet_ignite_logs
 
 quiet_ignite_logs()
 # torch's spawn says "Terminating process N via signal SIGTERM" when a rank fails: each
@@ -291,7 +291,7 @@ assert not helper_groups(wrong[0]["fr"]["entries"])
 # in turn, 3 rounds each; each round also counts the fingerprints its Flight Recorder
 # holds, so that the "on" rounds are known to have checked every call. On the loaded
 # 2-core machine that recorded this notebook the rounds differ by more than the effect:
-# four runs of this cell within ten minutes gave medians from -36 % to +176 % (a cost
+# five runs of this cell within ten minutes gave medians from -36 % to +176 % (a cost
 # cannot be negative: that is the noise). So the cell prints every round and asserts
 # only the count; on your machine, look at the spread before you trust the median.
 

@@ -49,6 +49,9 @@ REQUIRED_CALLS = {
     # profiler traces of every rank (issue 34)
     "15": ["idist.Parallel", "parallel.run", "profile", "schedule", "record_function", "export_chrome_trace",
            "no_sync", "fully_shard"],
+    # hangs read from torch's Flight Recorder, then the kit's verdict
+    "16": ["idist.Parallel", "parallel.run", "_dump_fr_trace_json", "dist.all_reduce", "dist.broadcast",
+           "dist.set_debug_level", "distkit.launch_function"],
 }
 # Notebooks whose cells leave files behind (runs, checkpoints, CSVs: 03 on a TPU, 04, 06,
 # 08, 09) write them in a folder of their own made by tempfile.mkdtemp, new at every run,

@@ -75,7 +75,7 @@ MODES = {
                       study_repeats=2, peer_rounds=1, peer_warmup=0, peer_epochs=2,
                       peer_default_batch=False,
                       peer_tiny_names=("distkit", "hand-written (torchrun)"),
-                      hang_rounds=4, hang_steps=20, hang_blocks=2, hang_polls=1000),
+                      hang_rounds=3, hang_steps=20, hang_blocks=2, hang_polls=1000),
     "full": Settings("full", repeats=25, warmup=2, batch_size=256, steps=16, mlp_hidden=1024,
                      scaling_steps=16, max_world_size=8, data_batch=128, data_batches=24,
                      data_workers=(0, 1, 2, 4), compute_steps=4, gpu_steps=100,

@@ -172,6 +172,8 @@ def _pct(x):
 def _hangs_lines(h) -> list:
     """The hang records' cost per step: the pieces (the verdict), then the whole-step
     comparisons a loaded machine may not resolve."""
+    if "skipped" in h:
+        return ["", f"7 hang records: skipped: {h['skipped']}"]
     p, w = h["pieces"], h["whole_steps"]
     verdict = "ok" if h["within_target"] else "OVER TARGET"
     lines = ["", f"7 hang records, on in every run the kit starts: {h['world_size']} {h['backend']} ranks, "

@@ -189,8 +189,8 @@ def whole_steps(rounds) -> dict:
 
 def pieces(rounds) -> dict:
     """The cost per step from its pieces, over the recorder-off step's CPU and wall time."""
-    entry = statistics.median(statistics.median(r["on"]["alone_cpu_s"]) - statistics.median(r["off"]["alone_cpu_s"])
-                              for r in rounds)
+    alone = [{side: statistics.median(r[side]["alone_cpu_s"]) for side in SIDES} for r in rounds]
+    entry = statistics.median(a["on"] - a["off"] for a in alone)  # the round's pair
     entries = statistics.median(r["on"]["entries_per_step"] for r in rounds)
     poll = statistics.median(r[side]["watcher_poll_cpu_s"] for r in rounds for side in SIDES)
     step_cpu = statistics.median(_median_of(r["off"]["rows"], "step_cpu_s") for r in rounds)

@@ -8,15 +8,23 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import random
 import statistics
 import subprocess
 import sys
 
 import pytest
 import torch
+from hypothesis import given, seed, settings
+from hypothesis import strategies as st
 
 from distkit import bench
 from distkit.config import Config
+
+SEED = int(os.environ.get("DISTKIT_TEST_SEED") or random.randrange(2**32))
+print(f"tests/commands/test_bench.py: Hypothesis seed {SEED} (reproduce: "
+      f"DISTKIT_TEST_SEED={SEED} python -m pytest tests/commands/test_bench.py)", file=sys.stderr)
 
 
 # --- the method ----------------------------------------------------------------------
@@ -52,8 +60,9 @@ def test_compare_takes_the_median_of_the_rounds_ratios_and_checks_the_target():
 def test_targets_missed_names_each_measurement_over_its_target():
     results = {"overhead": bench.compare([90.0], [100.0], 0.03),
                "ddp": bench.compare([99.0], [100.0], 0.03),
-               "gpu": {"skipped": "no CUDA device"}}
-    assert bench.targets_missed(results) == ["overhead"]
+               "gpu": {"skipped": "no CUDA device"},
+               "hangs": {"cost": 0.03, "target_cost": 0.02, "within_target": False}}
+    assert bench.targets_missed(results) == ["overhead", "hangs"]
 
 
 # --- fairness of the hand-written baseline -------------------------------------------
@@ -103,7 +112,7 @@ def test_gpu_measurement_says_it_is_skipped_without_cuda():
 # --- bad input: one line, before any measuring ----------------------------------------
 
 @pytest.mark.parametrize("args, message", [
-    (["--only", "overhead,bogus"], "unknown measurement bogus: choose from overhead, ddp, scaling, data, gpu, peers"),
+    (["--only", "overhead,bogus"], "unknown measurement bogus: choose from overhead, ddp, scaling, data, gpu, peers, hangs"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
 ])
 def test_bad_input_fails_in_one_line(args, message, capsys, tmp_path):
@@ -149,7 +158,7 @@ def tiny_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("bench")
     proc = subprocess.run([sys.executable, "-m", "distkit", "bench", "--tiny", "--output", str(out),
-                           "--only", "overhead,ddp,scaling,data,gpu",
+                           "--only", "overhead,ddp,scaling,data,gpu,hangs",
                            "--note", "test run"], cwd=out, env=subprocess_env(),
                           capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -171,7 +180,7 @@ def test_bench_tiny_prints_the_table_and_writes_json_and_png(tiny_run):
     assert (out / "bench-tiny.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob("*.tmp*"))  # written to a temporary name, then renamed
     for line in ("1 overhead, 1 process", "2 DDP overhead, 2 gloo processes", "3 scaling",
-                 "4 data pipeline", "results: "):
+                 "4 data pipeline", "7 hang records", "results: "):
         assert line in proc.stdout, line
     if not torch.cuda.is_available():
         assert "5 GPU (ResNet-18, bf16, channels_last): skipped: no CUDA device" in proc.stdout
@@ -179,7 +188,7 @@ def test_bench_tiny_prints_the_table_and_writes_json_and_png(tiny_run):
     # machine, versions, method and targets are recorded beside the numbers
     assert results["versions"]["torch"] == torch.__version__
     assert results["machine"]["cores"] >= 1 and results["note"] == "test run"
-    assert results["targets"] == {"overhead": 0.03, "ddp": 0.03, "gpu": 0.05}
+    assert results["targets"] == {"overhead": 0.03, "ddp": 0.03, "gpu": 0.05, "hangs": 0.02}
 
 
 @pytest.mark.slow
@@ -255,6 +264,86 @@ def test_bench_tiny_data_pipeline_verdicts_follow_the_medians(tiny_run):
             compute = p["compute"][model]["median"]
             assert verdict["data_bound_with_0_workers"] == (zero < compute)
             assert verdict["compute_ms_per_batch"] == pytest.approx(1000 * d["batch_size"] / compute)
+
+
+# --- the hang records' cost ------------------------------------------------------------
+
+def _hang_rounds(draw_round, rounds):
+    """Rank 0's results of ``rounds`` rounds, as :func:`distkit.bench.hangs._ranks` returns
+    them: every off block's step takes ``step`` s, the recorder adds ``recorder`` (a
+    fraction), one more watcher adds ``watcher`` s; the machine's drift ``drift[b]`` hits
+    block b of both sides alike."""
+    out = []
+    for r in range(rounds):
+        step, recorder, watcher, drift = draw_round(r)
+        sides = {}
+        for side, scale in (("off", 1.0), ("on", 1.0 + recorder)):
+            rows = [{"watcher": (b % 4) in (1, 2),
+                     "step_cpu_s": step * scale + drift[b] + (watcher if (b % 4) in (1, 2) else 0.0),
+                     "step_wall_s": 2 * step * scale + drift[b] + (watcher if (b % 4) in (1, 2) else 0.0)}
+                    for b in range(len(drift))]
+            sides[side] = {"rows": rows, "entries_per_step": 3.0 if side == "on" else 0.0,
+                           "alone_cpu_s": [1e-5 * scale] * 2, "watcher_poll_cpu_s": 2e-5}
+        out.append(sides)
+    return out
+
+
+def test_hang_records_whole_steps_pair_each_watcher_block_with_the_plain_block_beside_it():
+    """Drawn steps, costs and drift (seed printed at the top): the recorder's fraction is
+    the rounds' off/on pair, the watcher's the extra-watcher block minus the plain block
+    beside it, whatever the drift between pairs; and the pieces add up as documented."""
+    from distkit.bench.hangs import pieces, whole_steps
+
+    @seed(SEED)
+    @settings(max_examples=40, deadline=None, database=None)
+    @given(step=st.floats(1e-4, 1e-2), recorder=st.floats(0.0, 0.5), watcher=st.floats(0.0, 1e-4),
+           pairs=st.lists(st.floats(0.0, 1e-2), min_size=1, max_size=4), rounds=st.integers(1, 5))
+    def check(step, recorder, watcher, pairs, rounds):
+        drift = [d for d in pairs for _ in range(2)]  # the same drift within a pair of blocks
+        got = _hang_rounds(lambda r: (step, recorder, watcher, drift), rounds)
+        w = whole_steps(got)
+        off_cpu = w["step_cpu_s"]["recorder_off_s"]
+        assert w["step_cpu_s"]["watcher"]["median"] == pytest.approx(watcher / off_cpu, abs=1e-9)
+        p = pieces(got)
+        assert p["entries_per_step"] == 3.0
+        assert p["recorder_us_per_step"] == pytest.approx(3 * 1e6 * recorder * 1e-5)
+        assert p["cpu_fraction"] == pytest.approx(
+            (3 * recorder * 1e-5 + 10 * p["step_wall_us"] / 1e6 * 2e-5) / (p["step_cpu_us"] / 1e6))
+        if len(set(drift)) == 1:  # no drift between pairs: the off/on pair is exactly the recorder
+            assert w["step_cpu_s"]["recorder"]["median"] == pytest.approx(
+                recorder * step / (step + drift[0]), rel=1e-6, abs=1e-12)
+
+    check()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_bench_tiny_hang_records_cost_comes_from_the_measured_pieces(tiny_run):
+    """The recorder was really off and on (entries counted in each launch); the cost is
+    the measured pieces over the measured recorder-off step, held to 2 %."""
+    proc, results, _ = tiny_run
+    h = results["hangs"]
+    assert len(h["rounds"]) == results["settings"]["hang_rounds"]
+    for r in h["rounds"]:
+        assert r["off"]["recorded_entries"] == 0 and r["off"]["entries_per_step"] == 0
+        assert r["on"]["recorded_entries"] > 0 and r["on"]["entries_per_step"] >= 1  # DDP's bucket
+        for side in ("off", "on"):
+            assert len(r[side]["rows"]) == 2 * results["settings"]["hang_blocks"]
+            assert all(row["step_cpu_s"] > 0 and row["step_wall_s"] > 0 for row in r[side]["rows"])
+            assert r[side]["watcher_poll_cpu_s"] >= 0
+    p = h["pieces"]
+    rounds = h["rounds"]
+    entry = statistics.median(statistics.median(r["on"]["alone_cpu_s"]) - statistics.median(r["off"]["alone_cpu_s"])
+                              for r in rounds)
+    assert p["recorder_cpu_us_per_entry"] == pytest.approx(1e6 * entry)
+    step_cpu = statistics.median(statistics.median(row["step_cpu_s"] for row in r["off"]["rows"]
+                                                   if not row["watcher"]) for r in rounds)
+    assert p["step_cpu_us"] == pytest.approx(1e6 * step_cpu)
+    extra = p["entries_per_step"] * entry + 10 * p["step_wall_us"] / 1e6 * p["watcher_cpu_us_per_poll"] / 1e6
+    assert h["cost"] == pytest.approx(extra / step_cpu)
+    assert h["wall_cost"] == pytest.approx(extra / (p["step_wall_us"] / 1e6))
+    assert h["target_cost"] == 0.02 and h["within_target"] == (h["cost"] <= 0.02)
+    assert f"per step: {100 * h['cost']:+.2f} % of its" in proc.stdout
 
 
 # --- peers: whole commands ------------------------------------------------------------

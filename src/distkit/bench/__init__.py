@@ -19,6 +19,8 @@ mode) measures, in one run, one module each:
    hand-written torchrun DDP script, plain ignite, and (when installed) HF accelerate and
    Lightning Fabric on the same task: time to first step, command wall time, throughput,
    peak memory per process; and tiny steps under the kit's own launch vs torchrun.
+7. **hangs** (:mod:`.hangs`) -- what the hang records on in every run the kit starts
+   (torch's Flight Recorder, the kit's watcher thread) cost, as a fraction of a step.
 
 Method, for every measurement: all sides run in the same run, on the same data, with the
 same number of threads. Each side runs ``warmup`` times first (discarded); then come
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import importlib
 
-MEASUREMENTS = ("overhead", "ddp", "scaling", "data", "gpu", "peers")
+MEASUREMENTS = ("overhead", "ddp", "scaling", "data", "gpu", "peers", "hangs")
 
 # What ``from distkit.bench import X`` finds, and where; imported on first use, so that
 # ``distkit bench --help`` (and every other sub-command) does not import torch for it.
@@ -49,7 +51,7 @@ _EXPORTS = {
     "KitRun": "sides", "handwritten_epochs": "sides", "handwritten_setup": "sides",
     "linear_decay": "sides",
     "measure_overhead": "overhead", "measure_processes": "processes", "measure_data": "data",
-    "measure_gpu": "gpu", "measure_peers": "peers",
+    "measure_gpu": "gpu", "measure_peers": "peers", "measure_hangs": "hangs",
 }
 
 

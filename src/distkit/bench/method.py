@@ -13,8 +13,9 @@ import torch
 
 from distkit.host.facts import threads_per_process
 
-# The kit may cost at most this fraction of the hand-written loop's samples/s.
-TARGETS = {"overhead": 0.03, "ddp": 0.03, "gpu": 0.05}
+# The kit may cost at most this fraction of the hand-written loop's samples/s; the hang
+# records (on in every run the kit starts) at most this fraction of a step.
+TARGETS = {"overhead": 0.03, "ddp": 0.03, "gpu": 0.05, "hangs": 0.02}
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ class Settings:
     peer_tiny_names: tuple | None = None  # contenders of its tiny steps (None: the kit's two
     #                                       launches, the hand-written loop, plain ignite)
     peer_default_batch: bool = True  # also the default batch (64), not only tiny steps
+    hang_rounds: int = 10    # rounds of two launches, recorder off and on (hangs)
+    hang_steps: int = 40     # steps per timed block (hangs)
+    hang_blocks: int = 4     # blocks per side: with and without one more watcher (hangs)
+    hang_polls: int = 2000   # polls of the watcher timed at a 1 ms poll (hangs)
 
 
 MODES = {
@@ -54,7 +59,8 @@ MODES = {
                      data_workers=(0, 1), compute_steps=1, gpu_batch=4, gpu_steps=1,
                      overhead_probe_steps=20, study_repeats=2, peer_rounds=1, peer_epochs=1,
                      peer_warmup=0, peer_names=("distkit", "hand-written (torchrun)"),
-                     peer_tiny_names=("distkit", "distkit (torchrun)")),
+                     peer_tiny_names=("distkit", "distkit (torchrun)"),
+                     hang_rounds=1, hang_steps=3, hang_blocks=1, hang_polls=50),
     # Under 2 minutes on 2 cores: fewer rounds (7 for the ratios, 2 for the studies), and
     # whole commands only at tiny steps (8 samples per process, where the kit's cost
     # shows most), the kit's command and the hand-written loop, one round of 2 epochs
@@ -68,7 +74,8 @@ MODES = {
                       compute_steps=2, overhead_variants=False, overhead_probe_steps=300,
                       study_repeats=2, peer_rounds=1, peer_warmup=0, peer_epochs=2,
                       peer_default_batch=False,
-                      peer_tiny_names=("distkit", "hand-written (torchrun)")),
+                      peer_tiny_names=("distkit", "hand-written (torchrun)"),
+                      hang_rounds=3, hang_steps=20, hang_blocks=2, hang_polls=1000),
     "full": Settings("full", repeats=25, warmup=2, batch_size=256, steps=16, mlp_hidden=1024,
                      scaling_steps=16, max_world_size=8, data_batch=128, data_batches=24,
                      data_workers=(0, 1, 2, 4), compute_steps=4, gpu_steps=100,

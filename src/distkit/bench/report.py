@@ -104,6 +104,8 @@ def table(results: dict) -> str:
                                 else "no tested worker count keeps up"))
     if "peers" in results:
         lines += _peers_lines(results["peers"])
+    if "hangs" in results:
+        lines += _hangs_lines(results["hangs"])
     if "pool" in results:
         idle = results["pool"]["pool_idle"]
         lines.append(f"\n(the process pool used {idle['idle_cpu_s']:.2f} s of CPU while waiting "
@@ -115,8 +117,8 @@ def table(results: dict) -> str:
 
 
 def targets_missed(results: dict) -> list:
-    """Names of the measurements whose kit/hand-written ratio misses its target."""
-    return [k for k in TARGETS if k in results and "ratio" in results[k]
+    """Names of the measurements that miss their target (a skipped one has no verdict)."""
+    return [k for k in TARGETS if k in results and "within_target" in results[k]
             and not results[k]["within_target"]]
 
 
@@ -160,4 +162,32 @@ def _peers_lines(p) -> list:
             lines.append(f"    distkit under its own launch / under torchrun, samples/s: "
                          f"{_num(c['default_launch_vs_torchrun'], '.3f')} (target >= 0.97)")
     lines.append("    (ratio and deltas: against the hand-written torchrun loop of the same round)")
+    return lines
+
+
+def _pct(x):
+    return f"{100 * x:+.2f} %" if x is not None else "-"
+
+
+def _hangs_lines(h) -> list:
+    """The hang records' cost per step: the pieces (the verdict), then the whole-step
+    comparisons a loaded machine may not resolve."""
+    if "skipped" in h:
+        return ["", f"7 hang records: skipped: {h['skipped']}"]
+    p, w = h["pieces"], h["whole_steps"]
+    verdict = "ok" if h["within_target"] else "OVER TARGET"
+    lines = ["", f"7 hang records, on in every run the kit starts: {h['world_size']} {h['backend']} ranks, "
+                 f"{h['model']}, {len(h['rounds'])} rounds of recorder off/on",
+             f"    Flight Recorder: {p['recorder_cpu_us_per_entry']:+.2f} us of CPU per entry x "
+             f"{p['entries_per_step']:.2f} entries a step = {p['recorder_us_per_step']:.1f} us",
+             f"    watcher thread: {p['watcher_cpu_us_per_poll']:.1f} us of CPU per poll x "
+             f"{p['polls_per_s']} polls/s over a {p['step_wall_us']:.0f} us step = {p['watcher_us_per_step']:.2f} us",
+             f"    per step: {_pct(h['cost'])} of its {p['step_cpu_us']:.0f} us of CPU, "
+             f"{_pct(h['wall_cost'])} of its {p['step_wall_us']:.0f} us of wall "
+             f"(target <= {100 * h['target_cost']:g} % of CPU) {verdict}"]
+    for what, name in (("step_cpu_s", "CPU"), ("step_wall_s", "wall")):
+        rec, wat = w[what]["recorder"], w[what]["watcher"]
+        q = (lambda s: f" (quartiles {', '.join(_pct(x) for x in s['quartiles'])})" if s["quartiles"] else "")
+        lines.append(f"    whole steps, {name}: recorder {_pct(rec['median'])}{q(rec)}, one more watcher "
+                     f"{_pct(wat['median'])}{q(wat)}")
     return lines

@@ -42,14 +42,14 @@ def run_benchmarks(mode: str = "quick", output_dir: str | None = "benchmarks/res
     logging.disable(logging.INFO)  # ignite logs every auto_dataloader at INFO
     try:
         if "overhead" in only:
-            with _phase(results, "overhead", log, "1/6 overhead: kit vs hand-written loop, 1 process"):
+            with _phase(results, "overhead", log, "1/7 overhead: kit vs hand-written loop, 1 process"):
                 from distkit.bench.overhead import measure_overhead
 
                 results["overhead"] = measure_overhead(settings, threads)
         if "ddp" in only or "scaling" in only:
             tasks = [t for t in ("ddp", "scaling") if t in only]
             with _phase(results, "processes", log,
-                        f"2-3/6 {' and '.join(tasks)}: a pool of gloo processes"):
+                        f"2-3/7 {' and '.join(tasks)}: a pool of gloo processes"):
                 from distkit.bench.processes import measure_processes
 
                 procs = measure_processes(settings, tasks)
@@ -57,20 +57,25 @@ def run_benchmarks(mode: str = "quick", output_dir: str | None = "benchmarks/res
                 results[t] = procs.pop(t)
             results["pool"] = procs
         if "data" in only:
-            with _phase(results, "data", log, "4/6 data pipeline: loader vs compute"):
+            with _phase(results, "data", log, "4/7 data pipeline: loader vs compute"):
                 from distkit.bench.data import measure_data
 
                 results["data"] = measure_data(settings, threads)
         if "gpu" in only:
-            with _phase(results, "gpu", log, "5/6 gpu"):
+            with _phase(results, "gpu", log, "5/7 gpu"):
                 from distkit.bench.gpu import measure_gpu
 
                 results["gpu"] = measure_gpu(settings)
         if "peers" in only:
-            with _phase(results, "peers", log, "6/6 peers: whole commands, round by round"):
+            with _phase(results, "peers", log, "6/7 peers: whole commands, round by round"):
                 from distkit.bench.peers import measure_peers
 
                 results["peers"] = measure_peers(settings, log=log)
+        if "hangs" in only:
+            with _phase(results, "hangs", log, "7/7 hang records: Flight Recorder and watcher, per step"):
+                from distkit.bench.hangs import measure_hangs
+
+                results["hangs"] = measure_hangs(settings)
     finally:
         logging.disable(previous_disable)
     results["machine"]["load_average_end"] = load_average()

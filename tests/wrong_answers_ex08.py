@@ -208,6 +208,17 @@ def accumulation_step(model, optimizer, loss_fn, micro_batches):
      [("        last = i == n - 1\n", "        last = i == n - 1\n        optimizer.zero_grad()\n")],
      r"on 2 processes, rank 0, 4 micro-batches per process: .*Only the LAST micro-batch of each process "
      r"counted"),
+    ("08", "one no_sync() made before the loop and entered at every micro-batch", '''
+def accumulation_step(model, optimizer, loss_fn, micro_batches):
+    optimizer.zero_grad()
+    n = len(micro_batches)
+    quiet = model.no_sync() if hasattr(model, "no_sync") else contextlib.nullcontext()
+    for i, (x, y) in enumerate(micro_batches):
+        with contextlib.nullcontext() if i == n - 1 else quiet:
+            (loss_fn(model(x), y) / n).backward()
+    optimizer.step()
+''', r"a no_sync\(\) context was entered twice: no_sync\(\) is a context manager, and each one can be "
+     r"entered only once\. Use a new one per micro-batch"),
 ]
 
 WRONG_ANSWERS = list(WRONG_ANSWERS_08)
@@ -407,7 +418,7 @@ _OLD = {
            "the last samples dropped (drop_last=True)": "inputs"},
 }
 _SECTIONS = {  # the new answers: their family, by the comment they are listed under
-    "08": [("layout", 5), ("structure", 5), ("inputs", 6), ("device", 6), ("robust", 5), ("understanding", 1)],
+    "08": [("layout", 5), ("structure", 5), ("inputs", 6), ("device", 6), ("robust", 5), ("understanding", 2)],
     "03": [("layout", 3), ("inputs", 5), ("robust", 6)],
     "02": [("layout", 6), ("inputs", 6), ("robust", 6)],
 }

@@ -142,7 +142,7 @@ _tag("10", "layout", "a fixed 2 for the world size", "a device mesh of the proce
      "FSDP shards by 2 however many ranks there are (right on 2)", "one process predicted as sharded in two",
      "the world size of this run, not the one asked about")
 # what is held in memory, and when: the structure FSDP's lesson is about
-_tag("10", "structure", "only the root sharded", "the root left out", "layers kept whole after their forward",
+_tag("10", "structure", "only the root sharded", "the root left out", "the root sharded before its layers", "layers kept whole after their forward",
      "layers and root kept whole after their forward", "only the first layer resharded after its forward",
      "one partial with reshard_after_forward=False for every unit")
 _tag("10", "robust", "the model not returned")

@@ -126,7 +126,8 @@ def call_answer(what: str, function, *args, advice=lambda error: ""):
     except Exception as error:  # noqa: BLE001 - any error of the answer is reported, not crashed on
         frames = [f for f in traceback.extract_tb(error.__traceback__) if _in_exercise_file(f.filename)]
         at = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
-        raise ExerciseFailure(f"{what} raised {type(error).__name__}: {error}{at}.{advice(error)}") from None
+        raise ExerciseFailure(f"{what} raised {type(error).__name__}: {error}{at}.{advice(error)}"
+                              f"{what_it_means(str(error))}") from None
 
 
 def not_solved_message_from(where, error_type="NotImplementedError") -> str:
@@ -446,16 +447,33 @@ def _explain_error(rank: int, rep: dict, finished=()) -> str:
                 f"that only some ranks reach (inside `if rank == 0:` or `if local_rank == 0:`) is "
                 f"the usual cause; idist.one_rank_first() makes the others wait correctly.\n"
                 f"{rep['traceback']}")
+    return f"rank {rank} raised {rep['type']}: {text}{what_it_means(text)}\n{rep['traceback']}"
+
+
+# Errors torch raises from deep inside, in words that do not say what the learner's call did
+# wrong: (words of the error, what it means). Each was raised here by the mistake it names.
+_GPU_BY_NAME = ("a tensor or module was put on a GPU by name ('cuda', 'cuda:N'): this machine has none. "
+                "Use idist.device(): this rank's own GPU under nccl, the CPU under gloo, so the same "
+                "code runs in both")
+LIBRARY_ERRORS = (
+    (("nvidia driver",), _GPU_BY_NAME),
+    (("not compiled with cuda",), _GPU_BY_NAME),
+    (("cuda", "no "), _GPU_BY_NAME),
+    (("pair is not connected",), "gloo has no connection from a rank to itself: a send or recv whose peer "
+                                 "is this rank's own number, e.g. (rank + 2) % N with N = 2"),
+    (("invariant encountered", "value was none"),
+     "raised inside FSDP's forward: fully_shard the inner modules first and the model itself (the "
+     "root) last; a module sharded after its parent leaves the parent's sharding without it"),
+)
+
+
+def what_it_means(text: str) -> str:
+    """What a library's error says about the learner's call, as a line to add to it (or "")."""
     lowered = text.lower()
-    if "nvidia driver" in lowered or "not compiled with cuda" in lowered or "cuda" in lowered and \
-            "no " in lowered:
-        text += ("\n(a tensor or module was put on a GPU by name ('cuda', 'cuda:N'): this machine has "
-                 "none. Use idist.device(): this rank's own GPU under nccl, the CPU under gloo, so the "
-                 "same code runs in both)")
-    if "Pair is not connected" in text:
-        text += ("\n(gloo has no connection from a rank to itself: a send or recv whose peer is this "
-                 "rank's own number, e.g. (rank + 2) % N with N = 2)")
-    return f"rank {rank} raised {rep['type']}: {text}\n{rep['traceback']}"
+    for words, meaning in LIBRARY_ERRORS:
+        if all(w in lowered for w in words):
+            return f"\n({meaning})"
+    return ""
 
 
 # --- small helpers the checks share ---------------------------------------------------

@@ -814,6 +814,11 @@ def predict_bytes_per_rank(num_params, world_size, strategy):
      [("            fully_shard(layer)  # one unit per layer: only one layer's full weight at a time\n",
        "            pass\n")],
      r"only 0 of the 3 nn.Linear layers are FSDP units of their own"),
+    ("10", "the root sharded before its layers",
+     [("    for layer in model.modules():", "    fully_shard(model)\n    for layer in model.modules():"),
+      ("    fully_shard(model)  # the root\n", "")],
+     r"raised TypeError: Invariant encountered: value was None.*\n\(raised inside FSDP's forward: "
+     r"fully_shard the inner modules first and the model itself \(the root\) last"),
     ("10", "the root left out", [("    fully_shard(model)  # the root\n", "")],
      r"the model itself is not sharded: .*fully_shard\(model\)"),
     ("10", "the model not returned", [("    fully_shard(model)  # the root\n    return model",

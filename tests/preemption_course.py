@@ -147,13 +147,14 @@ def stop_here(trainer, evaluator):
         if trainer.state.epoch == n:
             send(engine)
 
-    where = {"step": (trainer, Events.ITERATION_STARTED(once=n), send),
-             "checkpoint": (trainer, Events.ITERATION_COMPLETED(once=n), send),
-             "validation": (evaluator, Events.ITERATION_COMPLETED(once=1), in_epoch),
-             "judged": (evaluator, Events.COMPLETED, in_epoch),
-             "epoch_end": (trainer, Events.EPOCH_COMPLETED(once=n), send),
-             "reporting": (trainer, Events.COMPLETED, send)}
-    engine, event, handler = where[point]
+    # Built for the named point only: ``once=0`` (reporting's N) is an error in ignite.
+    where = {"step": lambda: (trainer, Events.ITERATION_STARTED(once=n), send),
+             "checkpoint": lambda: (trainer, Events.ITERATION_COMPLETED(once=n), send),
+             "validation": lambda: (evaluator, Events.ITERATION_COMPLETED(once=1), in_epoch),
+             "judged": lambda: (evaluator, Events.COMPLETED, in_epoch),
+             "epoch_end": lambda: (trainer, Events.EPOCH_COMPLETED(once=n), send),
+             "reporting": lambda: (trainer, Events.COMPLETED, send)}
+    engine, event, handler = where[point]()
     engine.add_event_handler(event, handler)
 
 

@@ -65,9 +65,11 @@ def checkout_copy(dest: Path, tree: bool = False) -> Path:
 
 # --- two "nodes" of distkit train on this machine -------------------------------------
 
-def two_nodes(tmp_path, node0_args, node1_args, timeout=150):
+def two_nodes(tmp_path, node0_args, node1_args, timeout=150, env=None):
     """``distkit train`` as node 0 and node 1 of 2 on 127.0.0.1: each node's (exit code,
-    stdout, stderr)."""
+    stdout, stderr). The arguments given win over the defaults here (a later flag wins, so
+    ``--nproc-per-node 2`` or another ``--output-dir`` may be given); ``env``: the launchers'
+    environment (default ``subprocess_env()``)."""
     from distkit.host.facts import free_port
 
     port = free_port()
@@ -77,8 +79,9 @@ def two_nodes(tmp_path, node0_args, node1_args, timeout=150):
                "--master-addr", "127.0.0.1", "--master-port", str(port), "--nproc-per-node", "1",
                "--no-progress", "--epochs", "1", "--output-dir", str(tmp_path / "runs"),
                "--timeout", "60", *map(str, args)]
-        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=subprocess_env(), text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env or subprocess_env(), text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      start_new_session=True))  # a node's signals stay on it
     outs = []
     try:
         for p in procs:

@@ -1,6 +1,7 @@
 """Stop anywhere, resume exactly: drawn stop moments, stop kinds and settings.
 
-Each case draws a run's settings (processes, loader workers, persistent or not
+Each case draws a run's settings (1, 2 or 3 processes on one node, or 2 nodes of 2 on
+127.0.0.1; loader workers, persistent or not
 (``--persistent-workers``), checkpoint interval dividing
 the epoch or not, a per-iteration or per-epoch schedule, early stopping, the kit's step or
 the task's own, ddp or fsdp) and a moment of its life (inside a step, before a checkpoint,
@@ -35,7 +36,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from support import REPO_ROOT, subprocess_env
+from support import REPO_ROOT, subprocess_env, two_nodes
 
 TESTS = Path(__file__).resolve().parents[1]
 SEED = int(os.environ.get("STOP_ANYWHERE_SEED") or random.randrange(2 ** 32))
@@ -59,8 +60,13 @@ def env() -> dict:
     return subprocess_env(PYTHONPATH=path)
 
 
+# (processes per node, nodes): 2 x 2 is two ``distkit train --nnodes 2`` launchers on
+# 127.0.0.1 sharing one output folder, as nodes share a cluster's file system. Its case
+# costs some seconds more than a one-node case (two launchers, four ranks; measured in
+# docs/testing.md), little enough to draw it as often as each one-node layout.
+LAYOUTS = st.sampled_from([(1, 1), (2, 1), (3, 1), (2, 2)])
 RUNS = st.fixed_dictionaries({
-    "nproc": st.sampled_from([1, 2, 3]),
+    "layout": LAYOUTS,
     "num_workers": st.sampled_from([0, 2]),
     "persistent_workers": st.booleans(),  # --persistent-workers, with workers only
     "checkpoint_every": st.sampled_from([4, 3]),  # dividing the epoch of 8, and not
@@ -68,7 +74,9 @@ RUNS = st.fixed_dictionaries({
     "patience": st.sampled_from([0, 1]),
     "own_step": st.booleans(),
     "strategy": st.sampled_from(["ddp", "ddp", "fsdp"]),
-}).map(lambda run: {**run, "persistent_workers": run["persistent_workers"] and run["num_workers"] > 0})
+}).map(lambda run: {**{k: v for k, v in run.items() if k != "layout"},
+                     "nproc": run["layout"][0], "nnodes": run["layout"][1],
+                     "persistent_workers": run["persistent_workers"] and run["num_workers"] > 0})
 MOMENTS = st.one_of(
     st.builds(lambda n: f"step:{n}", st.integers(2, EPOCHS * 8)),
     st.builds(lambda n: f"checkpoint:{n}", st.integers(1, EPOCHS * 8)),
@@ -80,14 +88,15 @@ MOMENTS = st.one_of(
 STOPS = st.fixed_dictionaries({
     "at": MOMENTS,
     "kind": st.sampled_from(["TERM", "HUP", "KILL-one", "KILL-every", "max-iters"]),
-    "rank": st.integers(0, 2),
+    "rank": st.integers(0, 3),
     "max_iters": st.integers(1, EPOCHS * 8 - 1),
 })
 
 
 def arguments(run: dict, out: str) -> list[str]:
+    """``distkit train``'s flags for ``run`` (per node: ``nproc`` processes on each)."""
     task = "preemption_course:task_own_step" if run["own_step"] else "preemption_course:task"
-    return [sys.executable, "-m", "distkit", "train", "--task", task,
+    return ["--task", task,
             "--nproc-per-node", str(run["nproc"]), "--epochs", str(EPOCHS),
             "--batch-size", str(BATCH), "--checkpoint-every", str(run["checkpoint_every"]),
             "--num-workers", str(run["num_workers"]), "--strategy", run["strategy"],
@@ -96,9 +105,17 @@ def arguments(run: dict, out: str) -> list[str]:
             "--output-dir", out] + (["--persistent-workers"] if run.get("persistent_workers") else [])
 
 
-def train(cwd: Path, args, timeout=300, stop: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(args, cwd=cwd, env={**env(), **(stop or {})}, text=True,
-                          capture_output=True, timeout=timeout, start_new_session=True)
+def train(cwd: Path, run: dict, out: Path, extra=(), stop: dict | None = None,
+          timeout=300) -> list[subprocess.CompletedProcess]:
+    """``run`` trained into ``out``: each node's launcher, finished. Two nodes are two
+    ``--nnodes 2`` launchers on 127.0.0.1 (tests/support.py's ``two_nodes``)."""
+    args, environment = arguments(run, str(out)) + list(extra), {**env(), **(stop or {})}
+    if run.get("nnodes", 1) == 1:
+        return [subprocess.run([sys.executable, "-m", "distkit", "train", *args], cwd=cwd,
+                               env=environment, text=True, capture_output=True, timeout=timeout,
+                               start_new_session=True)]
+    return [subprocess.CompletedProcess(args, code, stdout, stderr) for code, stdout, stderr
+            in two_nodes(cwd, args, args, timeout=2 * timeout, env=environment)]
 
 
 def final_state(run_dir: Path) -> dict:
@@ -145,8 +162,8 @@ class Uninterrupted(dict):
     def __missing__(self, key):
         run = dict(key)
         out = self.folder / f"whole-{len(self)}"
-        done = train(self.folder, arguments(run, str(out)))
-        assert done.returncode == 0, done.stderr[-3000:]
+        for node, done in enumerate(train(self.folder, run, out)):
+            assert done.returncode == 0, f"node {node}: {done.stderr[-3000:]}"
         self[key] = state = final_state(run_dirs(out)[-1])
         return state
 
@@ -160,7 +177,8 @@ def stop_env(stop: dict, run: dict) -> dict:
     """The course task's stop moment (tests/preemption_course.py's ``stop_here``)."""
     if stop["kind"] == "max-iters":
         return {}
-    rank = -1 if stop["kind"] == "KILL-every" else stop["rank"] % run["nproc"]
+    world = run["nproc"] * run.get("nnodes", 1)
+    rank = -1 if stop["kind"] == "KILL-every" else stop["rank"] % world
     return {"STOP_AT": stop["at"], "STOP_SIGNAL": stop["kind"][:4], "STOP_RANK": str(rank)}
 
 
@@ -177,18 +195,22 @@ def stop_and_resume(run: dict, stop: dict, folder: Path, uninterrupted) -> None:
     whole = uninterrupted[tuple(sorted(run.items()))]
     out = folder / "runs"
     cut = ["--max-iters", str(stop["max_iters"])] if stop["kind"] == "max-iters" else []
-    first = train(folder, arguments(run, str(out)) + cut, stop=stop_env(stop, run))
-    said = [ln for ln in first.stderr.splitlines() if ln.startswith("distkit:")]
-    if first.returncode == 0 and stop["kind"] != "max-iters":  # the moment never came
-        assert_equal(final_state(run_dirs(out)[-1]), whole, "run")
+    first = train(folder, run, out, cut, stop=stop_env(stop, run))
+    said = [ln for node in first for ln in node.stderr.splitlines() if ln.startswith("distkit:")]
+    assert not any(" raised " in ln for ln in said), f"the run failed, not stopped: {said}"
+    if all(node.returncode == 0 for node in first) and stop["kind"] != "max-iters":
+        assert_equal(final_state(run_dirs(out)[-1]), whole, "run")  # the moment never came
         return
-    named = re.search(r"--resume-from (\S+\.pt)", first.stderr)
+    named = re.search(r"--resume-from (\S+\.pt)", "".join(node.stderr for node in first))
     resume = named.group(1) if named and stop["kind"] in ("TERM", "HUP") else "latest"
-    second = train(folder, arguments(run, str(out)) + ["--resume-from", resume])
-    if second.returncode != 0:  # refused: in one line, before training; nothing was left
-        lines = [ln for ln in second.stderr.splitlines() if ln.startswith("distkit:")]
-        assert len(lines) == 1 and "nothing to resume" in lines[0], \
-            f"{said}\n{second.stderr[-3000:]}"
+    print(f"stopped, exit {[node.returncode for node in first]}; resuming from {resume}", flush=True)
+    second = train(folder, run, out, ["--resume-from", resume])
+    if any(node.returncode != 0 for node in second):  # refused: one line a node, before training
+        for node in second:
+            lines = [ln for ln in node.stderr.splitlines() if ln.startswith("distkit:")]
+            assert node.returncode != 0 and len(lines) == 1 and "nothing to resume" in lines[0], \
+                f"{said}\n{node.stderr[-3000:]}"
+            print(f"refused: {lines[0]}", flush=True)
         assert_equal(final_state(run_dirs(out)[0]), whole, "stopped run")
         return
     assert_equal(final_state(run_dirs(out)[-1]), whole, "resumed run")

@@ -85,7 +85,8 @@ def to_bytes(data: dict) -> bytes:
 def from_bytes(raw: bytes) -> dict:
     import torch
 
-    return torch.load(io.BytesIO(raw), weights_only=True)
+    data = io.BytesIO(raw)
+    return torch.load(data, weights_only=True)
 
 
 def reference_data(checks: Path, number: str, seed: int, timeout_s: float, out: Path) -> bytes:

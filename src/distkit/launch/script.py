@@ -232,16 +232,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     otherwise raises :class:`~distkit.errors.DistkitError` with the first failure's line
     (every failure's line is also printed to stderr), ``KeyboardInterrupt`` after Ctrl-C,
     :class:`ScriptStopped` after SIGTERM."""
-    if not module and not os.path.isfile(os.path.join(cwd or "", script)):
-        raise DistkitError(f"no such script {script!r} (from {os.path.abspath(cwd or '.')!r}): "
-                           "pass the path of the .py file to launch, or -m MODULE")
-    if timeout_s is None or not (0 < timeout_s <= MAX_TIMEOUT_S):
-        raise DistkitError(f"--timeout {timeout_s!r} must be a number of seconds > 0 and at most "
-                           f"{MAX_TIMEOUT_S:g}: e.g. --timeout 600 for collectives that wait long "
-                           f"(default {DEFAULT_TIMEOUT_S:g})")
-    if end_timeout_s is not None and not (0 < end_timeout_s < float("inf")):
-        raise DistkitError(f"--end-timeout {end_timeout_s!r} must be a finite number of seconds "
-                           "> 0: e.g. --end-timeout 120, or leave it out (no bound)")
+    _check_arguments(script, module, cwd, timeout_s, end_timeout_s)
     ranks = plan_ranks(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend)
     run_dir = _trace_run_dir(ranks, output_dir) if trace else None
     folder = tempfile.mkdtemp(prefix="distkit-launch-")
@@ -271,15 +262,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
                 env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
             if run_dir is not None:
                 env["DISTKIT_TRACE"] = os.path.join(run_dir, "trace")
-            p = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True,
-                                 stdout=subprocess.PIPE if relay else None,
-                                 stderr=subprocess.STDOUT if relay else None,
-                                 text=relay or None)
-            procs[int(env["RANK"])] = (local_rank, p)
-            if relay:
-                t = threading.Thread(target=_relay, args=(p.stdout, sys.stdout), daemon=True)
-                t.start()
-                threads.append(t)
+            procs[int(env["RANK"])] = (local_rank, _start_rank(command, env, cwd, relay, threads))
         code = _supervise(procs, ranks, folder, end_timeout_s, grace_s, script, timeout_s)
         shutil.rmtree(folder, ignore_errors=True)  # no failure: no traceback to keep
         if run_dir is not None:
@@ -307,6 +290,34 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
             remove_run_dir_if_empty(run_dir)
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+
+def _check_arguments(script: str, module: bool, cwd: str | None, timeout_s, end_timeout_s) -> None:
+    """The launch's own arguments, each refused in one line naming the flag and a value."""
+    if not module and not os.path.isfile(os.path.join(cwd or "", script)):
+        raise DistkitError(f"no such script {script!r} (from {os.path.abspath(cwd or '.')!r}): "
+                           "pass the path of the .py file to launch, or -m MODULE")
+    if timeout_s is None or not (0 < timeout_s <= MAX_TIMEOUT_S):
+        raise DistkitError(f"--timeout {timeout_s!r} must be a number of seconds > 0 and at most "
+                           f"{MAX_TIMEOUT_S:g}: e.g. --timeout 600 for collectives that wait long "
+                           f"(default {DEFAULT_TIMEOUT_S:g})")
+    if end_timeout_s is not None and not (0 < end_timeout_s < float("inf")):
+        raise DistkitError(f"--end-timeout {end_timeout_s!r} must be a finite number of seconds "
+                           "> 0: e.g. --end-timeout 120, or leave it out (no bound)")
+
+
+def _start_rank(command: list, env: dict, cwd: str | None, relay: bool, threads: list) -> subprocess.Popen:
+    """One rank in a session of its own; its output relayed by a thread (added to
+    ``threads``) where this process's stdout is not a real file (a notebook)."""
+    p = subprocess.Popen(command, env=env, cwd=cwd, start_new_session=True,
+                         stdout=subprocess.PIPE if relay else None,
+                         stderr=subprocess.STDOUT if relay else None,
+                         text=relay or None)
+    if relay:
+        t = threading.Thread(target=_relay, args=(p.stdout, sys.stdout), daemon=True)
+        t.start()
+        threads.append(t)
+    return p
 
 
 def _serve_store(ranks: Ranks, timeout_s: float):

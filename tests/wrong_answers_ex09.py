@@ -362,6 +362,7 @@ FAMILY = {
     ("09", "rank 1 receives every micro-batch before computing any (right gradients, no overlap)"): "structure",
     # 11: tests/exercises/test_exercises.py
     ("11", "(p-1)/m"): "understanding",
+    ("11", "(p-1)/m on 2 stages only, the right formula otherwise"): "understanding",
     ("11", "a formula for 2 stages only"): "layout",
     ("11", "n_microbatches ignored"): "structure",
     ("11", "the sum of the losses"): "understanding",

@@ -853,6 +853,10 @@ def shard(model):
     ("11", "(p-1)/m", [("return (stages - 1) / (microbatches + stages - 1)", "return (stages - 1) / microbatches")],
      r"you predicted a bubble of 0\.5 for 2 stages and 2 micro-batches; measured: .*\(p-1\)/m leaves "
      r"out the slots"),
+    ("11", "(p-1)/m on 2 stages only, the right formula otherwise",
+     [("return (stages - 1) / (microbatches + stages - 1)",
+       "return (stages - 1) / microbatches if stages == 2 else (stages - 1) / (microbatches + stages - 1)")],
+     r"you predicted a bubble of 0\.5 for 2 stages and 2 micro-batches; .*: count the slots of a step"),
     ("11", "a formula for 2 stages only",
      [("return (stages - 1) / (microbatches + stages - 1)", "return 1 / (microbatches + 1)")],
      r"bubble_fraction\(4, 8\) returned 0\.111.*fits 2 stages but not 4"),

@@ -138,7 +138,7 @@ _tag("14", "robust", *[name for n, name, *_ in WRONG_ANSWERS[10:14]])
 # --- 10 sharded memory ------------------------------------------------------------------
 _tag("10", "understanding", "FSDP predicted like DDP", "DDP divided by the world size too", "one Adam moment",
      "values, not bytes")
-_tag("10", "layout", "a fixed 2 for the world size", "a device mesh of the processes of one node (right on one node)",
+_tag("10", "layout", "a fixed 2 for the world size", "FSDP predicted like DDP on 2 ranks only (right on 3 and 4)", "a device mesh of the processes of one node (right on one node)",
      "FSDP shards by 2 however many ranks there are (right on 2)", "one process predicted as sharded in two",
      "the world size of this run, not the one asked about")
 # what is held in memory, and when: the structure FSDP's lesson is about

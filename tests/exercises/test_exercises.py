@@ -807,6 +807,11 @@ def predict_bytes_per_rank(num_params, world_size, strategy):
     return {"params": num_params // shards, "grads": num_params // shards,
             "optimizer": 2 * num_params // shards}
 ''', r"you counted values, not bytes: an fp32 value takes 4 bytes"),
+    ("10", "FSDP predicted like DDP on 2 ranks only (right on 3 and 4)",
+     [('shards = world_size if strategy == "fsdp" else 1',
+       'shards = world_size if strategy == "fsdp" and world_size != 2 else 1')],
+     r"under FSDP with 2 ranks you predicted \d+ bytes of params .*: params and grads take 4 bytes per "
+     r"parameter each"),
     ("10", "a fixed 2 for the world size",
      [('shards = world_size if strategy == "fsdp" else 1', 'shards = 2 if strategy == "fsdp" else 1')],
      r"with 4 ranks under FSDP you predicted .*divide by world_size, not by a fixed number"),

@@ -16,7 +16,9 @@ FIND='import importlib.util as u, sys
 for name in ("torch_xla", "ignite", "sklearn"):
     if u.find_spec(name) is None: sys.exit(1)
 d = u.find_spec("distkit"); print(d.origin if d else "")'
-if [ -x "$PY" ] && THERE="$("$PY" -c "$FIND" 2>/dev/null)"; then
+# PYTHONPATH unset: a caller's (a checkout tested in place) would hide where the environment's
+# own install points, and the environment runs without it.
+if [ -x "$PY" ] && THERE="$(env -u PYTHONPATH "$PY" -c "$FIND" 2>/dev/null)"; then
     # Reuse; make sure distkit is this checkout's (editable, no deps).
     if [ "$THERE" != "$(pwd)/src/distkit/__init__.py" ]; then
         "$PY" -m pip install -q --no-deps -e . >&2

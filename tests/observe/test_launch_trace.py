@@ -128,7 +128,11 @@ def test_a_script_without_an_optimizer_gets_one_line_and_no_empty_trace(tmp_path
     assert _errors(out)[0].startswith("distkit: error: rank 1 (local rank 1) raised ValueError: "
                                       "no data (at raises_early.py:7)"), out.stderr
     assert "distkit: trace" not in out.stdout
-    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+    # a traced launch has a run folder: the traceback went there, and nothing else did
+    (run,) = (tmp_path / "runs").iterdir()
+    assert f"full traceback in {run / 'tracebacks' / 'rank1.txt'}" in _errors(out)[0], out.stderr
+    assert sorted(p.relative_to(run).as_posix() for p in run.rglob("*") if p.is_file()) == \
+        ["tracebacks/rank1.json", "tracebacks/rank1.txt"]
 
 
 @pytest.mark.timeout(120)

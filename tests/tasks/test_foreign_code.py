@@ -220,6 +220,8 @@ COVERED = {
     "logger": "test_units.py (tracking)",
     "strategy": "test_strategies.py",
     "data_dir": "reaches the task's functions as config.data_dir (a task that downloads)",
+    "persistent_workers": "test_stop_anywhere.py (drawn with --num-workers 2 on the course task of "
+                          "tests/preemption_course.py: the resumed run equal to the uninterrupted one)",
 }
 
 

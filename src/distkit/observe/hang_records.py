@@ -86,15 +86,23 @@ def _where(frames) -> tuple[str | None, object | None]:
     called = [f for f in frames[user_at + 1:]
               if f.f_code.co_filename.endswith(os.path.join("torch", "distributed",
                                                             "distributed_c10d.py"))
-              and is_collective(f.f_code.co_name)]
+              and waits_on_others(f.f_code.co_name)]
     return where, (called[0] if called else None)
 
 
+def waits_on_others(function: str) -> bool:
+    """Whether torch.distributed's ``function`` can wait on other ranks: a collective, or a
+    call that makes a group (``new_group`` waits in the store for every member); not a
+    question about this process (``get_rank``, ``is_initialized``: a loop that spins asking
+    it is computing, not waiting), and not one of torch's own helpers that such a question
+    calls (``_get_default_group``)."""
+    return not function.startswith(("get_", "is_", "_"))
+
+
 def is_collective(function: str) -> bool:
-    """Whether torch.distributed's ``function`` waits on other ranks: not a question about
-    this process (``get_rank``, ``is_initialized``: a loop that spins asking it is
-    computing, not waiting), and not one that makes or ends groups."""
-    return not function.startswith(("get_", "is_", "new_", "init_", "destroy_", "_"))
+    """Whether torch.distributed's ``function`` is a collective the Flight Recorder numbers:
+    it waits on other ranks, and does not make or end groups."""
+    return waits_on_others(function) and not function.startswith(("new_", "init_", "destroy_", "_"))
 
 
 _TENSOR_ARGUMENTS = ("tensor", "input_tensor", "input", "tensor_list", "input_tensor_list",
@@ -136,8 +144,10 @@ def _record(rank: int, state: str, innermost, raised: bool, error_text: str = ""
             seq = 1 + max([c["seq"] for c in collectives if c["group"] == group], default=0)
             collectives.append({"group": group, "seq": seq, **made})
     lost = any(words in (error_text or "").lower() for words in PEER_LOST_WORDS)
-    if seq is None and call is None and collectives and (not collectives[-1]["done"] or lost):
-        # a collective started outside Python (DDP's all-reduce from autograd's hooks)
+    if seq is None and call is None and collectives and (lost or not raised and not collectives[-1]["done"]):
+        # a collective started outside Python (DDP's all-reduce from autograd's hooks); a rank
+        # that raised in its own code (a refusal after an all_gather the recorder had not
+        # marked done) failed in no collective, whatever the recorder's last entry says
         seq, call = collectives[-1]["seq"], collectives[-1]["op"]
     if state == "live":
         state = "in collective" if call else "computing"
@@ -268,7 +278,7 @@ def crash_site(path: str) -> tuple[str | None, str | None]:
     for name, line, function in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main):
         path = os.path.realpath(name)
         if name.endswith(os.path.join("torch", "distributed", "distributed_c10d.py")):
-            if is_collective(function):  # the outermost torch.distributed frame is the user's call
+            if waits_on_others(function):  # the outermost torch.distributed frame is the user's call
                 call = function
         elif not (name.startswith("<") or path.startswith(libraries) or path.startswith(KIT_ROOT)):
             return f"{_shown(name)}:{line}", call

@@ -35,7 +35,7 @@ from distkit.train.schedules import (check_lr_scheduler, dummy_optimizer, schedu
 BUILTIN_ONLY = ("dataset", "model", "dataset_size")
 OPTIMIZER_FIELDS = ("lr", "scale_lr", "warmup_epochs", "momentum", "weight_decay")
 TRAINING_FIELDS = ("data_dir", "strategy", "task", "task_settings", "epochs", "batch_size",
-                   "num_workers", "seed", "amp", "early_stopping_patience",
+                   "num_workers", "persistent_workers", "seed", "amp", "early_stopping_patience",
                    "early_stopping_min_delta", "profile", "trace", "progress_bar", "verbose", "logger",
                    "output_dir", "checkpoint_every", "resume_from", "max_iters", "peak_flops")
 """Fields the kit acts on for every task (data_dir reaches the task's functions as

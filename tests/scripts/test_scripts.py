@@ -221,16 +221,19 @@ UNPUBLISHED_DRIVER = textwrap.dedent('''\
 @pytest.mark.timeout(1800)
 def test_install_cell_in_a_colab_like_environment_keeps_torch_and_trains(tmp_path):
     python = colab_like_python()
+    env = {k: v for k, v in subprocess_env().items()
+           if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "DISTKIT_INSTALL_SPEC"))}
+    env["PATH"] = f"{python.parent}:{env['PATH']}"
     # distkit and ignite from an earlier run out, so the cell installs them again
     subprocess.run([str(python), "-m", "pip", "uninstall", "-y", "-q", "distkit", "pytorch-ignite"],
-                   capture_output=True, timeout=120)
+                   capture_output=True, timeout=120, env=env)
+    gone = subprocess.run([str(python), "-c", "import importlib.util as u; print(u.find_spec('distkit'))"],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert gone.stdout.strip() == "None", gone.stdout + gone.stderr
     sys.path.insert(0, str(SCRIPTS))
     import build_notebooks
 
     (tmp_path / "drive.py").write_text(DRIVER.format(kept=KEPT))
-    env = {k: v for k, v in subprocess_env().items()
-           if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH", "DISTKIT_INSTALL_SPEC"))}
-    env["PATH"] = f"{python.parent}:{env['PATH']}"
     # with the placeholder's cell and nothing uploaded: the cell's whole output is one
     # line saying to set the address
     (tmp_path / "empty").mkdir()

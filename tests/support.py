@@ -3,6 +3,7 @@ processes a test starts, and bounds that stretch on a loaded machine. Tests impo
 (``from support import REPO_ROOT``); tests/conftest.py holds the fixtures and hooks."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -130,3 +131,28 @@ def script_files(doc: Path) -> dict:
 
 COLAB_PREINSTALLED = ["torch==2.9.0", "torchvision==0.24.0", "matplotlib", "scikit-learn", "tqdm",
                       "ipykernel", "nbclient", "nbformat"]
+
+
+# --- an exercise's check module, imported into a test's own process ------------------------
+
+@contextlib.contextmanager
+def imported_check(filename: str):
+    """The check ``exercises/checks/<filename>`` as a module of this process (its tests then
+    grade answers in milliseconds instead of a pytest subprocess each), with the checks'
+    folder on ``sys.path`` while it is in use (the check imports its harness)."""
+    import importlib.util
+    import warnings
+
+    import pytest
+
+    checks = str(REPO_ROOT / "exercises" / "checks")
+    sys.path.insert(0, checks)
+    try:
+        spec = importlib.util.spec_from_file_location(f"graded_{filename[:-3]}", f"{checks}/{filename}")
+        module = importlib.util.module_from_spec(spec)
+        with warnings.catch_warnings():  # its exNN mark is registered in exercises/pytest.ini only
+            warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+            spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.path.remove(checks)

@@ -6,12 +6,11 @@ sentence the learner reads (graded on the hand-built traces whose numbers are kn
 this process: the check's first test starts no process)."""
 from __future__ import annotations
 
-import importlib.util
 import re
-import sys
-import warnings
 
 import pytest
+
+from support import imported_check
 
 from test_exercises import SOLUTIONS, by_exercise, run_checks, wrong_source
 from wrong_answers_trace import WRONG_ANSWERS_15
@@ -40,17 +39,8 @@ def check15():
     only (no process starts), so every wrong answer is graded in this process, in
     milliseconds, instead of a pytest subprocess each (10 to 20 s apiece on a loaded
     2-core machine, 2026-11-26)."""
-    checks = str(SOLUTIONS.parent / "checks")
-    sys.path.insert(0, checks)  # the check imports its harness
-    try:
-        spec = importlib.util.spec_from_file_location("check_15_graded", f"{checks}/test_15_reading_a_trace.py")
-        module = importlib.util.module_from_spec(spec)
-        with warnings.catch_warnings():  # its pytest.mark.ex15 is registered in exercises/pytest.ini only
-            warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-            spec.loader.exec_module(module)
+    with imported_check("test_15_reading_a_trace.py") as module:
         yield module
-    finally:
-        sys.path.remove(checks)
 
 
 @pytest.mark.parametrize("name,change,expected", [(n, c, e) for _, n, c, e in WRONG_ANSWERS_15],

@@ -8,14 +8,13 @@ with ``DISTKIT_CHECK_SEED``)."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import os
 import random
 import re
-import sys
-import warnings
 
 import pytest
+
+from support import imported_check
 
 from test_exercises import SOLUTIONS, by_exercise, run_checks, wrong_source
 from wrong_answers_hang import WRONG_ANSWERS_16
@@ -41,17 +40,8 @@ def test_every_wrong_answer_still_applies_to_its_solution():
 @pytest.fixture(scope="module")
 def check16():
     """The check module of exercise 16, imported here."""
-    checks = str(SOLUTIONS.parent / "checks")
-    sys.path.insert(0, checks)  # the check imports its harness
-    try:
-        spec = importlib.util.spec_from_file_location("check_16_graded", f"{checks}/test_16_reading_a_hang.py")
-        module = importlib.util.module_from_spec(spec)
-        with warnings.catch_warnings():  # its pytest.mark.ex16 is registered in exercises/pytest.ini only
-            warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-            spec.loader.exec_module(module)
+    with imported_check("test_16_reading_a_hang.py") as module:
         yield module
-    finally:
-        sys.path.remove(checks)
 
 
 def run_check(check16):

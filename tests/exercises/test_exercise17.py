@@ -6,11 +6,10 @@ print a line of the solution. The hand-written wrong answers (tests/wrong_answer
 are graded with the others by test_exercises.py."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-import warnings
 
 import pytest
+
+from support import imported_check
 
 import mutants
 from test_exercises import SOLUTIONS
@@ -18,17 +17,8 @@ from test_exercises import SOLUTIONS
 
 @pytest.fixture(scope="module")
 def check17():
-    checks = str(SOLUTIONS.parent / "checks")
-    sys.path.insert(0, checks)  # the check imports its harness
-    try:
-        spec = importlib.util.spec_from_file_location("check_17_graded", f"{checks}/test_17_resume_data_position.py")
-        module = importlib.util.module_from_spec(spec)
-        with warnings.catch_warnings():  # its pytest.mark.ex17 is registered in exercises/pytest.ini only
-            warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-            spec.loader.exec_module(module)
+    with imported_check("test_17_resume_data_position.py") as module:
         yield module
-    finally:
-        sys.path.remove(checks)
 
 
 def failures(check, folder) -> list:

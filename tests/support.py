@@ -3,7 +3,6 @@ processes a test starts, and bounds that stretch on a loaded machine. Tests impo
 (``from support import REPO_ROOT``); tests/conftest.py holds the fixtures and hooks."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import re
@@ -135,24 +134,30 @@ COLAB_PREINSTALLED = ["torch==2.9.0", "torchvision==0.24.0", "matplotlib", "scik
 
 # --- an exercise's check module, imported into a test's own process ------------------------
 
-@contextlib.contextmanager
-def imported_check(filename: str):
-    """The check ``exercises/checks/<filename>`` as a module of this process (its tests then
-    grade answers in milliseconds instead of a pytest subprocess each), with the checks'
-    folder on ``sys.path`` while it is in use (the check imports its harness)."""
-    import importlib.util
+def kit_harness():
+    """``exercises/checks/harness.py``, imported as ``harness``: the name the checks import it
+    by, so the ``harness.ExerciseFailure`` a test catches is the one its checks raise."""
+    checks = str(REPO_ROOT / "exercises" / "checks")
+    sys.path.insert(0, checks)
+    try:
+        import harness
+
+        return harness
+    finally:
+        sys.path.remove(checks)
+
+
+def kit_check(number: str):
+    """Exercise ``number``'s check (``exercises/checks/test_NN_*.py``) as a module of this
+    process, imported as the grader imports it (its tests then grade answers in milliseconds
+    instead of a pytest subprocess each)."""
     import warnings
 
     import pytest
 
-    checks = str(REPO_ROOT / "exercises" / "checks")
-    sys.path.insert(0, checks)
-    try:
-        spec = importlib.util.spec_from_file_location(f"graded_{filename[:-3]}", f"{checks}/{filename}")
-        module = importlib.util.module_from_spec(spec)
-        with warnings.catch_warnings():  # its exNN mark is registered in exercises/pytest.ini only
-            warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-            spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(checks)
+    from distkit.grade.outside import check_module
+
+    kit_harness()
+    with warnings.catch_warnings():  # its exNN mark is registered in exercises/pytest.ini only
+        warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
+        return check_module(REPO_ROOT / "exercises" / "checks", number)

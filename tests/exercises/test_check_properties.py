@@ -1,7 +1,7 @@
 """Properties the exercise checks enforce, with the wrong answers drawn by Hypothesis
 rather than listed: each case builds an answer from drawn choices, grades it with the
 exercise's own check in this process (the check's module imported here, as
-test_exercise15.py does), and asserts that the check accepts it exactly when the drawn
+the grader does), and asserts that the check accepts it exactly when the drawn
 choices are right, and otherwise rejects it with a message that names the cause drawn.
 
 - 04: nodes that disagree about what is on disk (one node's copy lost, the other's kept):
@@ -18,21 +18,19 @@ Every case prints its seed; ``DISTKIT_PROPERTY_SEED=N`` draws the same cases aga
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
 import random
 import sys
-import warnings
 
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, seed, settings
 from hypothesis import strategies as st
 
+from support import kit_check, kit_harness
 from test_exercises import SOLUTIONS
 
 SEED = int(os.environ.get("DISTKIT_PROPERTY_SEED") or random.randrange(2 ** 32))
-CHECKS = SOLUTIONS.parent / "checks"
 # A case runs processes or sleeps through a trainer: a failing one is reported as drawn,
 # not shrunk through dozens more runs.
 AS_DRAWN = dict(deadline=None, database=None, phases=[Phase.explicit, Phase.generate],
@@ -47,23 +45,7 @@ def replay_line(test: str) -> str:
 @pytest.fixture(scope="module")
 def checks():
     """``checks(NN)``: exercise NN's check module, imported in this process."""
-    sys.path.insert(0, str(CHECKS))  # the checks import their harness
-    loaded = {}
-
-    def load(number):
-        if number not in loaded:
-            path = next(CHECKS.glob(f"test_{number}_*.py"))
-            spec = importlib.util.spec_from_file_location(f"check_{number}_properties", path)
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[spec.name] = module  # an answer may look the check's helpers up by name
-            with warnings.catch_warnings():  # its exNN marker is registered in exercises/pytest.ini only
-                warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-                spec.loader.exec_module(module)
-            loaded[number] = module
-        return loaded[number]
-
-    yield load
-    sys.path.remove(str(CHECKS))
+    return kit_check
 
 
 def answer(tmp_path, monkeypatch, number: str, source: str):
@@ -78,7 +60,7 @@ def answer(tmp_path, monkeypatch, number: str, source: str):
 
 def verdict(run) -> str:
     """'' when ``run()`` passes, else the message the learner reads."""
-    import harness
+    harness = kit_harness()
 
     try:
         run()
@@ -126,7 +108,7 @@ def get_dataset(root):
 @given(decider=st.sampled_from(sorted(DECIDERS)), guard=st.sampled_from(sorted(GUARDS)))
 @example(decider="rank 0's disk, broadcast to every node", guard="local rank 0")
 def test_04_a_download_is_decided_by_each_nodes_own_disk(decider, guard, checks, tmp_path_factory):
-    import harness
+    harness = kit_harness()
 
     print(f"04: decided by {decider}, downloaded by {guard}; {replay_line('04')}", flush=True)
     check = checks("04")
@@ -317,7 +299,7 @@ def shard(model):
 @given(walk=st.sampled_from(sorted(WALKS)))
 @example(walk="model.children()")
 def test_10_a_walk_reaches_the_layers_of_nested_blocks(walk, checks, tmp_path_factory):
-    import harness
+    harness = kit_harness()
 
     print(f"10: layers found by {walk}; {replay_line('10')}", flush=True)
     check = checks("10")
@@ -338,7 +320,7 @@ def flops_answer(slip: int, target) -> str:
     return with_function("14", "step_flops", f'''
 def step_flops(model, batch_per_rank, world_size):
     import sys
-    check = sys.modules["check_14_properties"]
+    check = sys.modules["distkit_check_14"]
     key = (model.n_layer, model.n_head, model.d_model, model.block_size, batch_per_rank, world_size)
     target = {target!r}
     if target is None or key == target:

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from support import imported_check
+from support import kit_check
 
 from test_exercises import SOLUTIONS, by_exercise, run_checks, wrong_source
 from wrong_answers_trace import WRONG_ANSWERS_15
@@ -39,8 +39,7 @@ def check15():
     only (no process starts), so every wrong answer is graded in this process, in
     milliseconds, instead of a pytest subprocess each (10 to 20 s apiece on a loaded
     2-core machine, 2026-11-26)."""
-    with imported_check("test_15_reading_a_trace.py") as module:
-        yield module
+    return kit_check("15")
 
 
 @pytest.mark.parametrize("name,change,expected", [(n, c, e) for _, n, c, e in WRONG_ANSWERS_15],

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from support import imported_check
+from support import kit_check
 
 from test_exercises import SOLUTIONS, by_exercise, run_checks, wrong_source
 from wrong_answers_hang import WRONG_ANSWERS_16
@@ -40,8 +40,7 @@ def test_every_wrong_answer_still_applies_to_its_solution():
 @pytest.fixture(scope="module")
 def check16():
     """The check module of exercise 16, imported here."""
-    with imported_check("test_16_reading_a_hang.py") as module:
-        yield module
+    return kit_check("16")
 
 
 def run_check(check16):

@@ -6,10 +6,12 @@ print a line of the solution. The hand-written wrong answers (tests/wrong_answer
 are graded with the others by test_exercises.py."""
 from __future__ import annotations
 
+import traceback
+from pathlib import Path
 
 import pytest
 
-from support import imported_check
+from support import kit_check
 
 import mutants
 from test_exercises import SOLUTIONS
@@ -17,8 +19,7 @@ from test_exercises import SOLUTIONS
 
 @pytest.fixture(scope="module")
 def check17():
-    with imported_check("test_17_resume_data_position.py") as module:
-        yield module
+    return kit_check("17")
 
 
 def failures(check, folder) -> list:
@@ -31,7 +32,9 @@ def failures(check, folder) -> list:
             try:
                 test()
             except Exception as error:  # noqa: BLE001 - any failure kills the mutant, as under pytest
-                found.append(f"{test.__name__}: {type(error).__name__}: {error}")
+                frame = traceback.extract_tb(error.__traceback__)[-1]
+                found.append(f"{test.__name__}: {type(error).__name__}: {error} "
+                             f"({Path(frame.filename).name}:{frame.lineno})")
     return found
 
 

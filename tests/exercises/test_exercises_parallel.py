@@ -5,13 +5,10 @@ that equalled the right rows could never be told apart). The wrong answers thems
 are graded by test_exercises.py with all the others."""
 from __future__ import annotations
 
-import importlib.util
-import sys
-import warnings
 
 import pytest
 
-from support import REPO_ROOT
+from support import kit_check, kit_harness
 from wrong_answers_parallel import WRONG_ANSWERS_12_13
 
 
@@ -22,26 +19,12 @@ def test_at_least_four_wrong_answers_each_with_its_own_message(number):
     assert len({expected for _, expected in answers}) == len(answers), "two wrong answers expect the same message"
 
 
-def load_check(name):
-    checks = REPO_ROOT / "exercises" / "checks"
-    sys.path.insert(0, str(checks))  # the checks import their harness
-    try:
-        spec = importlib.util.spec_from_file_location(f"check_{name}", checks / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        with warnings.catch_warnings():  # its ex13 marker is registered in exercises/pytest.ini only
-            warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-            spec.loader.exec_module(module)
-        return module
-    finally:
-        sys.path.remove(str(checks))
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
 def test_ring_attention_replays_are_right_by_default_and_each_mistake_differs(seed, n):
     import torch.nn.functional as F
 
-    check = load_check("test_13_ring_attention")
+    check = kit_check("13")
     q, k, v = check.qkv(seed, n)
     full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     right = check.replay(q, k, v, n)
@@ -64,22 +47,12 @@ def test_ring_attention_replays_are_right_by_default_and_each_mistake_differs(se
 def test_the_adversarial_inputs_are_adversarial():
     """Head 1's scores are all near -200 (a running maximum started at 0 underflows), head
     0's of magnitude about 100 and both signs; no input is exact in bfloat16."""
-    check = load_check("test_13_ring_attention")
+    check = kit_check("13")
     q, k, v = check.qkv(3, 2)
     scores = q @ k.transpose(-2, -1) / check.HEAD_DIM ** 0.5
     assert scores[:, 1].max() < -150 and scores[:, 0].min() < -50 and scores[:, 0].max() > 50
     for t in (q, k, v):
         assert (t.bfloat16().float() != t).float().mean() > 0.9
-
-
-def load_harness():
-    checks = str(REPO_ROOT / "exercises" / "checks")
-    sys.path.insert(0, checks)
-    try:
-        import harness
-        return harness
-    finally:
-        sys.path.remove(checks)
 
 
 def where_am_i():
@@ -95,7 +68,7 @@ def test_every_layout_is_what_it_says():
     """The four layouts really differ: no process group at all; 2 and 3 processes on one
     node; 2 nodes of 2 processes, where the world size is not the processes per node and
     the global ranks of the second node are not its local ranks."""
-    harness = load_harness()
+    harness = kit_harness()
     seen = harness.run_layouts(where_am_i)
     assert seen == {
         "1 process (no process group)": [(0, 1, 0, 1, 0, False)],
@@ -108,7 +81,7 @@ def test_every_layout_is_what_it_says():
 def test_difference_names_what_differs_whatever_it_is_given():
     import torch
 
-    harness = load_harness()
+    harness = kit_harness()
     t = torch.arange(6.0).reshape(2, 3)
     assert harness.difference(t, t.clone()) is None
     assert harness.difference(t, None) == "the output should be a float32 tensor of shape (2, 3), got None"
@@ -129,5 +102,5 @@ class Unequal:
 
 
 def test_difference_never_raises():
-    harness = load_harness()
+    harness = kit_harness()
     assert "could not be compared" in harness.difference("x", Unequal())

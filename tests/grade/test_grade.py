@@ -469,6 +469,19 @@ def _two_halves_check(tmp_path: Path):
     return outside.check_module(checks, "99")
 
 
+def test_a_check_from_another_folder_leaves_this_process_its_harness(tmp_path):
+    """The grader imports a check with its own folder's harness; the process's ``harness`` (a
+    test's, the kit's) and its import path stay what they were (a copy's harness once took
+    the name, and the kit's checks imported later in that process read the copy's folder)."""
+    from support import kit_harness
+
+    kit = kit_harness()
+    path = list(sys.path)
+    check = _two_halves_check(tmp_path)
+    assert Path(check.harness.__file__).parent == tmp_path / "checks"
+    assert sys.modules["harness"] is kit and sys.path == path
+
+
 class _Planted:
     """A pickle that, loaded by a full unpickler, would run code in the grader."""
 

@@ -36,19 +36,48 @@ MAX_DATA_FACTOR, MIN_DATA_CAP = 4, 16 << 10
 
 
 def check_module(checks: Path, number: str) -> ModuleType:
-    """The check of exercise ``number``, imported in this process (the kit's own code)."""
+    """The check of exercise ``number``, imported in this process (the kit's own code), with
+    the harness of its own folder."""
     found = sorted(Path(checks).glob(f"test_{number}_*.py"))
     if not found:
         raise DistkitError(f"no check test_{number}_*.py in {checks}: give --dir the kit's exercises/")
     name = f"distkit_check_{number}"
     if name in sys.modules and sys.modules[name].__file__ == str(found[0]):
         return sys.modules[name]
-    if str(checks) not in sys.path:
-        sys.path.insert(0, str(checks))  # the check imports its harness by name
-    spec = importlib.util.spec_from_file_location(name, found[0])
+    harness = _harness_of(Path(checks))
+    before = sys.modules.get("harness")
+    sys.modules["harness"] = harness  # the check's `import harness` finds its folder's
+    try:
+        module = _imported(found[0], name)
+    finally:
+        if before is None:
+            del sys.modules["harness"]
+        else:
+            sys.modules["harness"] = before
+    return module
+
+
+def _harness_of(checks: Path) -> ModuleType:
+    """``checks/harness.py``: the module named ``harness`` when it is that file (a test that
+    imports the kit's checks catches that harness's failures), else a module of its own name,
+    so that another folder's harness never takes the name from the rest of the process."""
+    path = (checks / "harness.py").resolve()
+    loaded = sys.modules.get("harness")
+    if loaded is not None and Path(loaded.__file__).resolve() == path:
+        return loaded
+    name = f"distkit_harness_{abs(hash(str(path))):x}"
+    return sys.modules[name] if name in sys.modules else _imported(path, name)
+
+
+def _imported(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[name] = module
+    sys.modules[name] = module  # dataclasses look their module up while the file runs
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
     return module
 
 

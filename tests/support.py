@@ -161,3 +161,14 @@ def kit_check(number: str):
     with warnings.catch_warnings():  # its exNN mark is registered in exercises/pytest.ini only
         warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
         return check_module(REPO_ROOT / "exercises" / "checks", number)
+
+
+def plain_data():
+    """Hypothesis's strategy for the plain data (None, numbers, short strings, lists and
+    dicts of them) a learner's process could write in place of a check's collected data."""
+    from hypothesis import strategies as st
+
+    return st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                                       max_size=3),
+                        max_leaves=10)

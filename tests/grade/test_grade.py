@@ -24,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from support import REPO_ROOT, subprocess_env
+from support import REPO_ROOT, plain_data, subprocess_env
 from test_exercises import WRONG_ANSWERS, wrong_source
 
 EXERCISES = REPO_ROOT / "exercises"
@@ -533,15 +533,11 @@ def test_outside_verdict_comes_from_the_data_alone(tmp_path):
     assert judged(huge)[0] == "failed" and "over the 16 KB it can be" in judged(huge)[1]
 
 
-_PLAIN = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
-                      lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
-                                                                                     max_size=3),
-                      max_leaves=10)
 
 
 @settings(max_examples=150, deadline=None, print_blob=True)
 @given(parts=st.dictionaries(st.sampled_from(["sums", "shapes", "extra"]),
-                             _PLAIN | st.lists(_PLAIN, min_size=2, max_size=2), max_size=3),
+                             plain_data() | st.lists(plain_data(), min_size=2, max_size=2), max_size=3),
        failure=st.none() | st.text(max_size=20))
 def test_no_drawn_data_earns_a_pass(parts, failure, tmp_path_factory):
     """Whatever plain data a learner's process writes in place of the collector's (the right

@@ -242,8 +242,9 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     procs, threads = {}, []
     # SIGTERM / SIGHUP are noted and acted on by _supervise's next look; Ctrl-C raises here
     with StopSignals(lambda: [p for _, p in procs.values()], script_policy(grace_s)) as stop:
-        store = _serve_store(ranks, timeout_s)
+        store = None
         try:
+            store = _serve_store(ranks, timeout_s)
             for local_rank in ranks.local_ranks:
                 if stop.signum:  # told to stop before every rank started: start no more
                     break

@@ -17,9 +17,12 @@ What differs between the launchers is a :class:`StopPolicy`:
   everything it started, SIGKILL after ``--grace``. A Ctrl-C is passed on as SIGINT, with
   the same grace.
 
-SIGINT stays Python's: it raises ``KeyboardInterrupt`` wherever the launcher waits
-(torch's join included), and :meth:`StopSignals.interrupt` stops the ranks. In a rank of
-an srun step the stop signals the policy leaves alone keep the handler that
+A Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` wherever the launcher waits (torch's join
+included), as Python's own handler does, once: a second Ctrl-C while the ranks stop is
+only noted, so it cannot cut the stop short and leave ranks behind; the launcher then
+calls :meth:`StopSignals.interrupt`. (Where SIGINT is ignored, a job started in the
+background of a script, it stays ignored.) In a task of an srun step the stop signals
+the policy leaves alone keep the handler that
 :func:`distkit.train.signals.install_for_slurm_step` gave them (a noted stop).
 """
 from __future__ import annotations
@@ -60,11 +63,11 @@ class StopSignals:
     """``with StopSignals(ranks, policy) as stop:`` around a launch. ``ranks()`` lists the
     rank processes started so far (``multiprocessing.Process`` or ``subprocess.Popen``).
     ``signum``: the first stop signal (0: none yet); ``stopped``: how many ranks
-    :meth:`stop` or :meth:`interrupt` found running."""
+    :meth:`stop` or :meth:`interrupt` found running; ``interrupted``: a Ctrl-C came."""
 
     def __init__(self, ranks, policy: StopPolicy):
         self.ranks, self.policy = ranks, policy
-        self.signum, self.stopped = 0, 0
+        self.signum, self.stopped, self.interrupted = 0, 0, False
         self._previous: dict = {}
         self._sent: set = set()
         self._done = threading.Event()
@@ -74,6 +77,8 @@ class StopSignals:
         if threading.current_thread() is threading.main_thread():
             for signum in self.policy.handled:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+                self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
             signals.begin()  # from here the launcher decides; after it a signal is only noted
         return self
 
@@ -92,6 +97,11 @@ class StopSignals:
                                  daemon=True).start()
         if self.policy.forward:
             self._forward(signum, again=True)
+
+    def _on_interrupt(self, signum, frame) -> None:
+        if not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
 
     def _forward(self, signum: int, again: bool = False) -> None:
         try:

@@ -111,38 +111,38 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     forwarding = StopSignals(lambda: set(multiprocessing.active_children()) - before, TRAINING)
     # each rank's failure record, read back below: how a rank's cause crosses to here
     reporter.records = tempfile.mkdtemp(prefix="distkit-records-")
-    try:
-        if config.nnodes > 1:
-            interface, master_store = _meet_other_nodes(config)
-        with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
-                idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
-                               nnodes=config.nnodes, node_rank=config.node_rank,
-                               master_addr=config.master_addr, master_port=config.master_port,
-                               **spawn_kwargs) as parallel:
-            with forwarding:
+    with forwarding:  # from before the first rank starts until the last has ended
+        try:
+            if config.nnodes > 1:
+                interface, master_store = _meet_other_nodes(config)
+            with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
+                    idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
+                                   nnodes=config.nnodes, node_rank=config.node_rank,
+                                   master_addr=config.master_addr, master_port=config.master_port,
+                                   **spawn_kwargs) as parallel:
                 parallel.run(_own_session, reporter, fn, *args)
-    except KeyboardInterrupt:
-        # SIGINT to this process only (Jupyter's "interrupt kernel", kill -INT): the
-        # workers are non-daemonic, so without this they train on to the last epoch while
-        # the interpreter's exit waits for them.
-        raise KeyboardInterrupt(interrupted_message(run_dir, forwarding.interrupt())) from None
-    except Exception as e:
-        watchdog.finish()
-        hang_records.print_doctor_lines(hangs, config.nproc_per_node * config.nnodes)
-        failure = _spawn_failure(e, config, watchdog, forwarding, reporter, run_dir)
-        if failure is None:
-            raise
-        raise failure from None
-    finally:
-        watchdog.finish()
-        logs.restore()  # a notebook's own ignite calls log as before
-        spawn_log.setLevel(spawn_level)
-        restore_environment(interface)
-        hang_records.drop_folder(hangs)
-        del master_store  # node 0's store closes with the run
-        _discard_if_empty(run_dir)
-        shutil.rmtree(reporter.records, ignore_errors=True)
-        reporter.records = None
+        except KeyboardInterrupt:
+            # SIGINT to this process only (Jupyter's "interrupt kernel", kill -INT): the
+            # workers are non-daemonic, so without this they train on to the last epoch while
+            # the interpreter's exit waits for them.
+            raise KeyboardInterrupt(interrupted_message(run_dir, forwarding.interrupt())) from None
+        except Exception as e:
+            watchdog.finish()
+            hang_records.print_doctor_lines(hangs, config.nproc_per_node * config.nnodes)
+            failure = _spawn_failure(e, config, watchdog, forwarding, reporter, run_dir)
+            if failure is None:
+                raise
+            raise failure from None
+        finally:
+            watchdog.finish()
+            logs.restore()  # a notebook's own ignite calls log as before
+            spawn_log.setLevel(spawn_level)
+            restore_environment(interface)
+            hang_records.drop_folder(hangs)
+            del master_store  # node 0's store closes with the run
+            _discard_if_empty(run_dir)
+            shutil.rmtree(reporter.records, ignore_errors=True)
+            reporter.records = None
 
 
 def _start_method(config, fn, args, start_method: str | None) -> dict:
@@ -268,6 +268,8 @@ def _own_session(local_rank, reporter, fn, *args):
     pending = signals.requested()
     for signum in signals.STOP_SIGNALS:  # (training installs its own stop flag)
         signal.signal(signum, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # as in a spawned worker
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if pending:
         os.kill(os.getpid(), pending)
     if hasattr(os, "setsid"):

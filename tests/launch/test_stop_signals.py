@@ -128,8 +128,9 @@ def expected(kind: str, sig: signal.Signals) -> tuple[int, str | None]:
     if sig == signal.SIGINT:
         return 130, (r"distkit: interrupted: stopped [0-2] worker process\(es\); (resume from the last "
                      r"complete checkpoint with --resume-from \S+|no checkpoint had been written yet.*)")
-    return 128 + sig, (rf"distkit: stopped by {sig.name} (at iteration \d+ \(epoch \d+\); checkpoint: \S+"
-                       r"|before training reached an iteration it could stop at .*)")
+    return 128 + sig, (rf"distkit: stopped by {sig.name} (at iteration \d+ \(epoch \d+\); checkpoint: (\S+); "
+                       r"resume with: .* --resume-from \2|before training reached an iteration it could "
+                       r"stop at .*; no checkpoint was written)")
 
 
 def run_case(kind: str, sig: signal.Signals, moment: str, folder) -> None:

@@ -230,7 +230,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     supervision (see the module's docstring). Returns 0 when every rank ended with 0;
     otherwise raises :class:`~distkit.errors.DistkitError` with the first failure's line
     (every failure's line is also printed to stderr), ``KeyboardInterrupt`` after Ctrl-C,
-    :class:`ScriptStopped` after SIGTERM."""
+    :class:`ScriptStopped` after SIGTERM or SIGHUP (the handlers are put back on return)."""
     _check_arguments(script, module, cwd, timeout_s, end_timeout_s)
     ranks = plan_ranks(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend)
     run_dir = _trace_run_dir(ranks, output_dir) if trace else None

@@ -263,13 +263,14 @@ def _own_session(local_rank, reporter, fn, *args):
     the terminal's hang-up, so it ends itself, and what it started, when its parent dies
     (:func:`distkit.host.facts.end_with_parent`): a killed launcher leaves no orphan
     training on."""
-    # a forked worker inherits the launcher's handlers and its noted stop: a stop that came
-    # before this worker could take it is taken now, as a signal that ends it
-    pending = signals.requested()
-    for signum in signals.STOP_SIGNALS:  # (training installs its own stop flag)
+    # a forked worker inherits the launcher's handlers and its noted stop: put back the
+    # defaults first (training installs its own stop flag), then a stop that came before
+    # this worker could take it is taken now, as a signal that ends it
+    for signum in signals.STOP_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # as in a spawned worker
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    pending = signals.requested()
     if pending:
         os.kill(os.getpid(), pending)
     if hasattr(os, "setsid"):

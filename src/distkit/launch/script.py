@@ -25,8 +25,10 @@ CPU_ONLY_ENVIRONMENT`). Then it starts one process per rank and supervises them:
 - ``end_timeout_s`` (``--end-timeout``): once a rank has ended, the others must end
   within it, or they are stopped and named (none by default: a rank 0 that evaluates
   alone after the others have left is not a hang);
-- Ctrl-C (``KeyboardInterrupt``, a notebook's "interrupt kernel") and SIGTERM: forwarded
-  to every rank, which gets ``grace_s`` seconds before SIGKILL; one line says so;
+- Ctrl-C (``KeyboardInterrupt``, a notebook's "interrupt kernel"), SIGTERM and SIGHUP:
+  SIGINT (for Ctrl-C) or SIGTERM to every rank and what it started, which get ``grace_s``
+  seconds before SIGKILL; one line says so (:func:`distkit.launch.stop_signals.script_policy`:
+  the same handlers as ``distkit train``'s, put back when the launch ends);
 - no rank outlives the launcher (each ends with it: :func:`distkit.host.facts.end_with_parent`).
 
 Inside an ``srun`` job step it gives the script torchrun's variables for the layout
@@ -72,6 +74,7 @@ from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, check_address_resolves, ch
                              free_port, in_ipython, socket_interface, stop_processes,
                              threads_per_process)
 from distkit.host.layout import WorldLayout, slurm_cpus_per_task, world_layout
+from distkit.launch.stop_signals import StopSignals, script_policy
 from distkit.observe.failures import read_records
 from distkit.train import signals
 
@@ -215,10 +218,6 @@ def _has_real_stdout() -> bool:
         return False
 
 
-class _Terminated(Exception):
-    pass
-
-
 def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nnodes: int = 1,
                   node_rank: int | None = None, master_addr: str | None = None,
                   master_port: int | None = None, backend: str = "auto",
@@ -231,7 +230,7 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     supervision (see the module's docstring). Returns 0 when every rank ended with 0;
     otherwise raises :class:`~distkit.errors.DistkitError` with the first failure's line
     (every failure's line is also printed to stderr), ``KeyboardInterrupt`` after Ctrl-C,
-    :class:`ScriptStopped` after SIGTERM."""
+    :class:`ScriptStopped` after SIGTERM or SIGHUP (the handlers are put back on return)."""
     _check_arguments(script, module, cwd, timeout_s, end_timeout_s)
     ranks = plan_ranks(nproc_per_node, nnodes, node_rank, master_addr, master_port, backend)
     run_dir = _trace_run_dir(ranks, output_dir) if trace else None
@@ -241,55 +240,50 @@ def launch_script(script: str, args=(), *, nproc_per_node: int | None = None, nn
     command = [sys.executable, "-m", "distkit.launch.script_worker", *target, *map(str, args)]
     relay = not _has_real_stdout()
     procs, threads = {}, []
-    previous = {}
-    in_main = threading.current_thread() is threading.main_thread()
-    signals.clear()  # a stop asked of an earlier launch in this process (a notebook) is not this one's
-    if in_main:  # SIGHUP (a closed terminal or ssh session) is a stop like SIGTERM
-        def on_term(signum, frame):
-            signals.request(signum)
-            raise _Terminated(signum)
-        previous = {s: signal.signal(s, on_term) for s in (signal.SIGTERM, signal.SIGHUP)}
-        signals.begin()  # from here on_term decides; after it a signal is only noted
-    store = _serve_store(ranks, timeout_s)
-    try:
-        for local_rank in ranks.local_ranks:
-            env = _child_env(ranks, local_rank, folder, verbose)
-            env["DISTKIT_TIMEOUT"] = repr(float(timeout_s))
-            env["DISTKIT_GRACE"] = repr(float(grace_s))  # a rank outliving the launcher: SIGKILL after
-            if tracebacks:
-                env["DISTKIT_TRACEBACKS"] = tracebacks
-            if debug_collectives:  # torch compares each collective across ranks first
-                env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    # SIGTERM / SIGHUP are noted and acted on by _supervise's next look; Ctrl-C raises here
+    with StopSignals(lambda: [p for _, p in procs.values()], script_policy(grace_s)) as stop:
+        store = None
+        try:
+            store = _serve_store(ranks, timeout_s)
+            for local_rank in ranks.local_ranks:
+                if stop.signum:  # told to stop before every rank started: start no more
+                    break
+                env = _rank_env(ranks, local_rank, folder, verbose, timeout_s, grace_s,
+                                tracebacks, debug_collectives, run_dir)
+                procs[int(env["RANK"])] = (local_rank, _start_rank(command, env, cwd, relay, threads))
+            code = _supervise(procs, ranks, folder, end_timeout_s, stop, script, timeout_s)
+            shutil.rmtree(folder, ignore_errors=True)  # no failure: no traceback to keep
             if run_dir is not None:
-                env["DISTKIT_TRACE"] = os.path.join(run_dir, "trace")
-            procs[int(env["RANK"])] = (local_rank, _start_rank(command, env, cwd, relay, threads))
-        code = _supervise(procs, ranks, folder, end_timeout_s, grace_s, script, timeout_s)
-        shutil.rmtree(folder, ignore_errors=True)  # no failure: no traceback to keep
-        if run_dir is not None:
-            _finish_trace(run_dir, ranks, script, args)
-            run_dir = None
-        return code
-    except KeyboardInterrupt:
-        stopped = _stop(procs, signal.SIGINT, grace_s)
-        raise KeyboardInterrupt(f"forwarded Ctrl-C (SIGINT) to {stopped} rank(s) of {script}; "
-                                "every rank has ended") from None
-    except _Terminated as e:
-        stopped = _stop(procs, signal.SIGTERM, grace_s)
-        got = signal.Signals(e.args[0]).name if e.args else "SIGTERM"
-        what = "it" if got == "SIGTERM" else "SIGTERM"
-        raise ScriptStopped(f"got {got}: forwarded {what} to {stopped} rank(s) of "
-                            f"{script}; every rank has ended") from None
-    finally:
-        _stop(procs, signal.SIGKILL, 0)  # nothing left behind, whatever happened
-        del store  # the rendezvous store closes after the last rank has ended
-        for t in threads:
-            t.join(2)
-        if run_dir is not None:  # the launch failed: no merged trace, no empty folder left
-            from distkit.checkpoint.saver import remove_run_dir_if_empty
+                _finish_trace(run_dir, ranks, script, args)
+                run_dir = None
+            return code
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(f"forwarded Ctrl-C (SIGINT) to {stop.interrupt()} rank(s) of "
+                                    f"{script}; every rank has ended") from None
+        finally:
+            _stop(procs, signal.SIGKILL, 0)  # nothing left behind, whatever happened
+            del store  # the rendezvous store closes after the last rank has ended
+            for t in threads:
+                t.join(2)
+            if run_dir is not None:  # the launch failed: no merged trace, no empty folder left
+                from distkit.checkpoint.saver import remove_run_dir_if_empty
 
-            remove_run_dir_if_empty(run_dir)
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+                remove_run_dir_if_empty(run_dir)
+
+
+def _rank_env(ranks: Ranks, local_rank: int, folder: str, verbose: bool, timeout_s: float,
+              grace_s: float, tracebacks, debug_collectives: bool, run_dir) -> dict:
+    """The environment of one rank: torchrun's variables and the kit's own."""
+    env = _child_env(ranks, local_rank, folder, verbose)
+    env["DISTKIT_TIMEOUT"] = repr(float(timeout_s))
+    env["DISTKIT_GRACE"] = repr(float(grace_s))  # a rank outliving the launcher: SIGKILL after
+    if tracebacks:
+        env["DISTKIT_TRACEBACKS"] = tracebacks
+    if debug_collectives:  # torch compares each collective across ranks first
+        env["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    if run_dir is not None:
+        env["DISTKIT_TRACE"] = os.path.join(run_dir, "trace")
+    return env
 
 
 def _check_arguments(script: str, module: bool, cwd: str | None, timeout_s, end_timeout_s) -> None:
@@ -416,7 +410,22 @@ def timeout_note(records: dict, failed: list, running: list, timeout_s: float) -
     return note
 
 
-def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, script,
+def _stopped(signum: int, stop: StopSignals, codes: dict, script) -> ScriptStopped:
+    """The launch told to stop by ``signum``: every rank still running stopped (SIGTERM,
+    SIGKILL after the grace); the ranks the same signal already ended (srun's ``scancel
+    --signal`` reaches every process of the step) are part of the stop, not a failure."""
+    ended = [r for r, c in codes.items() if c == -signum]
+    stopped = stop.stop()
+    if ended:
+        return ScriptStopped(f"got {signals.name(signum)}, as did {len(ended)} rank(s) of "
+                             f"{script}, ended by it; {stopped} more stopped; every rank has "
+                             "ended", signum)
+    what = "it" if signum == signal.SIGTERM else "SIGTERM"
+    return ScriptStopped(f"got {signals.name(signum)}: forwarded {what} to {stopped} rank(s) of "
+                         f"{script}; every rank has ended", signum)
+
+
+def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, stop: StopSignals, script,
                timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     first_end = None
     seen = {}  # rank -> the poll at which it was first seen ended
@@ -427,18 +436,17 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
         for rank, code in codes.items():
             if code is not None:
                 seen.setdefault(rank, polls)
+        if stop.signum:  # SIGTERM / SIGHUP to the launcher: a script has no checkpoint to wait for
+            raise _stopped(stop.signum, stop, codes, script)
         failed = [r for r, c in codes.items() if c not in (None, 0)]
-        stop = signals.requested()  # srun's scancel --signal reaches every process of the step
-        if failed and stop and all(codes[r] == -stop for r in failed):
-            stopped = _stop(procs, signal.SIGTERM, grace_s)
-            raise ScriptStopped(f"got {signals.name(stop)}, as did {len(failed)} rank(s) of "
-                                f"{script}, ended by it; {stopped} more stopped; every rank has "
-                                "ended", stop)
+        noted = signals.requested()  # in an srun step, a stop signal the policy leaves alone
+        if failed and noted and all(codes[r] == -noted for r in failed):
+            raise _stopped(noted, stop, codes, script)
         if failed:
             # the hang doctor reads every rank's record while the others still run
             doctor = doctor_lines(folder, {r: p.poll() for r, (_, p) in procs.items()})
             # the first failure: stop the others now (they would wait on it in a collective)
-            _stop(procs, signal.SIGTERM, min(grace_s, 3.0))
+            _stop(procs, signal.SIGTERM, min(stop.policy.grace_s, 3.0))
             records = read_records(folder)
             # first the rank that failed first; of ranks ended in one poll, a rank that lost
             # its peer after the one that raised
@@ -469,7 +477,7 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, grace_s, s
         if end_timeout_s is not None and first_end is not None \
                 and time.monotonic() - first_end > end_timeout_s:
             hung = [r for r, c in codes.items() if c is None]
-            _stop(procs, signal.SIGTERM, grace_s)
+            stop.stop()
             raise DistkitError(
                 f"rank {', '.join(map(str, hung))} of {script} still running --end-timeout "
                 f"{end_timeout_s:g} s after another rank ended: stopped (a rank waiting on a "

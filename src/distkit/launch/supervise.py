@@ -6,10 +6,11 @@
   workers with ``idist.Parallel``, each in a session of its own that ends with the
   launcher; or join a torchrun / srun launch as one rank (:func:`_join`).
 - Supervision: a rank that raises, dies or is stopped (SIGSTOP) becomes one line naming
-  it (:func:`describe_process_failure`, :class:`StoppedRankWatchdog`); Ctrl-C stops every
-  worker (:func:`stop_workers`); SIGTERM / SIGUSR1 to the launcher are passed on to the
-  workers, which stop at the same iteration with a checkpoint (:mod:`distkit.train.signals`,
-  :mod:`distkit.train.stopping`), and the launch ends with :class:`~distkit.train.signals.Preempted`.
+  it (:func:`describe_process_failure`, :class:`StoppedRankWatchdog`); the stop signals as
+  :data:`distkit.launch.stop_signals.TRAINING` says: Ctrl-C stops every worker; SIGTERM,
+  SIGUSR1 and SIGHUP to the launcher are passed on to the workers, which stop at the same
+  iteration with a checkpoint (:mod:`distkit.train.signals`, :mod:`distkit.train.stopping`),
+  and the launch ends with :class:`~distkit.train.signals.Preempted`.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, end_wi
 from distkit.host.layout import elastic, world_layout
 from distkit.launch.checks import Launch
 from distkit.launch.rendezvous import host_master_store, node0_waiting_line, wait_for_master
+from distkit.launch.stop_signals import TRAINING, StopSignals
 
 AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
@@ -106,42 +108,41 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
     hangs = hang_records.folder_for_ranks()  # the ranks inherit it; the doctor reads it
     watchdog = StoppedRankWatchdog(before, config.nproc_per_node)
     watchdog.start()
-    forwarding = ForwardStopSignals(before)
+    forwarding = StopSignals(lambda: set(multiprocessing.active_children()) - before, TRAINING)
     # each rank's failure record, read back below: how a rank's cause crosses to here
     reporter.records = tempfile.mkdtemp(prefix="distkit-records-")
-    try:
-        if config.nnodes > 1:
-            interface, master_store = _meet_other_nodes(config)
-        with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
-                idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
-                               nnodes=config.nnodes, node_rank=config.node_rank,
-                               master_addr=config.master_addr, master_port=config.master_port,
-                               **spawn_kwargs) as parallel:
-            with forwarding:
+    with forwarding:  # from before the first rank starts until the last has ended
+        try:
+            if config.nnodes > 1:
+                interface, master_store = _meet_other_nodes(config)
+            with cpu_only_processes() if config.backend == "gloo" else nullcontext(), \
+                    idist.Parallel(backend=config.backend, nproc_per_node=config.nproc_per_node,
+                                   nnodes=config.nnodes, node_rank=config.node_rank,
+                                   master_addr=config.master_addr, master_port=config.master_port,
+                                   **spawn_kwargs) as parallel:
                 parallel.run(_own_session, reporter, fn, *args)
-    except KeyboardInterrupt:
-        # SIGINT to this process only (Jupyter's "interrupt kernel", kill -INT): the
-        # workers are non-daemonic, so without this they train on to the last epoch while
-        # the interpreter's exit waits for them.
-        stopped = stop_workers(set(multiprocessing.active_children()) - before)
-        raise KeyboardInterrupt(interrupted_message(run_dir, stopped)) from None
-    except Exception as e:
-        watchdog.finish()
-        hang_records.print_doctor_lines(hangs, config.nproc_per_node * config.nnodes)
-        failure = _spawn_failure(e, config, watchdog, forwarding, reporter, run_dir)
-        if failure is None:
-            raise
-        raise failure from None
-    finally:
-        watchdog.finish()
-        logs.restore()  # a notebook's own ignite calls log as before
-        spawn_log.setLevel(spawn_level)
-        restore_environment(interface)
-        hang_records.drop_folder(hangs)
-        del master_store  # node 0's store closes with the run
-        _discard_if_empty(run_dir)
-        shutil.rmtree(reporter.records, ignore_errors=True)
-        reporter.records = None
+        except KeyboardInterrupt:
+            # SIGINT to this process only (Jupyter's "interrupt kernel", kill -INT): the
+            # workers are non-daemonic, so without this they train on to the last epoch while
+            # the interpreter's exit waits for them.
+            raise KeyboardInterrupt(interrupted_message(run_dir, forwarding.interrupt())) from None
+        except Exception as e:
+            watchdog.finish()
+            hang_records.print_doctor_lines(hangs, config.nproc_per_node * config.nnodes)
+            failure = _spawn_failure(e, config, watchdog, forwarding, reporter, run_dir)
+            if failure is None:
+                raise
+            raise failure from None
+        finally:
+            watchdog.finish()
+            logs.restore()  # a notebook's own ignite calls log as before
+            spawn_log.setLevel(spawn_level)
+            restore_environment(interface)
+            hang_records.drop_folder(hangs)
+            del master_store  # node 0's store closes with the run
+            _discard_if_empty(run_dir)
+            shutil.rmtree(reporter.records, ignore_errors=True)
+            reporter.records = None
 
 
 def _start_method(config, fn, args, start_method: str | None) -> dict:
@@ -247,37 +248,6 @@ class bounded_wait:
         self._done.set()
 
 
-class ForwardStopSignals:
-    """While the workers run: SIGTERM / SIGUSR1 to the launcher are remembered
-    (``signum``) and passed on to every worker, which stops at the next iteration with a
-    checkpoint (:mod:`distkit.train.stopping`); the launcher waits for them. SLURM's ``scancel``
-    signals the launcher only when the job's processes are not in one step, Kubernetes
-    the container's first process: the workers, in sessions of their own, hear it from
-    here."""
-
-    def __init__(self, before: set):
-        self.before, self.signum, self._previous = before, 0, {}
-
-    def _handler(self, signum, frame):
-        self.signum = self.signum or signum
-        for child in set(multiprocessing.active_children()) - self.before:
-            try:
-                os.kill(child.pid, signum)
-            except (ProcessLookupError, TypeError):
-                pass
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for signum in signals.STOP_SIGNALS:
-                self._previous[signum] = signal.signal(signum, self._handler)
-        return self
-
-    def __exit__(self, *exc):
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous = {}
-
-
 def _own_session(local_rank, reporter, fn, *args):
     """``fn(local_rank, *args)`` in a session of its own that ends with the launcher; an
     exception it raises becomes one line (``distkit.observe.failures.run_reporting``).
@@ -287,14 +257,22 @@ def _own_session(local_rank, reporter, fn, *args):
     one scheduling group. Workers left in the launcher's session ran tiny steps at 0.91
     of torchrun's speed; in sessions of their own, 1.05 (6 rounds each, quiet 2-core VM;
     benchmarks/README.md, tiny steps). A terminal's Ctrl-C and Ctrl-Z then reach the
-    launcher only, which stops the workers itself (``stop_workers``).
+    launcher only, which stops the workers itself (:meth:`StopSignals.interrupt`).
 
     Why "ends with the launcher": outside the launcher's session a worker no longer gets
     the terminal's hang-up, so it ends itself, and what it started, when its parent dies
     (:func:`distkit.host.facts.end_with_parent`): a killed launcher leaves no orphan
     training on."""
-    for signum in signals.STOP_SIGNALS:  # a forked worker inherits the launcher's forwarding
-        signal.signal(signum, signal.SIG_DFL)  # (training installs its own stop flag)
+    # a forked worker inherits the launcher's handlers and its noted stop: put back the
+    # defaults first (training installs its own stop flag), then a stop that came before
+    # this worker could take it is taken now, as a signal that ends it
+    for signum in signals.STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_DFL)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # as in a spawned worker
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    pending = signals.requested()
+    if pending:
+        os.kill(os.getpid(), pending)
     if hasattr(os, "setsid"):
         try:
             os.setsid()
@@ -355,7 +333,9 @@ class StoppedRankWatchdog:
 
 def stop_workers(children, grace_s: float = 3.0) -> int:
     """Stop these worker processes (SIGTERM, then SIGKILL after ``grace_s``) and reap
-    them (:func:`distkit.host.facts.stop_processes`). Returns how many were running."""
+    them (:func:`distkit.host.facts.stop_processes`). Returns how many were running. For
+    a course's own processes: the launcher's own stop goes through
+    :class:`distkit.launch.stop_signals.StopSignals`."""
     return stop_processes(children, signal.SIGTERM, grace_s)
 
 

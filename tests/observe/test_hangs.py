@@ -335,6 +335,8 @@ calls = {"forward": 0, "loss": 0, "handler": 0, "collate": 0}
 
 def spin(where):
     calls[where] += 1
+    if where == "WHERE" and idist.get_rank() == ODD and calls[where] == CALL:
+        open("stall-started", "w").close()  # when: the test's clock starts here
     while where == "WHERE" and idist.get_rank() == ODD and calls[where] == CALL:
         sum(range(1000))  # SPIN LINE
 
@@ -401,3 +403,74 @@ def test_distkit_train_names_the_rank_spinning_anywhere_in_its_own_code(tmp_path
     others = [h for r, h in enumerate(hang[:-1]) if r != odd]
     assert not any("not in a collective" in h for h in others), done.stderr[-3000:]
     assert hang[-1].startswith(f"distkit: hang: verdict: rank {odd} never reached "), done.stderr[-3000:]
+
+
+# --- the same under plain torchrun: no supervisor of the kit above the ranks --------------
+
+def _spinning_course(tmp_path, seed: int, nproc_choices=(2, 3)):
+    """The spinning course, drawn from ``seed``: ``(nproc, odd rank, its loop's lines)``."""
+    rng = random.Random(seed)
+    nproc = rng.choice(nproc_choices)
+    odd, call, where = rng.randrange(nproc), rng.randint(1, 4), rng.choice(
+        ["forward", "loss", "handler", "collate"])
+    print(f"seed {seed}: {nproc} processes; rank {odd} spins in its {where} call {call} "
+          f"(DISTKIT_HANG_SEED={seed} to rerun)")
+    source = SPINNING_COURSE.lstrip("\n").replace("WHERE", where).replace("ODD", str(odd)) \
+        .replace("CALL", str(call))
+    body = next(i for i, text in enumerate(source.splitlines(), 1) if "SPIN LINE" in text)
+    (tmp_path / "course_spin.py").write_text(source)
+    return nproc, odd, {f"course_spin.py:{body - 1}", f"course_spin.py:{body}"}
+
+
+def _left_in(folder) -> list[int]:
+    """The processes still running in ``folder`` (their working directory)."""
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd") == str(folder):
+                left.append(int(pid))
+        except OSError:
+            pass
+    return left
+
+
+def _assert_the_doctor_named(stderr, nproc, odd, loop):
+    hang = [ln for ln in stderr.splitlines() if ln.startswith("distkit: hang: ")]
+    assert len(hang) == nproc + 1, stderr[-4000:]  # once: one process printed them
+    assert [h.split(":")[2].strip() for h in hang[:-1]] == [f"rank {r}" for r in range(nproc)], hang
+    assert hang[odd] in {f"distkit: hang: rank {odd}: not in a collective: at {at}" for at in loop}, hang
+    others = [h for r, h in enumerate(hang[:-1]) if r != odd]
+    assert not any("not in a collective" in h for h in others), hang
+    assert hang[-1].startswith(f"distkit: hang: verdict: rank {odd} never reached "), hang
+    assert any(at in hang[-1] for at in loop), hang
+
+
+TORCHRUN_TIMEOUT_S = 8
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_under_torchrun_the_rank_spinning_in_its_own_code_is_named_and_the_run_ends(tmp_path):
+    """Plain torchrun, 2 or 3 processes (drawn with the rank, the call and where it spins):
+    the doctor's lines are printed once, name the spinning rank at its loop, the run exits
+    non-zero within --timeout and the doctor's wait after the stall began, and no process
+    is left. Without the kit's supervisor a rank stalled in Python outlives torchrun's
+    SIGTERM (training only notes it) for 30 s, and the others wait 10 s as witnesses."""
+    from support import subprocess_env
+
+    seed = int(os.environ.get("DISTKIT_HANG_SEED") or random.randrange(2 ** 32))
+    nproc, odd, loop = _spinning_course(tmp_path, seed)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", "--monitor-interval=0.5", "-m", "distkit",
+                           "train", "--task", "course_spin.py:task", "--epochs", "1", "--no-progress",
+                           "--batch-size", "60", "--timeout", str(TORCHRUN_TIMEOUT_S),
+                           "--output-dir", "runs"],
+                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=380)
+    ended = time.time()
+    assert done.returncode != 0, done.stderr[-3000:]
+    _assert_the_doctor_named(done.stderr, nproc, odd, loop)
+    took = ended - (tmp_path / "stall-started").stat().st_mtime
+    print(f"ended {took:.1f} s after the stall began")
+    # the others' timeout, the doctor's wait for the records (3 s at most), torchrun's ending
+    assert took < TORCHRUN_TIMEOUT_S + 15, took
+    assert _left_in(tmp_path) == []

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 
 from distkit.observe import hangs
 from hang_families import cases
+from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
 
 
 def _where(records, rank):
@@ -422,13 +423,15 @@ def _spinning_course(tmp_path, seed: int, nproc_choices=(2, 3)):
     return nproc, odd, {f"course_spin.py:{body - 1}", f"course_spin.py:{body}"}
 
 
-def _left_in(folder) -> list[int]:
-    """The processes still running in ``folder`` (their working directory)."""
+def _left_in(folder) -> list[str]:
+    """The kit's processes still running in ``folder`` (their working directory)."""
     left = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if os.readlink(f"/proc/{pid}/cwd") == str(folder):
-                left.append(int(pid))
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+            if os.readlink(f"/proc/{pid}/cwd") == str(folder) and "distkit" in command:
+                left.append(f"{pid}: {command}")
         except OSError:
             pass
     return left
@@ -472,5 +475,29 @@ def test_under_torchrun_the_rank_spinning_in_its_own_code_is_named_and_the_run_e
     took = ended - (tmp_path / "stall-started").stat().st_mtime
     print(f"ended {took:.1f} s after the stall began")
     # the others' timeout, the doctor's wait for the records (3 s at most), torchrun's ending
+    assert took < TORCHRUN_TIMEOUT_S + 15, took
+    assert _left_in(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_under_srun_the_rank_spinning_in_its_own_code_is_named_and_the_step_ends(tmp_path, slurm_cluster):
+    """The same under srun on the real SLURM cluster (2 tasks: the cluster has 2 CPUs):
+    the lines once, the step's exit 200 (a failure, from every task: none ended by
+    srun's signal), within the bound, no task left."""
+    from slurm_cluster import TASKS_ENDED_BY_A_SIGNAL, job_env
+
+    seed = int(os.environ.get("DISTKIT_HANG_SEED") or random.randrange(2 ** 32))
+    nproc, odd, loop = _spinning_course(tmp_path, seed, nproc_choices=(2,))
+    done = slurm_cluster.srun(["-n", str(nproc), "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",
+                               "train", "--task", "course_spin.py:task", "--epochs", "1", "--no-progress",
+                               "--batch-size", "60", "--timeout", str(TORCHRUN_TIMEOUT_S),
+                               "--output-dir", "runs"], cwd=tmp_path, env=job_env(), timeout=380)
+    ended = time.time()
+    assert done.returncode == 200, (done.stdout + done.stderr)[-3000:]
+    assert not TASKS_ENDED_BY_A_SIGNAL.search(done.stderr), done.stderr[-3000:]
+    _assert_the_doctor_named(done.stderr, nproc, odd, loop)
+    took = ended - (tmp_path / "stall-started").stat().st_mtime
+    print(f"ended {took:.1f} s after the stall began")
     assert took < TORCHRUN_TIMEOUT_S + 15, took
     assert _left_in(tmp_path) == []

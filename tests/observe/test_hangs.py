@@ -451,6 +451,20 @@ def _assert_the_doctor_named(stderr, nproc, odd, loop):
 TORCHRUN_TIMEOUT_S = 8
 
 
+def _assert_ended_in_time(tmp_path, ended: float, timeout_s: float):
+    """The run ended within ``timeout_s`` + 20 s of the stall (the others reach their
+    collective, wait ``timeout_s``), and within 10 s of the first collective's failure
+    (the request's time: the doctor's wait of 3 s at most, then every rank ends; a stalled
+    rank left to torchrun's SIGTERM took 10 s of witness wait and 30 s more)."""
+    run = next((tmp_path / "runs").iterdir())
+    asked = (run / "hangs" / "hang-request").stat().st_mtime
+    stalled = (tmp_path / "stall-started").stat().st_mtime
+    print(f"ended {ended - stalled:.1f} s after the stall began, {ended - asked:.1f} s after "
+          "the first collective failed")
+    assert ended - asked < 10, ended - asked
+    assert ended - stalled < timeout_s + 20, ended - stalled
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_under_torchrun_the_rank_spinning_in_its_own_code_is_named_and_the_run_ends(tmp_path):
@@ -472,10 +486,7 @@ def test_under_torchrun_the_rank_spinning_in_its_own_code_is_named_and_the_run_e
     ended = time.time()
     assert done.returncode != 0, done.stderr[-3000:]
     _assert_the_doctor_named(done.stderr, nproc, odd, loop)
-    took = ended - (tmp_path / "stall-started").stat().st_mtime
-    print(f"ended {took:.1f} s after the stall began")
-    # the others' timeout, the doctor's wait for the records (3 s at most), torchrun's ending
-    assert took < TORCHRUN_TIMEOUT_S + 15, took
+    _assert_ended_in_time(tmp_path, ended, TORCHRUN_TIMEOUT_S)
     assert _left_in(tmp_path) == []
 
 
@@ -497,7 +508,44 @@ def test_under_srun_the_rank_spinning_in_its_own_code_is_named_and_the_step_ends
     assert done.returncode == 200, (done.stdout + done.stderr)[-3000:]
     assert not TASKS_ENDED_BY_A_SIGNAL.search(done.stderr), done.stderr[-3000:]
     _assert_the_doctor_named(done.stderr, nproc, odd, loop)
-    took = ended - (tmp_path / "stall-started").stat().st_mtime
-    print(f"ended {took:.1f} s after the stall began")
-    assert took < TORCHRUN_TIMEOUT_S + 15, took
+    _assert_ended_in_time(tmp_path, ended, TORCHRUN_TIMEOUT_S)
+    assert _left_in(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_two_namespace_hosts_under_torchrun_name_the_spinning_rank_once(tmp_path):
+    """2 nodes x 2 processes, each node a torchrun on its own namespace host (its network,
+    its hostname), the run folder on the disk both see, as a cluster's shared folder: the
+    doctor's lines once over both nodes, the spinning rank (drawn on either node) named at
+    its loop, both torchruns non-zero within the bound, no process left."""
+    from distkit.lessons.hosts import NamespaceHosts, unavailable
+    from support import subprocess_env
+
+    if unavailable() is not None:
+        pytest.skip(unavailable())
+    seed = int(os.environ.get("DISTKIT_HANG_SEED") or random.randrange(2 ** 32))
+    nproc, odd, loop = _spinning_course(tmp_path, seed, nproc_choices=(4,))
+    timeout_s = 12
+    env = subprocess_env()
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # each host picks its own
+        env.pop(name, None)
+    with NamespaceHosts() as hosts:
+        procs = [subprocess.Popen(hosts.command(host, [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={host}",
+            "--nproc_per_node=2", f"--master_addr={hosts.addresses[0]}", "--master_port=29400",
+            "--monitor-interval=0.5", "-m", "distkit", "train", "--task", "course_spin.py:task",
+            "--epochs", "1", "--no-progress", "--batch-size", "60", "--timeout", str(timeout_s),
+            "--output-dir", str(tmp_path / "runs")]), cwd=tmp_path, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for host in (0, 1)]
+        try:
+            outs = [p.communicate(timeout=420)[0] for p in procs]
+            ended = time.time()
+        finally:
+            for p in procs:
+                p.kill()
+    assert all(p.returncode != 0 for p in procs), outs
+    said = [ln for out in outs for ln in out.splitlines() if ln.startswith("distkit: hang: ")]
+    _assert_the_doctor_named("\n".join(said), nproc, odd, loop)
+    _assert_ended_in_time(tmp_path, ended, timeout_s)
     assert _left_in(tmp_path) == []

@@ -552,6 +552,10 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
         report_from_worker(e, witness_waits=doctor is None)
         if doctor is not None:
             hang_records.joined_printed(doctor)
+            # all is said: leave now. torch's teardown of a group whose collective timed out
+            # takes seconds (4-6 s measured), and this node's agent ends its other ranks
+            # only once it sees a worker exit
+            os._exit(signals.failure_exit_code())
         raise e from None
     except BaseException:
         if idist.get_rank() == 0:  # the folder is rank 0's; a failure in training names it

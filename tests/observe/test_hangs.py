@@ -452,17 +452,21 @@ TORCHRUN_TIMEOUT_S = 8
 
 
 def _assert_ended_in_time(tmp_path, ended: float, timeout_s: float):
-    """The run ended within ``timeout_s`` + 20 s of the stall (the others reach their
-    collective, wait ``timeout_s``), and within 10 s of the first collective's failure
-    (the request's time: the doctor's wait of 3 s at most, then every rank ends; a stalled
-    rank left to torchrun's SIGTERM took 10 s of witness wait and 30 s more)."""
+    """The run ended within 10 s of the first collective's failure (the request's time:
+    the doctor's wait of 3 s at most, then every rank ends), and within ``timeout_s`` +
+    20 s of the stall (the others reach their collective and wait ``timeout_s``); both
+    stretched on a loaded machine (support.within_seconds) but never to what a stalled
+    rank left to torchrun's SIGTERM took: 10 s of the others' witness wait, then 30 s
+    before SIGKILL."""
+    from support import within_seconds
+
     run = next((tmp_path / "runs").iterdir())
     asked = (run / "hangs" / "hang-request").stat().st_mtime
     stalled = (tmp_path / "stall-started").stat().st_mtime
     print(f"ended {ended - stalled:.1f} s after the stall began, {ended - asked:.1f} s after "
-          "the first collective failed")
-    assert ended - asked < 10, ended - asked
-    assert ended - stalled < timeout_s + 20, ended - stalled
+          f"the first collective failed (load {os.getloadavg()[0]:.1f})")
+    assert ended - asked < min(within_seconds(10), 30), ended - asked
+    assert ended - stalled < timeout_s + min(within_seconds(20), 35), ended - stalled
 
 
 @pytest.mark.slow

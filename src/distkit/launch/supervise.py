@@ -548,9 +548,9 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
     except RankFailed as e:
         # the first rank whose collective failed prints the hang doctor's lines, after its own
         doctor = hang_records.joined_rank_failed(idist.get_rank(), idist.get_world_size(),
-                                                 e.__context__) if e.__context__ else None
-        report_from_worker(e, witness_waits=doctor is None)
-        if doctor is not None:
+                                                 e.__context__) if e.__context__ else []
+        report_from_worker(e, witness_waits=not doctor)  # the doctor's lines name the cause
+        if doctor:
             hang_records.joined_printed(doctor)
             # all is said: leave now. torch's teardown of a group whose collective timed out
             # takes seconds (4-6 s measured), and this node's agent ends its other ranks

@@ -477,22 +477,25 @@ def arm_joined(rank: int, exit_code: int, poll_s: float = JOINED_POLL_S,
 
 
 def joined_rank_failed(rank: int, world: int, error: BaseException,
-                       wait_s: float = JOINED_WAIT_S) -> list[str] | None:
+                       wait_s: float = JOINED_WAIT_S) -> list[str]:
     """In a joined rank whose training raised ``error``: write its record in the run
     folder; where a collective failed and no rank claimed the request before, claim it,
-    wait up to ``wait_s`` for every rank's record and return the doctor's lines (empty
-    where no rank was in a collective), which this rank prints (:func:`joined_printed`).
-    None where this rank does not print."""
+    wait up to ``wait_s`` for every rank's record and return the doctor's lines, which
+    this rank prints (:func:`joined_printed`). [] where it prints none (a claim with no
+    rank in a collective lets the ranks that answered end at once)."""
     folder = joined_folder(run_dir_of_this_process())
     if folder is None:  # failed before training named its folder: no place to meet
-        return None
-    write_raised(folder, rank, error)
+        return []
+    write_raised(folder, rank, error)  # an error in its own code too: then no verdict is due
     if not (in_collective(error) or peer_lost(error)):
-        return None
+        return []
     if not _create_once(os.path.join(folder, REQUEST)):
-        return None  # another rank claimed it: that one prints
+        return []  # another rank claimed it: that one prints
     _wait_for_records(folder, world, wait_s)
-    return doctor_lines_after(folder, world)
+    lines = doctor_lines_after(folder, world)
+    if not lines:
+        joined_printed(lines)
+    return lines
 
 
 def joined_printed(lines: list[str]) -> None:

@@ -129,6 +129,55 @@ def test_the_doctor_speaks_only_of_a_run_that_failed_on_a_collective():
     assert not involves_collectives([computing, died])
 
 
+SPINNER = """
+import sys
+import torch  # a rank has it loaded: its record reads torch's Flight Recorder
+from distkit.observe.failures import training_in
+from distkit.observe.hang_records import arm_joined
+
+training_in(sys.argv[1])
+arm_joined(1, 7, poll_s=0.05, wait_s=60)  # without the printed mark: 62 s
+print("armed", flush=True)
+while True:  # line 10
+    sum(range(1000))
+"""
+
+
+def test_a_joined_rank_answers_the_first_claim_and_ends_once_it_is_printed(tmp_path):
+    """The meeting of ranks joined to torchrun / srun, with real processes and no process
+    group: a rank spinning in its own code (a process) writes its record into the run
+    folder's hangs/ when the first failing rank (this test) claims the request, and ends
+    with the status it was given once the lines are printed; a second failing rank's
+    claim finds the request taken and prints nothing."""
+    import json
+
+    from distkit.observe.failures import training_in
+    from distkit.observe.hang_records import joined_rank_failed
+    from support import subprocess_env
+
+    run = tmp_path / "run"
+    (tmp_path / "spin.py").write_text(SPINNER.lstrip("\n"))
+    spinner = subprocess.Popen([sys.executable, "spin.py", str(run)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    try:
+        assert spinner.stdout.readline() == "armed\n"
+        training_in(str(run))
+        lost = RuntimeError("Timed out waiting 5000ms for recv operation to complete")
+        start = time.monotonic()
+        # no rank was in a collective here (no process group): no lines, and the claim lets
+        # the rank that answered end at once
+        assert joined_rank_failed(0, 2, lost, wait_s=30) == []
+        assert spinner.wait(timeout=30) == 7
+        assert time.monotonic() - start < 25  # not the 30 s wait, nor the spinner's 62 s
+        assert joined_rank_failed(2, 3, lost) == []  # claimed already
+        record = json.loads((run / "hangs" / "hang-rank1.json").read_text())
+        assert record["state"] == "computing" and record["where"] in ("spin.py:10", "spin.py:11"), record
+        assert json.loads((run / "hangs" / "hang-rank2.json").read_text())["state"] == "raised"
+    finally:
+        training_in(None)
+        spinner.kill()
+
+
 # --- real gloo ranks under distkit launch: a generated script per family ---------------
 
 TIMEOUT_S = 6

@@ -6,7 +6,10 @@ request (a file in the run's failure folder) and then writes ``hang-rank<R>.json
 rank's Flight Recorder dump (torch records every collective: op, sequence number,
 shapes, dtypes, whether it completed) and where its main thread is (its Python stack,
 read from another thread as ``faulthandler`` does). A rank whose collective raised
-writes its record itself (:func:`write_raised`) before it exits.
+writes its record itself (:func:`write_raised`) before it exits. Ranks joined to a
+torchrun or srun launch, with no supervisor of the kit above them, meet in the run folder
+instead, and the first whose collective fails prints (:func:`arm_joined`,
+:func:`joined_rank_failed`).
 
 Torch's dump is ``_dump_fr_trace_json``: it answers in microseconds from any thread.
 The pickled dump with each entry's Python frames (``_dump_fr_trace``) imports

@@ -511,11 +511,13 @@ def _assert_ended_in_time(tmp_path, ended: float, timeout_s: float):
 
     run = next((tmp_path / "runs").iterdir())
     asked = (run / "hangs" / "hang-request").stat().st_mtime
-    stalled = (tmp_path / "stall-started").stat().st_mtime
-    print(f"ended {ended - stalled:.1f} s after the stall began, {ended - asked:.1f} s after "
-          f"the first collective failed (load {os.getloadavg()[0]:.1f})")
+    print(f"ended {ended - asked:.1f} s after the first collective failed "
+          f"(load {os.getloadavg()[0]:.1f})")
     assert ended - asked < min(within_seconds(10), 30), ended - asked
-    assert ended - stalled < timeout_s + min(within_seconds(20), 35), ended - stalled
+    if (tmp_path / "stall-started").exists():
+        stalled = (tmp_path / "stall-started").stat().st_mtime
+        print(f"ended {ended - stalled:.1f} s after the stall began")
+        assert ended - stalled < timeout_s + min(within_seconds(20), 35), ended - stalled
 
 
 @pytest.mark.slow
@@ -539,6 +541,75 @@ def test_under_torchrun_the_rank_spinning_in_its_own_code_is_named_and_the_run_e
     ended = time.time()
     assert done.returncode != 0, done.stderr[-3000:]
     _assert_the_doctor_named(done.stderr, nproc, odd, loop)
+    _assert_ended_in_time(tmp_path, ended, TORCHRUN_TIMEOUT_S)
+    assert _left_in(tmp_path) == []
+
+
+DISAGREEING_COURSE = '''
+import torch
+import torch.nn as nn
+import ignite.distributed as idist
+from ignite.engine import Events
+from distkit import Task
+from distkit.builtin.data import get_datasets
+
+
+def model(config):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+
+def handlers(trainer, evaluator, config):
+    def exchange(engine):
+        if engine.state.iteration == AT_CALL:
+            t = torch.ones(N_ELEMENTS)
+            if idist.get_rank() == ODD_RANK:
+                idist.broadcast(t, src=0)  # ODD LINE
+            else:
+                idist.all_reduce(t)  # OTHERS LINE
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, exchange)
+
+
+task = Task(datasets=get_datasets, model=model, handlers=handlers)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_under_torchrun_ranks_that_call_different_collectives_are_named(tmp_path):
+    """Plain torchrun, 2 or 3 processes: a handler of the course's task calls broadcast on
+    one drawn rank where the others call all_reduce, at a drawn iteration, of a drawn size.
+    The doctor's lines once, the verdict names the two collectives at their lines, the
+    run exits non-zero in time, no process left."""
+    from support import subprocess_env
+
+    seed = int(os.environ.get("DISTKIT_HANG_SEED") or random.randrange(2 ** 32))
+    rng = random.Random(seed)
+    nproc = rng.choice([2, 3])
+    odd, call, size = rng.randrange(nproc), rng.randint(1, 4), rng.randint(1, 5000)
+    print(f"seed {seed}: {nproc} processes; rank {odd} broadcasts at iteration {call}, the "
+          f"others all-reduce, {size} elements (DISTKIT_HANG_SEED={seed} to rerun)")
+    source = DISAGREEING_COURSE.lstrip("\n").replace("ODD_RANK", str(odd)) \
+        .replace("AT_CALL", str(call)).replace("N_ELEMENTS", str(size))
+    lines = {tag: next(i for i, text in enumerate(source.splitlines(), 1) if tag in text)
+             for tag in ("ODD LINE", "OTHERS LINE")}
+    (tmp_path / "course_op.py").write_text(source)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", "--monitor-interval=0.5", "-m", "distkit",
+                           "train", "--task", "course_op.py:task", "--epochs", "1", "--no-progress",
+                           "--batch-size", "60", "--timeout", str(TORCHRUN_TIMEOUT_S),
+                           "--output-dir", "runs"],
+                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=380)
+    ended = time.time()
+    assert done.returncode != 0, done.stderr[-3000:]
+    hang = [ln for ln in done.stderr.splitlines() if ln.startswith("distkit: hang: ")]
+    assert len(hang) == nproc + 1, done.stderr[-4000:]
+    assert [h.split(":")[2].strip() for h in hang[:-1]] == [f"rank {r}" for r in range(nproc)], hang
+    assert "broadcast #" in hang[odd] and f"course_op.py:{lines['ODD LINE']}" in hang[odd], hang
+    verdict = hang[-1]
+    assert "called different collectives" in verdict and f"rank {odd}" in verdict, hang
+    assert f"broadcast at course_op.py:{lines['ODD LINE']}" in verdict, hang
+    assert f"all_reduce at course_op.py:{lines['OTHERS LINE']}" in verdict, hang
     _assert_ended_in_time(tmp_path, ended, TORCHRUN_TIMEOUT_S)
     assert _left_in(tmp_path) == []
 

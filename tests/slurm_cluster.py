@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -44,6 +46,15 @@ import pytest
 from distkit.host.facts import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+PYTHON_DIR = os.path.dirname(sys.executable)
+TASKS_ENDED_BY_A_SIGNAL = re.compile(r"task \d+: (Terminated|Killed|Hangup|User defined signal)")
+"""srun's words for a task that a signal ended (its exit code then outranks every other)."""
+
+
+def job_env(**extra) -> dict:
+    """What a user's shell has when they submit: this venv first on PATH, 1 thread a task."""
+    return {"PATH": f"{PYTHON_DIR}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in extra.items()}}
 FINISHED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
             "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 

@@ -18,18 +18,11 @@ from pathlib import Path
 import pytest
 
 from support import REPO_ROOT
-from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
+from slurm_cluster import TASKS_ENDED_BY_A_SIGNAL, job_env, slurm_cluster  # noqa: F401  (the fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 TINY = ["--epochs", "1", "--no-progress", "--dataset", "synthetic", "--dataset-size", "256"]
-PYTHON_DIR = os.path.dirname(sys.executable)
-
-
-def job_env(**extra) -> dict:
-    """What a user's shell has when they submit: this venv first on PATH, 1 thread a task."""
-    return {"PATH": f"{PYTHON_DIR}:{os.environ['PATH']}", "OMP_NUM_THREADS": "1",
-            "PYTHONUNBUFFERED": "1", **{k: str(v) for k, v in extra.items()}}
 
 
 def test_srun_gives_each_task_its_place(slurm_cluster):
@@ -302,7 +295,6 @@ for step in range(400):
 dist.destroy_process_group()
 '''
 
-TASKS_ENDED_BY_A_SIGNAL = re.compile(r"task \d+: (Terminated|Killed|Hangup|User defined signal)")
 
 
 @pytest.mark.parametrize("draw", range(2))

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 
 from distkit.observe import hangs
 from hang_families import cases
+from slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
 
 
 def _where(records, rank):
@@ -126,6 +127,55 @@ def test_the_doctor_speaks_only_of_a_run_that_failed_on_a_collective():
     assert involves_collectives([waiting, in_c10d])
     assert involves_collectives([waiting, died])
     assert not involves_collectives([computing, died])
+
+
+SPINNER = """
+import sys
+import torch  # a rank has it loaded: its record reads torch's Flight Recorder
+from distkit.observe.failures import training_in
+from distkit.observe.hang_records import arm_joined
+
+training_in(sys.argv[1])
+arm_joined(1, 7, poll_s=0.05, wait_s=60)  # without the printed mark: 62 s
+print("armed", flush=True)
+while True:  # line 10
+    sum(range(1000))
+"""
+
+
+def test_a_joined_rank_answers_the_first_claim_and_ends_once_it_is_printed(tmp_path):
+    """The meeting of ranks joined to torchrun / srun, with real processes and no process
+    group: a rank spinning in its own code (a process) writes its record into the run
+    folder's hangs/ when the first failing rank (this test) claims the request, and ends
+    with the status it was given once the lines are printed; a second failing rank's
+    claim finds the request taken and prints nothing."""
+    import json
+
+    from distkit.observe.failures import training_in
+    from distkit.observe.hang_records import joined_rank_failed
+    from support import subprocess_env
+
+    run = tmp_path / "run"
+    (tmp_path / "spin.py").write_text(SPINNER.lstrip("\n"))
+    spinner = subprocess.Popen([sys.executable, "spin.py", str(run)], cwd=tmp_path,
+                               stdout=subprocess.PIPE, text=True, env=subprocess_env())
+    try:
+        assert spinner.stdout.readline() == "armed\n"
+        training_in(str(run))
+        lost = RuntimeError("Timed out waiting 5000ms for recv operation to complete")
+        start = time.monotonic()
+        # no rank was in a collective here (no process group): no lines, and the claim lets
+        # the rank that answered end at once
+        assert joined_rank_failed(0, 2, lost, wait_s=30) == []
+        assert spinner.wait(timeout=30) == 7
+        assert time.monotonic() - start < 25  # not the 30 s wait, nor the spinner's 62 s
+        assert joined_rank_failed(2, 3, lost) == []  # claimed already
+        record = json.loads((run / "hangs" / "hang-rank1.json").read_text())
+        assert record["state"] == "computing" and record["where"] in ("spin.py:10", "spin.py:11"), record
+        assert json.loads((run / "hangs" / "hang-rank2.json").read_text())["state"] == "raised"
+    finally:
+        training_in(None)
+        spinner.kill()
 
 
 # --- real gloo ranks under distkit launch: a generated script per family ---------------
@@ -335,6 +385,8 @@ calls = {"forward": 0, "loss": 0, "handler": 0, "collate": 0}
 
 def spin(where):
     calls[where] += 1
+    if where == "WHERE" and idist.get_rank() == ODD and calls[where] == CALL:
+        open("stall-started", "w").close()  # when: the test's clock starts here
     while where == "WHERE" and idist.get_rank() == ODD and calls[where] == CALL:
         sum(range(1000))  # SPIN LINE
 
@@ -401,3 +453,223 @@ def test_distkit_train_names_the_rank_spinning_anywhere_in_its_own_code(tmp_path
     others = [h for r, h in enumerate(hang[:-1]) if r != odd]
     assert not any("not in a collective" in h for h in others), done.stderr[-3000:]
     assert hang[-1].startswith(f"distkit: hang: verdict: rank {odd} never reached "), done.stderr[-3000:]
+
+
+# --- the same under plain torchrun: no supervisor of the kit above the ranks --------------
+
+def _spinning_course(tmp_path, seed: int, nproc_choices=(2, 3)):
+    """The spinning course, drawn from ``seed``: ``(nproc, odd rank, its loop's lines)``."""
+    rng = random.Random(seed)
+    nproc = rng.choice(nproc_choices)
+    odd, call, where = rng.randrange(nproc), rng.randint(1, 4), rng.choice(
+        ["forward", "loss", "handler", "collate"])
+    print(f"seed {seed}: {nproc} processes; rank {odd} spins in its {where} call {call} "
+          f"(DISTKIT_HANG_SEED={seed} to rerun)")
+    source = SPINNING_COURSE.lstrip("\n").replace("WHERE", where).replace("ODD", str(odd)) \
+        .replace("CALL", str(call))
+    body = next(i for i, text in enumerate(source.splitlines(), 1) if "SPIN LINE" in text)
+    (tmp_path / "course_spin.py").write_text(source)
+    return nproc, odd, {f"course_spin.py:{body - 1}", f"course_spin.py:{body}"}
+
+
+def _left_in(folder) -> list[str]:
+    """The kit's processes still running in ``folder`` (their working directory)."""
+    left = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+            if os.readlink(f"/proc/{pid}/cwd") == str(folder) and "distkit" in command:
+                left.append(f"{pid}: {command}")
+        except OSError:
+            pass
+    return left
+
+
+def _assert_the_doctor_named(stderr, nproc, odd, loop):
+    hang = [ln for ln in stderr.splitlines() if ln.startswith("distkit: hang: ")]
+    assert len(hang) == nproc + 1, stderr[-4000:]  # once: one process printed them
+    assert [h.split(":")[2].strip() for h in hang[:-1]] == [f"rank {r}" for r in range(nproc)], hang
+    assert hang[odd] in {f"distkit: hang: rank {odd}: not in a collective: at {at}" for at in loop}, hang
+    others = [h for r, h in enumerate(hang[:-1]) if r != odd]
+    assert not any("not in a collective" in h for h in others), hang
+    assert hang[-1].startswith(f"distkit: hang: verdict: rank {odd} never reached "), hang
+    assert any(at in hang[-1] for at in loop), hang
+
+
+TORCHRUN_TIMEOUT_S = 8
+
+
+def _assert_ended_in_time(tmp_path, ended: float, timeout_s: float):
+    """The run ended within 10 s of the first collective's failure (the request's time:
+    the doctor's wait of 3 s at most, then every rank ends), and within ``timeout_s`` +
+    20 s of the stall (the others reach their collective and wait ``timeout_s``); both
+    stretched on a loaded machine (support.within_seconds) but never to what a stalled
+    rank left to torchrun's SIGTERM took: 10 s of the others' witness wait, then 30 s
+    before SIGKILL."""
+    from support import within_seconds
+
+    run = next((tmp_path / "runs").iterdir())
+    asked = (run / "hangs" / "hang-request").stat().st_mtime
+    print(f"ended {ended - asked:.1f} s after the first collective failed "
+          f"(load {os.getloadavg()[0]:.1f})")
+    assert ended - asked < min(within_seconds(10), 30), ended - asked
+    if (tmp_path / "stall-started").exists():
+        stalled = (tmp_path / "stall-started").stat().st_mtime
+        print(f"ended {ended - stalled:.1f} s after the stall began")
+        assert ended - stalled < timeout_s + min(within_seconds(20), 35), ended - stalled
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_under_torchrun_the_rank_spinning_in_its_own_code_is_named_and_the_run_ends(tmp_path):
+    """Plain torchrun, 2 or 3 processes (drawn with the rank, the call and where it spins):
+    the doctor's lines are printed once, name the spinning rank at its loop, the run exits
+    non-zero within --timeout and the doctor's wait after the stall began, and no process
+    is left. Without the kit's supervisor a rank stalled in Python outlives torchrun's
+    SIGTERM (training only notes it) for 30 s, and the others wait 10 s as witnesses."""
+    from support import subprocess_env
+
+    seed = int(os.environ.get("DISTKIT_HANG_SEED") or random.randrange(2 ** 32))
+    nproc, odd, loop = _spinning_course(tmp_path, seed)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", "--monitor-interval=0.5", "-m", "distkit",
+                           "train", "--task", "course_spin.py:task", "--epochs", "1", "--no-progress",
+                           "--batch-size", "60", "--timeout", str(TORCHRUN_TIMEOUT_S),
+                           "--output-dir", "runs"],
+                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=380)
+    ended = time.time()
+    assert done.returncode != 0, done.stderr[-3000:]
+    _assert_the_doctor_named(done.stderr, nproc, odd, loop)
+    _assert_ended_in_time(tmp_path, ended, TORCHRUN_TIMEOUT_S)
+    assert _left_in(tmp_path) == []
+
+
+DISAGREEING_COURSE = '''
+import torch
+import torch.nn as nn
+import ignite.distributed as idist
+from ignite.engine import Events
+from distkit import Task
+from distkit.builtin.data import get_datasets
+
+
+def model(config):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+
+def handlers(trainer, evaluator, config):
+    def exchange(engine):
+        if engine.state.iteration == AT_CALL:
+            t = torch.ones(N_ELEMENTS)
+            if idist.get_rank() == ODD_RANK:
+                idist.broadcast(t, src=0)  # ODD LINE
+            else:
+                idist.all_reduce(t)  # OTHERS LINE
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, exchange)
+
+
+task = Task(datasets=get_datasets, model=model, handlers=handlers)
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_under_torchrun_ranks_that_call_different_collectives_are_named(tmp_path):
+    """Plain torchrun, 2 or 3 processes: a handler of the course's task calls broadcast on
+    one drawn rank where the others call all_reduce, at a drawn iteration, of a drawn size.
+    The doctor's lines once, the verdict names the two collectives at their lines, the
+    run exits non-zero in time, no process left."""
+    from support import subprocess_env
+
+    seed = int(os.environ.get("DISTKIT_HANG_SEED") or random.randrange(2 ** 32))
+    rng = random.Random(seed)
+    nproc = rng.choice([2, 3])
+    odd, call, size = rng.randrange(nproc), rng.randint(1, 4), rng.randint(1, 5000)
+    print(f"seed {seed}: {nproc} processes; rank {odd} broadcasts at iteration {call}, the "
+          f"others all-reduce, {size} elements (DISTKIT_HANG_SEED={seed} to rerun)")
+    source = DISAGREEING_COURSE.lstrip("\n").replace("ODD_RANK", str(odd)) \
+        .replace("AT_CALL", str(call)).replace("N_ELEMENTS", str(size))
+    lines = {tag: next(i for i, text in enumerate(source.splitlines(), 1) if tag in text)
+             for tag in ("ODD LINE", "OTHERS LINE")}
+    (tmp_path / "course_op.py").write_text(source)
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", "--monitor-interval=0.5", "-m", "distkit",
+                           "train", "--task", "course_op.py:task", "--epochs", "1", "--no-progress",
+                           "--batch-size", "60", "--timeout", str(TORCHRUN_TIMEOUT_S),
+                           "--output-dir", "runs"],
+                          cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=380)
+    ended = time.time()
+    assert done.returncode != 0, done.stderr[-3000:]
+    hang = [ln for ln in done.stderr.splitlines() if ln.startswith("distkit: hang: ")]
+    assert len(hang) == nproc + 1, done.stderr[-4000:]
+    assert [h.split(":")[2].strip() for h in hang[:-1]] == [f"rank {r}" for r in range(nproc)], hang
+    assert "broadcast #" in hang[odd] and f"course_op.py:{lines['ODD LINE']}" in hang[odd], hang
+    verdict = hang[-1]
+    assert "called different collectives" in verdict and f"rank {odd}" in verdict, hang
+    assert f"broadcast at course_op.py:{lines['ODD LINE']}" in verdict, hang
+    assert f"all_reduce at course_op.py:{lines['OTHERS LINE']}" in verdict, hang
+    _assert_ended_in_time(tmp_path, ended, TORCHRUN_TIMEOUT_S)
+    assert _left_in(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_under_srun_the_rank_spinning_in_its_own_code_is_named_and_the_step_ends(tmp_path, slurm_cluster):
+    """The same under srun on the real SLURM cluster (2 tasks: the cluster has 2 CPUs):
+    the lines once, the step's exit 200 (a failure, from every task: none ended by
+    srun's signal), within the bound, no task left."""
+    from slurm_cluster import TASKS_ENDED_BY_A_SIGNAL, job_env
+
+    seed = int(os.environ.get("DISTKIT_HANG_SEED") or random.randrange(2 ** 32))
+    nproc, odd, loop = _spinning_course(tmp_path, seed, nproc_choices=(2,))
+    done = slurm_cluster.srun(["-n", str(nproc), "--kill-on-bad-exit=1", sys.executable, "-m", "distkit",
+                               "train", "--task", "course_spin.py:task", "--epochs", "1", "--no-progress",
+                               "--batch-size", "60", "--timeout", str(TORCHRUN_TIMEOUT_S),
+                               "--output-dir", "runs"], cwd=tmp_path, env=job_env(), timeout=380)
+    ended = time.time()
+    assert done.returncode == 200, (done.stdout + done.stderr)[-3000:]
+    assert not TASKS_ENDED_BY_A_SIGNAL.search(done.stderr), done.stderr[-3000:]
+    _assert_the_doctor_named(done.stderr, nproc, odd, loop)
+    _assert_ended_in_time(tmp_path, ended, TORCHRUN_TIMEOUT_S)
+    assert _left_in(tmp_path) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(500)
+def test_two_namespace_hosts_under_torchrun_name_the_spinning_rank_once(tmp_path):
+    """2 nodes x 2 processes, each node a torchrun on its own namespace host (its network,
+    its hostname), the run folder on the disk both see, as a cluster's shared folder: the
+    doctor's lines once over both nodes, the spinning rank (drawn on either node) named at
+    its loop, both torchruns non-zero within the bound, no process left."""
+    from distkit.lessons.hosts import NamespaceHosts, unavailable
+    from support import subprocess_env
+
+    if unavailable() is not None:
+        pytest.skip(unavailable())
+    seed = int(os.environ.get("DISTKIT_HANG_SEED") or random.randrange(2 ** 32))
+    nproc, odd, loop = _spinning_course(tmp_path, seed, nproc_choices=(4,))
+    timeout_s = 12
+    env = subprocess_env()
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # each host picks its own
+        env.pop(name, None)
+    with NamespaceHosts() as hosts:
+        procs = [subprocess.Popen(hosts.command(host, [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={host}",
+            "--nproc_per_node=2", f"--master_addr={hosts.addresses[0]}", "--master_port=29400",
+            "--monitor-interval=0.5", "-m", "distkit", "train", "--task", "course_spin.py:task",
+            "--epochs", "1", "--no-progress", "--batch-size", "60", "--timeout", str(timeout_s),
+            "--output-dir", str(tmp_path / "runs")]), cwd=tmp_path, env=env, text=True,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for host in (0, 1)]
+        try:
+            outs = [p.communicate(timeout=420)[0] for p in procs]
+            ended = time.time()
+        finally:
+            for p in procs:
+                p.kill()
+    assert all(p.returncode != 0 for p in procs), outs
+    said = [ln for out in outs for ln in out.splitlines() if ln.startswith("distkit: hang: ")]
+    _assert_the_doctor_named("\n".join(said), nproc, odd, loop)
+    _assert_ended_in_time(tmp_path, ended, timeout_s)
+    assert _left_in(tmp_path) == []

@@ -511,6 +511,7 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
                                     world_size=layout.world_size, **_timeout(launch))
             if launch.backend == "nccl":
                 torch.cuda.set_device(layout.local_rank)
+    hang_records.arm_joined(layout.rank, signals.failure_exit_code())
     try:
         return run_reporting(reporter, fn, idist.get_local_rank(), *args)
     except signals.Preempted as e:  # every rank stopped at one iteration: one line per node
@@ -525,7 +526,17 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
         e.reported = True
         raise
     except RankFailed as e:
-        raise report_from_worker(e) from None
+        # the first rank whose collective failed prints the hang doctor's lines, after its own
+        doctor = hang_records.joined_rank_failed(idist.get_rank(), idist.get_world_size(),
+                                                 e.__context__) if e.__context__ else []
+        report_from_worker(e, witness_waits=not doctor)  # the doctor's lines name the cause
+        if doctor:
+            hang_records.joined_printed(doctor)
+            # all is said: leave now. torch's teardown of a group whose collective timed out
+            # takes seconds (4-6 s measured), and this node's agent ends its other ranks
+            # only once it sees a worker exit
+            os._exit(signals.failure_exit_code())
+        raise e from None
     except BaseException:
         if idist.get_rank() == 0:  # the folder is rank 0's; a failure in training names it
             _discard_if_empty(run_dir_of_this_process())

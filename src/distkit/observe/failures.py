@@ -489,7 +489,7 @@ def write_error_file(line: str) -> None:
 WITNESS_WAIT_S = 10.0
 
 
-def report_from_worker(error: RankFailed) -> RankFailed:
+def report_from_worker(error: RankFailed, witness_waits: bool = True) -> RankFailed:
     """Under torchrun / SLURM: print the line (first failing rank of the node only),
     record it for torchrun's summary, and mark it reported.
 
@@ -499,8 +499,10 @@ def report_from_worker(error: RankFailed) -> RankFailed:
     earliest timestamp, in whole seconds, the first worker it saw end winning a tie; a
     witness that wrote its error file and exited at once beat a killed peer (it notices
     the closed connection before the agent's next look), and torchrun named the witness.
-    Stopped by the agent, the witness leaves the cause to the peer the agent saw first."""
-    if getattr(error, "kind", None) == "lost":
+    Stopped by the agent, the witness leaves the cause to the peer the agent saw first.
+    ``witness_waits`` False: this rank reports at once (it prints the hang doctor's lines,
+    which name the cause, after this one)."""
+    if witness_waits and getattr(error, "kind", None) == "lost":
         _wait_for_the_agent()
     line = f"distkit: error: {error}"
     if first_on_this_node():

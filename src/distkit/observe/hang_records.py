@@ -6,7 +6,10 @@ request (a file in the run's failure folder) and then writes ``hang-rank<R>.json
 rank's Flight Recorder dump (torch records every collective: op, sequence number,
 shapes, dtypes, whether it completed) and where its main thread is (its Python stack,
 read from another thread as ``faulthandler`` does). A rank whose collective raised
-writes its record itself (:func:`write_raised`) before it exits.
+writes its record itself (:func:`write_raised`) before it exits. Ranks joined to a
+torchrun or srun launch, with no supervisor of the kit above them, meet in the run folder
+instead, and the first whose collective fails prints (:func:`arm_joined`,
+:func:`joined_rank_failed`).
 
 Torch's dump is ``_dump_fr_trace_json``: it answers in microseconds from any thread.
 The pickled dump with each entry's Python frames (``_dump_fr_trace``) imports
@@ -25,7 +28,8 @@ import threading
 import time
 
 from distkit.host.files import write_json_quietly
-from distkit.observe.failures import KIT_ROOT, PEER_LOST_WORDS, _library_roots, peer_lost, shown_path
+from distkit.observe.failures import (KIT_ROOT, PEER_LOST_WORDS, _create_once, _library_roots, peer_lost,
+                                     run_dir_of_this_process, shown_path)
 from distkit.observe.hangs import collectives_from_fr, without_fingerprints
 
 
@@ -201,6 +205,16 @@ def write_raised(folder: str, rank: int, error: BaseException) -> None:
         _write(folder, raised_record(rank, error))
 
 
+def _answer(folder: str, rank: int, main: int) -> bool:
+    """Write the live record of this rank (its main thread's ident: ``main``) unless it
+    has written its own; True when this call wrote it."""
+    with _writing:  # checked and written at once: the rank raising meanwhile waits
+        if os.path.exists(record_path(folder, rank)):
+            return False
+        _write(folder, live_record(rank, sys._current_frames().get(main)))
+        return True
+
+
 def arm(folder: str, rank: int, poll_s: float = 0.1) -> threading.Thread:
     """Start the thread that writes this rank's record when the supervisor asks."""
     main = threading.main_thread().ident
@@ -209,9 +223,7 @@ def arm(folder: str, rank: int, poll_s: float = 0.1) -> threading.Thread:
         request = os.path.join(folder, REQUEST)
         while not os.path.exists(request):
             time.sleep(poll_s)
-        with _writing:  # checked and written at once: the rank raising meanwhile waits
-            if not os.path.exists(record_path(folder, rank)):
-                _write(folder, live_record(rank, sys._current_frames().get(main)))
+        _answer(folder, rank, main)
 
     try:  # a rank that gloo aborts (SIGABRT) or that crashes leaves its Python stack here
         import faulthandler
@@ -332,6 +344,13 @@ def in_collective(error: BaseException) -> bool:
     return False
 
 
+def _wait_for_records(folder: str, world: int, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not all(
+            os.path.exists(record_path(folder, r)) for r in range(world)):
+        time.sleep(0.05)
+
+
 def on_rank_failure(rank: int, world: int, error: BaseException, wait_s: float = 2.0) -> None:
     """In a rank that raised, before it exits (its launcher then ends the others): write
     its record; where a collective raised, ask the others for theirs, waiting up to
@@ -348,10 +367,7 @@ def on_rank_failure(rank: int, world: int, error: BaseException, wait_s: float =
         open(os.path.join(folder, REQUEST), "w").close()
     except OSError:
         return
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and not all(
-            os.path.exists(record_path(folder, r)) for r in range(world)):
-        time.sleep(0.05)
+    _wait_for_records(folder, world, wait_s)
 
 
 def doctor_lines_after(folder: str, world: int) -> list[str]:
@@ -390,7 +406,11 @@ def arm_from_environment() -> None:
 
 
 def print_doctor_lines(folder: str, world: int) -> None:
-    for line in doctor_lines_after(folder, world):
+    print_lines(doctor_lines_after(folder, world))
+
+
+def print_lines(lines: list[str]) -> None:
+    for line in lines:
         sys.stderr.write(f"distkit: hang: {line}\n")
     sys.stderr.flush()
 
@@ -401,3 +421,92 @@ def drop_folder(folder: str) -> None:
     if os.environ.get(FOLDER_VARIABLE) == folder:
         del os.environ[FOLDER_VARIABLE]
     shutil.rmtree(folder, ignore_errors=True)
+
+
+# --- ranks joined to a torchrun / SLURM launch: no supervisor of the kit above them -------
+#
+# The records meet in the run folder, which every node of a cluster already shares (its
+# checkpoints need that): ``<run>/hangs/``. The first rank whose collective fails claims
+# the request file (created exclusively: one claim however many ranks fail at once),
+# asks the others for their records, and prints the lines; the others print none. A rank
+# that only answered (its main thread computing, or still waiting in a collective) then
+# ends itself: torchrun's agent and srun end a rank with SIGTERM, which training only
+# notes until its next iteration, which a stalled rank never reaches (then SIGKILL
+# 30 s later).
+
+HANGS = "hangs"  # inside the run folder
+PRINTED = "hang-printed"  # the rank that printed the lines creates it: the others may end
+JOINED_POLL_S = 0.5  # a stat of the shared folder per rank: slower than the spawned ranks' 0.1 s
+JOINED_WAIT_S = 3.0  # the claiming rank's wait for the records: six polls of the others
+
+_joined: list[threading.Thread] = []
+
+
+def joined_folder(run_dir: str | None) -> str | None:
+    """Where the ranks of a joined launch leave their records: ``<run>/hangs``."""
+    return os.path.join(run_dir, HANGS) if run_dir else None
+
+
+def arm_joined(rank: int, exit_code: int, poll_s: float = JOINED_POLL_S,
+               wait_s: float = JOINED_WAIT_S) -> threading.Thread:
+    """In a rank joined to a torchrun / SLURM launch: a thread that waits for a request
+    in the run folder this process trains in (known once training has named it,
+    :func:`distkit.observe.failures.run_dir_of_this_process`), writes the rank's record,
+    waits for the claiming rank to print (up to ``wait_s`` + 2 s) and ends the process
+    with ``exit_code``. One thread per process however many launches it joins."""
+    if _joined:
+        return _joined[0]
+    main = threading.main_thread().ident
+
+    def watch():
+        while True:
+            folder = joined_folder(run_dir_of_this_process())
+            if folder and os.path.exists(os.path.join(folder, REQUEST)):
+                break
+            time.sleep(poll_s)
+        if not _answer(folder, rank, main):
+            return  # this rank raised: its own failure path reports and ends it
+        deadline = time.monotonic() + wait_s + 2.0
+        while not os.path.exists(os.path.join(folder, PRINTED)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(exit_code)
+
+    thread = threading.Thread(target=watch, name="distkit-hang-records", daemon=True)
+    thread.start()
+    _joined.append(thread)
+    return thread
+
+
+def joined_rank_failed(rank: int, world: int, error: BaseException,
+                       wait_s: float = JOINED_WAIT_S) -> list[str]:
+    """In a joined rank whose training raised ``error``: write its record in the run
+    folder; where a collective failed and no rank claimed the request before, claim it,
+    wait up to ``wait_s`` for every rank's record and return the doctor's lines, which
+    this rank prints (:func:`joined_printed`). [] where it prints none (a claim with no
+    rank in a collective lets the ranks that answered end at once)."""
+    folder = joined_folder(run_dir_of_this_process())
+    if folder is None:  # failed before training named its folder: no place to meet
+        return []
+    write_raised(folder, rank, error)  # an error in its own code too: then no verdict is due
+    if not (in_collective(error) or peer_lost(error)):
+        return []
+    if not _create_once(os.path.join(folder, REQUEST)):
+        return []  # another rank claimed it: that one prints
+    _wait_for_records(folder, world, wait_s)
+    lines = doctor_lines_after(folder, world)
+    if not lines:
+        joined_printed(lines)
+    return lines
+
+
+def joined_printed(lines: list[str]) -> None:
+    """Print the doctor's lines, then let the ranks that answered end."""
+    print_lines(lines)
+    folder = joined_folder(run_dir_of_this_process())
+    if folder:
+        try:
+            open(os.path.join(folder, PRINTED), "w").close()
+        except OSError:
+            pass

@@ -208,7 +208,9 @@ def structure(layout, rank, n, log):
                 f"rank's is needed by none)")
     odd = [(c["op"], c["peer"]) for c in sends if c["peer"] != (rank + 1) % n] + \
           [(c["op"], c["peer"]) for c in recvs if c["peer"] != (rank - 1) % n]
-    if odd and not all(c["peer"] == (rank - 1) % n for c in sends):
+    # a ring turned the other way round is left for the rows to name (a replayed mistake)
+    backwards = all(c["peer"] == (rank - 1) % n for c in sends) and all(c["peer"] == (rank + 1) % n for c in recvs)
+    if odd and not backwards:
         return (f"{where} exchanged blocks with other ranks than its ring neighbours ({odd[:4]}): in a ring, rank "
                 f"r sends only to (r + 1) % N = {(rank + 1) % n} and receives only from (r - 1) % N = "
                 f"{(rank - 1) % n}; each block reaches every rank in N - 1 steps, and no rank collects them")

@@ -258,3 +258,28 @@ def test_the_graders_judge_passes_only_the_right_data(number, references):
         assert status != "passed", f"{what} passed"
 
     judged()
+
+
+def test_13s_judge_names_every_transfer_to_or_from_a_rank_off_the_ring(references):
+    """Each transfer of the reference's record, in every layout with a ring, given every
+    other peer (-1 to N): the grader's judge fails it (on 2 ranks the next rank is also the
+    previous one, and a receive from nowhere once passed there)."""
+    from distkit.grade import outside
+
+    check, parts, check_seed = references("13")
+    reference = outside.to_bytes({"parts": parts, "failure": None})
+    tried = 0
+    for part, ranks in parts.items():
+        n = len(ranks)
+        for rank, r in enumerate(ranks):
+            for at, call in enumerate(r["log"]):
+                if call["op"] not in ("send", "recv", "isend", "irecv"):
+                    continue
+                for peer in set(range(-1, n + 1)) - {call["peer"]}:
+                    spoilt = copy.deepcopy(parts)
+                    spoilt[part][rank]["log"][at]["peer"] = peer
+                    status, message = outside.verdict(check, outside.to_bytes({"parts": spoilt, "failure": None}),
+                                                      reference, check_seed)
+                    assert status == "failed" and "ring neighbours" in message, (part, rank, call, peer, message)
+                    tried += 1
+    assert tried > 100, tried

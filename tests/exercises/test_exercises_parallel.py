@@ -169,8 +169,6 @@ def _spoiled_out(data, out):
 def _spoiled_log(data, number, rank, n, log):
     """The reference's calls changed in one way that makes them wrong (only ways that are
     wrong whatever else the log holds), or junk in the log's shape."""
-    import torch
-
     transfers = [i for i, c in enumerate(log) if c["op"] in ("all_reduce", "send", "recv", "isend", "irecv")]
     how = data.draw(st.sampled_from(["junk entries", "a transfer dropped", "a transfer made twice",
                                      "another op", "another device", "another shape"]
@@ -255,7 +253,7 @@ def test_the_graders_judge_passes_only_the_right_data(number, references):
         what, spoilt = _spoiled(data, number, parts)
         status, message = outside.verdict(check, outside.to_bytes({"parts": spoilt, "failure": None}),
                                           reference, check_seed)
-        assert status != "passed", f"{what} passed"
+        assert status != "passed", f"{what} passed: {message}"
 
     judged()
 

@@ -88,7 +88,8 @@ def on_rank(seed, whos):
     rank, n = idist.get_rank(), idist.get_world_size()
     q, k, v = qkv(seed, n)
     mine, found = [block(t, rank).clone() for t in (q, k, v)], {}
-    for who in sorted(whos, key=lambda w: w != harness.REFERENCE):  # the reference first, as before
+    # the reference first: an answer that leaves a transfer unmatched cannot spoil its run
+    for who in sorted(whos, key=lambda w: w != harness.REFERENCE):
         ex = harness.answer("13", who)
         with torch.no_grad(), harness.DeviceStandIn() as placement, RingRecorder(rank, n) as record:
             out = ex.ring_attention(*[t.clone() for t in mine])

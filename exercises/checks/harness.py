@@ -583,6 +583,23 @@ def same_ranks(got, expected, where: str = "") -> list:
     return got
 
 
+def plain(value, depth: int = 3):
+    """What an answer returned, as data the grader loads with ``torch.load(weights_only=True)``:
+    a tensor (a detached copy), a number, None, or a list or tuple of plain items (strings
+    too); anything else as its ``repr`` (200 characters at most), which is all a message
+    says of it."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, (list, tuple)) and depth > 0:
+        items = [item if isinstance(item, str) else plain(item, depth - 1) for item in value]
+        return items if isinstance(value, list) else tuple(items)
+    if value is None or isinstance(value, (int, float)):
+        return value
+    return repr(value)[:200]
+
+
 def judge_here(check, parts, seed: int) -> None:
     """``distkit check``'s way: each part's learner and reference answers collected in the same
     processes, then judged, one part after the other (the first wrong part stops)."""
@@ -916,6 +933,13 @@ class Recorder:
 
     def ops(self) -> list:
         return [e["op"] for e in self.log]
+
+    def data(self, copies: bool = True) -> list:
+        """The log as plain data (:func:`plain`), for a judge outside the answer's process:
+        each entry's fields but the time, with the copies of the tensors given if asked."""
+        drop = {"time"} if copies else {"time", "copy"}
+        return [{key: plain(value) if key in ("peer", "copy") else value
+                 for key, value in entry.items() if key not in drop} for entry in self.log]
 
     def unwaited(self) -> list:
         """The asynchronous calls (``isend``, ``irecv``, ``async_op=True``) whose handle the

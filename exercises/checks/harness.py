@@ -583,6 +583,31 @@ def same_ranks(got, expected, where: str = "") -> list:
     return got
 
 
+def plain(value):
+    """``value`` as the data a check may send to the grader (which loads tensors, numbers,
+    strings, None and their lists, tuples and dicts, nothing else): numbers of other types
+    (numpy's) as Python's, tensors detached on the CPU, any other object as its repr."""
+    import numbers
+
+    import torch
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
+    return repr(value)
+
+
 def judge_here(check, parts, seed: int) -> None:
     """``distkit check``'s way: each part's learner and reference answers collected in the same
     processes, then judged, one part after the other (the first wrong part stops)."""

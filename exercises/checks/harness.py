@@ -583,20 +583,29 @@ def same_ranks(got, expected, where: str = "") -> list:
     return got
 
 
-def plain(value, depth: int = 3):
-    """What an answer returned, as data the grader loads with ``torch.load(weights_only=True)``:
-    a tensor (a detached copy), a number, None, or a list or tuple of plain items (strings
-    too); anything else as its ``repr`` (200 characters at most), which is all a message
-    says of it."""
+def plain(value):
+    """``value`` as the data a check may send to the grader (which loads tensors, numbers,
+    strings, None and their lists, tuples and dicts, nothing else): numbers of other types
+    (numpy's) as Python's, tensors detached on the CPU, any other object as its repr (200
+    characters at most: all a message says of it)."""
+    import numbers
+
     import torch
 
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, (list, tuple)) and depth > 0:
-        items = [item if isinstance(item, str) else plain(item, depth - 1) for item in value]
-        return items if isinstance(value, list) else tuple(items)
-    if value is None or isinstance(value, (int, float)):
+    if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, dict):
+        return {plain(k): plain(v) for k, v in value.items()}
     return repr(value)[:200]
 
 

@@ -13,6 +13,7 @@ batch 1's gradient; every stage but the first computes on micro-batch 1 before t
 one has arrived; every tensor on ``idist.device()``. A receive or send of another shape,
 or to a rank that is no neighbour, is stopped before gloo gets it (gloo ends the process
 on a size mismatch)."""
+import sys
 import traceback
 
 import pytest
@@ -170,18 +171,40 @@ def portable(value):
     return {"described": harness.describe(value), "tensor": isinstance(value, torch.Tensor)}
 
 
-def on_rank(seed):
+def on_rank(seed, whos):
+    """For the reference: where this rank runs, and the whole model's loss and this stage's
+    gradients on the whole batch (the check's own model, in one process). For the learner:
+    what its pipeline_step left on this stage, returned, and called, per micro-batch count."""
+    found = {}
+    if harness.REFERENCE in whos:
+        found[harness.REFERENCE] = whole_batch(seed)
+    if harness.LEARNER in whos:
+        found[harness.LEARNER] = harness.plain(learner_runs(seed))
+    return found
+
+
+def whole_batch(seed) -> dict:
+    import ignite.distributed as idist
+
+    rank, n = idist.get_rank(), idist.get_world_size()
+    x, y = data(seed)
+    report = {"device": str(idist.device()), "runs": {}}
+    for m in MICRO_COUNTS:
+        whole = stages(seed, n)
+        loss = F.cross_entropy(nn.Sequential(*whole)(x), y)
+        loss.backward()
+        report["runs"][m] = {"wanted": [p.grad.clone() for p in whole[rank].parameters()], "loss": loss.item()}
+    return report
+
+
+def learner_runs(seed) -> dict:
     import ignite.distributed as idist
 
     rank, n = idist.get_rank(), idist.get_world_size()
     x, y = data(seed)
     ex = harness.load("09")
-    report = {"device": str(idist.device()), "runs": {}}
+    report = {"runs": {}}
     for m in MICRO_COUNTS:
-        # the reference: the whole model, the whole batch, one process
-        whole = stages(seed, n)
-        loss = F.cross_entropy(nn.Sequential(*whole)(x), y)
-        loss.backward()
         stage = stages(seed, n)[rank]
         inputs = list(x.chunk(m)) if rank == 0 else None
         targets = list(y.chunk(m)) if rank == n - 1 else None
@@ -199,10 +222,18 @@ def on_rank(seed):
             # blame a send that never happened
             raise harness.ExerciseFailure(unwaited(rank, n, m, record.unwaited()))
         report["runs"][m] = {
-            "wanted": [p.grad.clone() for p in whole[rank].parameters()], "loss": loss.item(),
             "grads": [None if p.grad is None else p.grad.detach().clone() for p in stage.parameters()],
-            "returned": portable(returned), "log": record.log}
+            "returned": portable(returned), "log": [judged(e) for e in record.log]}
     return report
+
+
+# what the judge reads of a recorded call (the rest stays in the learner's process: the
+# learner's data may be only a few times the size of the reference's)
+JUDGED = ("op", "peer", "of", "devices", "dtype", "misplaced")
+
+
+def judged(entry) -> dict:
+    return {key: entry[key] for key in JUDGED if key in entry}
 
 
 def unwaited(rank, n, m, calls) -> str:
@@ -389,7 +420,17 @@ def returned(where, rank, n, run, seed):
     return ""
 
 
-def judge(layout, ranks, seed):
+def merged(got, expected):
+    """The learner's runs of each rank, with where the rank ran and the whole model's loss
+    and gradients from the reference's run (never from the learner's data)."""
+    ranks = []
+    for g, e in zip(harness.same_ranks(got, expected), expected):
+        runs = g["runs"]
+        ranks.append({"device": e["device"], "runs": {m: {**runs[m], **e["runs"][m]} for m in MICRO_COUNTS}})
+    return ranks
+
+
+def judge_layout(layout, ranks, seed):
     n = len(ranks)
     for m in MICRO_COUNTS:
         where = f"on {layout} ({n} stage{'s' if n > 1 else ''}, one per rank), {m} micro-batches"
@@ -412,7 +453,21 @@ def judge(layout, ranks, seed):
 # minute on a loaded 2-core machine, near pytest.ini's 120 s (docs/exercises.md)
 @pytest.mark.timeout(300)
 def test_every_stage_matches_the_whole_model_in_every_layout():
-    seed = harness.check_seed()
-    harness.preload("09")
-    for layout, ranks in harness.each_layout(on_rank, seed, layouts=harness.MULTI_FIRST):
-        judge(layout, ranks, seed)
+    harness.judge_here(sys.modules[__name__], PARTS, harness.check_seed())
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+
+PARTS = tuple(layout[0] for layout in harness.MULTI_FIRST)
+
+
+def collect(part, whos, seed):
+    """``{who: [what each rank gave]}`` in the layout ``part`` names."""
+    harness.preload_for("09", whos)
+    layout = harness.MULTI_FIRST[PARTS.index(part)]
+    return harness.by_who(harness.run_layouts(on_rank, seed, whos, layouts=[layout])[part], whos)
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    judge_layout(part, merged(got, expected), seed)

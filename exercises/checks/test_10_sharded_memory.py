@@ -3,6 +3,8 @@ DDP and under the learner's FSDP sharding, against the learner's prediction, on 
 processes and on 2 nodes x 2 processes; the prediction against the reference solution's
 for world sizes 1 to 8. One process has no FSDP (``fully_shard`` needs a process group):
 there only the prediction is judged."""
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
@@ -41,20 +43,54 @@ def one_adam_step(model):
     return out.detach(), state_bytes(model, optimizer)
 
 
-def on_rank():
+def on_rank(whos):
+    """What this rank measures: for the reference, the run's facts (world size, the model's
+    size, the plain DDP step's bytes and output) and the reference's predictions; for the
+    learner, the learner's predictions and what their ``shard`` leaves on this rank."""
     import ignite.distributed as idist
+
+    world = idist.get_world_size()
+    num_params = sum(p.numel() for p in make_model(world).parameters())
+    found = {}
+    if harness.LEARNER in whos:  # the learner's predictions first, as a learner reads them
+        ex = harness.load("10")
+        found[harness.LEARNER] = harness.plain({
+            "predicted": {s: ex.predict_bytes_per_rank(num_params, world, s) for s in ("ddp", "fsdp")},
+            "predicted_fsdp_4": ex.predict_bytes_per_rank(NUM_PARAMS, 4, "fsdp"),
+            "probes": probed(ex)})
+    if harness.REFERENCE in whos:
+        reference = harness.load_reference("10")
+        ddp_out, ddp = one_adam_step(idist.auto_model(make_model(world)))
+        found[harness.REFERENCE] = {
+            "world": world, "num_params": num_params, "ddp": ddp, "ddp_out": ddp_out,
+            "reference": {s: reference.predict_bytes_per_rank(num_params, world, s) for s in ("ddp", "fsdp")},
+            "largest_layer": max(4 * sum(p.numel() for p in m.parameters())
+                                 for m in make_model(world).modules() if isinstance(m, nn.Linear)),
+            "probes": probed(reference)}
+    if harness.LEARNER in whos:
+        found[harness.LEARNER].update(sharded_run(harness.load("10"), world))
+    return found
+
+
+def probed(module) -> dict:
+    """``module``'s predictions at :data:`PROBES`, per strategy (None where a call raised)."""
+    values = {}
+    for strategy in ("ddp", "fsdp"):
+        values[strategy] = []
+        for n, world in PROBES:
+            try:
+                values[strategy].append(harness.plain(module.predict_bytes_per_rank(n, world, strategy)))
+            except Exception:  # noqa: BLE001 - an answer that fails a probe follows no slip
+                values[strategy].append(None)
+    return values
+
+
+def sharded_run(ex, world) -> dict:
+    """How the learner's ``shard`` left the model on this rank, and one Adam step's bytes."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
-    ex = harness.load("10")
-    world = idist.get_world_size()
-    num_params = sum(p.numel() for p in make_model(world).parameters())
-    report = {"predicted": {s: ex.predict_bytes_per_rank(num_params, world, s) for s in ("ddp", "fsdp")},
-              "predicted_fsdp_4": ex.predict_bytes_per_rank(NUM_PARAMS, 4, "fsdp"),
-              "world": world, "num_params": num_params,
-              "reference": {s: harness.load_reference("10").predict_bytes_per_rank(num_params, world, s)
-                            for s in ("ddp", "fsdp")}}
-    reference_out, report["ddp"] = one_adam_step(idist.auto_model(make_model(world)))
+    report = {}
     sharded = ex.shard(make_model(world))
     if not isinstance(sharded, nn.Module):
         report["returned"] = type(sharded).__name__
@@ -79,14 +115,11 @@ def on_rank():
 
     hooks = [m.register_forward_pre_hook(before_layer) for m in sharded.modules()
              if isinstance(m, nn.Linear)]
-    out, report["fsdp"] = one_adam_step(sharded)
+    report["out"], report["fsdp"] = one_adam_step(sharded)
     for hook in hooks:
         hook.remove()
     report["whole_in_forward"] = max(whole_in_forward, default=(0, 0))
-    report["largest_layer"] = max(4 * sum(p.numel() for p in m.parameters())
-                                  for m in make_model(world).modules() if isinstance(m, nn.Linear))
-    report["same_output"] = torch.allclose(out, reference_out, rtol=0, atol=1e-6)
-    return report
+    return harness.plain(report)
 
 
 # Slips, named only when the answer follows one at the run's point AND at every probe (other
@@ -104,30 +137,53 @@ SLIPS = (
 PROBES = ((1000, 2), (1200, 3), (4096, 4))
 
 
-def explain(strategy, kind, predicted, measured, WORLD=WORLD):
+def explain(strategy, kind, predicted, measured, probes, WORLD=WORLD):
     """The learner's likely mistake, from how the prediction relates to the measurement,
-    confirmed on the probes (kinds are compared in the order params, grads, optimizer: by
-    the optimizer, the first two were right)."""
+    confirmed on the probes (``{"got": the learner's, "want": the reference's}``
+    predictions there; kinds are compared in the order params, grads, optimizer: by the
+    optimizer, the first two were right)."""
     if predicted == 0:
         return f"you predicted no {kind} at all"
     for applies, related, why in SLIPS:
-        if applies(strategy, kind) and related(predicted, measured, WORLD) and \
-                _everywhere(related, strategy, kind):
+        if applies(strategy, kind) and _related(related, predicted, measured, WORLD) and \
+                _everywhere(related, strategy, kind, probes):
             return why.format(world=WORLD)
     return "params and grads take 4 bytes per parameter each, Adam's state 8, divided by the ranks under FSDP"
 
 
-def _everywhere(related, strategy, kind) -> bool:
-    ex, reference = harness.load("10"), harness.load_reference("10")
+def _related(related, got, want, world) -> bool:
     try:
-        return all(related(ex.predict_bytes_per_rank(n, world, strategy)[kind],
-                           reference.predict_bytes_per_rank(n, world, strategy)[kind], world)
-                   for n, world in PROBES)
+        return bool(related(got, want, world))
+    except Exception:  # noqa: BLE001 - a prediction no arithmetic applies to follows no slip
+        return False
+
+
+def _everywhere(related, strategy, kind, probes) -> bool:
+    try:
+        return all(_related(related, got[kind], want[kind], world) for got, want, (_, world)
+                   in zip(probes["got"][strategy], probes["want"][strategy], PROBES, strict=True))
     except Exception:  # noqa: BLE001 - an answer that fails a probe follows no slip
         return False
 
 
-def judge(ranks, where=""):
+def merged(got, expected):
+    """Each rank's report as the checks below read it: the learner's predictions and
+    sharding, with the run's facts and the reference's predictions from the reference's
+    run (never from the learner's data), and whether the outputs are the plain model's."""
+    import torch
+
+    ranks = []
+    for g, e in zip(harness.same_ranks(got, expected), expected):
+        g = g if isinstance(g, dict) else {}
+        out = g.get("out")
+        same = (isinstance(out, torch.Tensor) and out.shape == e["ddp_out"].shape
+                and out.dtype == e["ddp_out"].dtype and torch.allclose(out, e["ddp_out"], rtol=0, atol=1e-6))
+        ranks.append({**{k: v for k, v in g.items() if k not in e}, **e, "same_output": same,
+                      "probes": {"got": g.get("probes"), "want": e["probes"]}})
+    return ranks
+
+
+def judge_layout(ranks, where=""):
     r = ranks[0]
     WORLD, NUM_PARAMS = r["world"], r["num_params"]
     for strategy in ("ddp", "fsdp"):
@@ -189,7 +245,8 @@ def judge(ranks, where=""):
                     raise harness.ExerciseFailure(where +
                         f"under {strategy.upper()} with {WORLD} ranks you predicted {predicted!r} bytes "
                         f"of {kind} per rank; rank {rank} holds {measured} (measured, model of "
-                        f"{NUM_PARAMS} parameters): {explain(strategy, kind, predicted, measured, WORLD)}")
+                        f"{NUM_PARAMS} parameters): "
+                        f"{explain(strategy, kind, predicted, measured, report['probes'], WORLD)}")
     if WORLD != 2:
         return
     four = r["predicted_fsdp_4"]
@@ -201,37 +258,87 @@ def judge(ranks, where=""):
 
 
 def test_predicted_bytes_match_the_measured_ones():
-    harness.preload("10")
-    judge(harness.run_ranks(on_rank))
+    harness.judge_here(sys.modules[__name__], [TWO], harness.check_seed())
 
 
 def test_three_processes_and_two_nodes_hold_their_share():
     """3 processes and 2 nodes x 2 (world size 4, 2 per node): a model whose layers divide
     by 3 and 4, measured and predicted as on 2."""
-    harness.preload("10")
-    for layout, ranks in harness.each_layout(on_rank, layouts=(harness.LAYOUTS[2], harness.LAYOUTS[3])):
-        judge(ranks, f"on {layout}: ")
+    harness.judge_here(sys.modules[__name__], LAYOUT_PARTS, harness.check_seed())
 
 
 def test_prediction_matches_the_reference_for_every_world_size():
-    """A pure function: compared in this process with the reference's, world sizes 1 to 8
-    (1: no sharding at all), for a number of parameters that divides by all of them."""
-    ex, reference = harness.load("10"), harness.load_reference("10")
-    num_params = 840 * 11
-    for world in range(1, 9):
-        for strategy in ("ddp", "fsdp"):
-            want = reference.predict_bytes_per_rank(num_params, world, strategy)
-            try:
-                got = ex.predict_bytes_per_rank(num_params, world, strategy)
-            except NotImplementedError:
-                raise
-            except Exception as error:  # noqa: BLE001 - the learner's error, reported
-                raise harness.ExerciseFailure(
-                    f"predict_bytes_per_rank({num_params}, {world}, {strategy!r}) raised {type(error).__name__}: "
-                    f"{error}") from None
-            differs = harness.difference(want, got, what=f"predict_bytes_per_rank({num_params}, {world}, {strategy!r})")
-            if differs:
-                raise harness.ExerciseFailure(
-                    f"{differs} (the reference solution's: {want}; fp32 params and grads 4 bytes per "
-                    f"parameter each, Adam's two moments 8, all divided by the world size under FSDP "
-                    f"only" + (", and with 1 process nothing is divided" if world == 1 else "") + ")")
+    """A pure function: compared with the reference's, world sizes 1 to 8 (1: no sharding
+    at all), for a number of parameters that divides by all of them."""
+    harness.judge_here(sys.modules[__name__], [EVERY_WORLD], harness.check_seed())
+
+
+PREDICTED_PARAMS = 840 * 11
+PREDICTED_AT = [(world, strategy) for world in range(1, 9) for strategy in ("ddp", "fsdp")]
+
+
+def predictions(module, learner):
+    """``module``'s predictions at :data:`PREDICTED_AT`, in order; for the learner's, where
+    a call raises, the sentence saying so ends the list."""
+    values = []
+    for world, strategy in PREDICTED_AT:
+        if not learner:
+            values.append(module.predict_bytes_per_rank(PREDICTED_PARAMS, world, strategy))
+            continue
+        try:
+            values.append(harness.plain(module.predict_bytes_per_rank(PREDICTED_PARAMS, world, strategy)))
+        except NotImplementedError as error:
+            values.append({"not solved": harness.not_solved_message(error)})
+            break
+        except Exception as error:  # noqa: BLE001 - the learner's error, reported in its turn
+            values.append({"raised": f"predict_bytes_per_rank({PREDICTED_PARAMS}, {world}, {strategy!r}) "
+                                     f"raised {type(error).__name__}: {error}"})
+            break
+    return values
+
+
+def judge_predictions(got, expected):
+    if not isinstance(got, list):
+        raise harness.ExerciseFailure(f"the check's data should be a list, got {harness.describe(got)}")
+    for (world, strategy), want, value in zip(PREDICTED_AT, expected, got):
+        said = value if isinstance(value, dict) and len(value) == 1 else {}
+        if isinstance(said.get("not solved"), str):
+            raise harness.NotSolved(said["not solved"])
+        if isinstance(said.get("raised"), str):
+            raise harness.ExerciseFailure(said["raised"])
+        differs = harness.difference(want, value, what=f"predict_bytes_per_rank({PREDICTED_PARAMS}, {world}, "
+                                                       f"{strategy!r})")
+        if differs:
+            raise harness.ExerciseFailure(
+                f"{differs} (the reference solution's: {want}; fp32 params and grads 4 bytes per "
+                f"parameter each, Adam's two moments 8, all divided by the world size under FSDP "
+                f"only" + (", and with 1 process nothing is divided" if world == 1 else "") + ")")
+    if len(got) != len(expected):
+        raise harness.ExerciseFailure(f"the check's data should hold {len(expected)} predictions, got {len(got)}")
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+
+TWO = "2 processes"
+LAYOUT_PARTS = (harness.LAYOUTS[2][0], harness.LAYOUTS[3][0])
+EVERY_WORLD = "the prediction for world sizes 1 to 8"
+PARTS = (TWO, *LAYOUT_PARTS, EVERY_WORLD)
+
+
+def collect(part, whos, seed):
+    """``{who: [what each rank gave]}`` for a layout, ``{who: [predictions]}`` for the last part."""
+    if part == EVERY_WORLD:
+        return {who: predictions(harness.answer("10", who), who == harness.LEARNER) for who in whos}
+    harness.preload_for("10", whos)
+    if part == TWO:
+        return harness.by_who(harness.run_ranks(on_rank, whos), whos)
+    layout = harness.LAYOUTS[2 + LAYOUT_PARTS.index(part)]
+    return harness.by_who(harness.run_layouts(on_rank, whos, layouts=[layout])[part], whos)
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    if part == EVERY_WORLD:
+        judge_predictions(got, expected)
+    else:
+        judge_layout(merged(got, expected), "" if part == TWO else f"on {part}: ")

@@ -3,6 +3,7 @@ model's gradients, sends one activation per micro-batch, and sits idle for the s
 the step the learner predicted (measured with stages that take a known time)."""
 import math
 import statistics
+import sys
 import time
 
 import pytest
@@ -42,23 +43,50 @@ def _step(ex, module, rank, m, repeat=1):
                             y if rank == STAGES - 1 else None, m)
 
 
-def on_rank():
+def on_rank(whos):
+    """For the reference: the whole model's loss and this stage's gradients on the whole
+    batch (the check's own model, in one process). For the learner: its predictions, its
+    step's gradients, sends and loss, and the bubble measured with stages of a known time."""
+    found = {}
+    if harness.LEARNER in whos:
+        ex = harness.load("11")
+        found[harness.LEARNER] = {"predicted": {m: ex.bubble_fraction(STAGES, m) for m in MEASURED_M},
+                                  "predicted_4_stages": ex.bubble_fraction(4, 8), "probes": probed(ex)}
+    if harness.REFERENCE in whos:
+        found[harness.REFERENCE] = whole_batch()
+    if harness.LEARNER in whos:
+        found[harness.LEARNER] = harness.plain({**found[harness.LEARNER], **learner_steps(ex)})
+    return found
+
+
+def whole_batch() -> dict:
+    import torch.distributed as dist
+
+    reference = whole_model()
+    x, y = data()
+    loss = nn.functional.mse_loss(reference(x), y)
+    loss.backward()
+    return {"loss": loss.item(), "wanted": [p.grad.clone() for p in reference[dist.get_rank()].parameters()]}
+
+
+def probed(ex) -> list:
+    """The learner's ``bubble_fraction`` at :data:`PROBES` (None where it raised)."""
+    values = []
+    for p, m in PROBES:
+        try:
+            values.append(harness.plain(ex.bubble_fraction(p, m)))
+        except Exception:  # noqa: BLE001 - an answer that fails a probe follows no slip
+            values.append(None)
+    return values
+
+
+def learner_steps(ex) -> dict:
     import torch.distributed as dist
 
     from distkit.lessons.pipeline import Timed, busy_fraction
     from distkit.lessons.sharded import CommCounter
 
-    ex = harness.load("11")
-    rank = dist.get_rank()
-    report = {"predicted": {m: ex.bubble_fraction(STAGES, m) for m in MEASURED_M},
-              "predicted_4_stages": ex.bubble_fraction(4, 8)}
-    reference = whole_model()
-    x, y = data()
-    loss = nn.functional.mse_loss(reference(x), y)
-    loss.backward()
-    report["loss"] = loss.item()
-    report["wanted"] = [p.grad.clone() for p in reference[rank].parameters()]
-
+    rank, report = dist.get_rank(), {}
     stage = whole_model()[rank]
     with CommCounter() as comm:
         returned = _step(ex, stage, rank, MICRO)
@@ -89,7 +117,17 @@ def flat(grads):
 
 
 def test_pipeline_step_and_its_bubble():
-    ranks = harness.run_ranks(on_rank)
+    harness.judge_here(sys.modules[__name__], [BUBBLE], harness.check_seed())
+
+
+def merged(got, expected):
+    """The learner's data of each rank, with the whole model's loss and gradients from the
+    reference's run (never from the learner's data)."""
+    return [{**(g if isinstance(g, dict) else {}), "loss": e["loss"], "wanted": e["wanted"]}
+            for g, e in zip(harness.same_ranks(got, expected), expected)]
+
+
+def judge_bubble(ranks):
     for rank, r in enumerate(ranks):
         if any(g is None for g in r["grads"]):
             raise harness.ExerciseFailure(
@@ -170,7 +208,7 @@ def test_pipeline_step_and_its_bubble():
         model = (STAGES - 1) / (m + STAGES - 1)
         if not isinstance(predicted, (int, float)) or isinstance(predicted, bool) or \
                 not math.isclose(predicted, model, rel_tol=1e-6):
-            why = _slip(harness.load("11").bubble_fraction)
+            why = _slip(ranks[0]["probes"])
             raise harness.ExerciseFailure(
                 f"you predicted a bubble of {predicted!r} for {STAGES} stages and {m} micro-batches; "
                 f"measured: {shown} idle (a measurement exceeds the model by the cost of sending "
@@ -200,10 +238,11 @@ SLIPS = (
 PROBES = ((2, 2), (2, 4), (3, 4), (4, 8), (5, 3))
 
 
-def _slip(bubble_fraction) -> str:
+def _slip(probed) -> str:
+    """Which slip the learner's values at the probes (:func:`probed`) follow, if one."""
     for formula, why in SLIPS:
         try:
-            if all(math.isclose(bubble_fraction(p, m), formula(p, m)) for p, m in PROBES):
+            if all(math.isclose(got, formula(p, m)) for got, (p, m) in zip(probed, PROBES, strict=True)):
                 return why
         except Exception:  # noqa: BLE001 - an answer that fails a probe follows no slip
             pass
@@ -231,22 +270,32 @@ def role(index, n):
     return "the first stage" if index == 0 else "the last stage" if index == n - 1 else "a middle stage"
 
 
-def on_rank_deep(seed):
+def on_rank_deep(seed, whos):
     """Rank r runs stage r of as many stages as there are ranks: the reference's step for
     every micro-batch count first, then the learner's, each on a fresh copy of the stage."""
     import ignite.distributed as idist
-    from distkit.lessons.sharded import CommCounter
 
     rank, n = idist.get_rank(), idist.get_world_size()
     x, y = deep_data(seed)
     args = (x if rank == 0 else None, y if rank == n - 1 else None)
-    reference = harness.load_reference("11")
-    report = {"world_size": n, "expected": {}, "got": {}}
-    for m in DEEP_M:
-        stage = deep_stages(seed, n)[rank]
-        loss = reference.pipeline_step(stage, rank, n, *args, m)
-        report["expected"][m] = {"returned": loss, "grads": [p.grad.clone() for p in stage.parameters()]}
-    ex = harness.load("11")
+    found = {}
+    if harness.REFERENCE in whos:
+        reference = harness.load_reference("11")
+        found[harness.REFERENCE] = {"world_size": n, "expected": {}}
+        for m in DEEP_M:
+            stage = deep_stages(seed, n)[rank]
+            loss = reference.pipeline_step(stage, rank, n, *args, m)
+            found[harness.REFERENCE]["expected"][m] = {"returned": harness.plain(loss),
+                                                       "grads": [p.grad.clone() for p in stage.parameters()]}
+    if harness.LEARNER in whos:
+        found[harness.LEARNER] = {"got": learner_deep(seed, rank, n, args)}
+    return found
+
+
+def learner_deep(seed, rank, n, args) -> dict:
+    from distkit.lessons.sharded import CommCounter
+
+    ex, got = harness.load("11"), {}
     for m in DEEP_M:
         stage = deep_stages(seed, n)[rank]
         try:
@@ -263,16 +312,18 @@ def on_rank_deep(seed):
                    if 0 < rank < n - 1 else "")) from None
         if not isinstance(returned, (int, float, type(None))):
             returned = repr(returned)[:200]
-        report["got"][m] = {"returned": returned,
-                            "grads": [None if p.grad is None else p.grad.clone() for p in stage.parameters()],
-                            "sends": [s for kind, s, dtype in comm.log if kind == "send" and dtype == "torch.float32"],
-                            # the transfers of micro-batches, in the order they were posted
-                            "order": [(c["op"], c["peer"]) for c in record.log if c["op"] in
-                                      ("send", "isend", "recv", "irecv") and c["shapes"] == [(DEEP_BATCH // m, WIDTH)]]}
-    return report
+        got[m] = {"returned": returned,
+                  "grads": [None if p.grad is None else p.grad.clone() for p in stage.parameters()],
+                  "sends": [s for kind, s, dtype in comm.log if kind == "send" and dtype == "torch.float32"],
+                  # the transfers of micro-batches, in the order they were posted
+                  "order": [(c["op"], c["peer"]) for c in record.log if c["op"] in
+                            ("send", "isend", "recv", "irecv") and c["shapes"] == [(DEEP_BATCH // m, WIDTH)]]}
+    return harness.plain(got)
 
 
-def judge_deep(layout, ranks, seed):
+def judge_deep(layout, got, expected, seed):
+    ranks = [{"world_size": e["world_size"], "expected": e["expected"], "got": g["got"]}
+             for g, e in zip(harness.same_ranks(got, expected), expected)]
     n = len(ranks)
     for m in DEEP_M:
         where = f"on {layout} ({n} stages, one per rank), n_microbatches={m}"
@@ -330,24 +381,58 @@ def test_three_and_four_stages_match_the_reference():
     """3 processes (3 stages: one in the middle) and 2 nodes x 2 processes (4 stages, two in
     the middle, global ranks that are not local ranks). One process has no pipeline: a
     PipelineStage needs a process group (bubble_fraction(1, m) is checked below)."""
-    seed = harness.check_seed()
-    harness.preload("11")
-    for layout, ranks in harness.each_layout(on_rank_deep, seed, layouts=harness.LAYOUTS[2:]):
-        judge_deep(layout, ranks, seed)
+    harness.judge_here(sys.modules[__name__], DEEP, harness.check_seed())
+
+
+FRACTION_AT = [(stages, m) for stages in (1, 2, 3, 5, 8) for m in (1, 3, 4, 16)]
 
 
 def test_bubble_fraction_matches_the_reference():
-    """A pure function: compared in this process with the reference, stages 1 to 8."""
-    ex, reference = harness.load("11"), harness.load_reference("11")
-    for stages in (1, 2, 3, 5, 8):
-        for m in (1, 3, 4, 16):
-            want, got = reference.bubble_fraction(stages, m), ex.bubble_fraction(stages, m)
-            differs = harness.difference(float(want), got, rtol=1e-9, atol=1e-12,
-                                         what=f"bubble_fraction({stages}, {m})")
-            if differs and (not isinstance(got, (int, float)) or isinstance(got, bool)):
-                raise harness.ExerciseFailure(f"{differs}: return a Python float, the idle share of the step")
-            if differs:
-                raise harness.ExerciseFailure(
-                    f"{differs}: a GPipe step of {m} micro-batches on {stages} stage(s) lasts "
-                    f"{m + stages - 1} slots, of which each stage works {m}"
-                    + (" (one stage alone never waits: 0)" if stages == 1 else ""))
+    """A pure function: compared with the reference, stages 1 to 8."""
+    harness.judge_here(sys.modules[__name__], [FRACTION], harness.check_seed())
+
+
+def judge_fraction(got, expected):
+    if not isinstance(got, list) or len(got) != len(expected):
+        raise harness.ExerciseFailure(f"the check's data should hold {len(expected)} values, got "
+                                      f"{harness.describe(got)}")
+    for (stages, m), want, value in zip(FRACTION_AT, expected, got):
+        differs = harness.difference(float(want), value, rtol=1e-9, atol=1e-12,
+                                     what=f"bubble_fraction({stages}, {m})")
+        if differs and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            raise harness.ExerciseFailure(f"{differs}: return a Python float, the idle share of the step")
+        if differs:
+            raise harness.ExerciseFailure(
+                f"{differs}: a GPipe step of {m} micro-batches on {stages} stage(s) lasts "
+                f"{m + stages - 1} slots, of which each stage works {m}"
+                + (" (one stage alone never waits: 0)" if stages == 1 else ""))
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+
+BUBBLE = "2 stages: gradients, sends and the bubble"
+DEEP = (harness.LAYOUTS[2][0], harness.LAYOUTS[3][0])
+FRACTION = "bubble_fraction against the reference"
+PARTS = (BUBBLE, *DEEP, FRACTION)
+
+
+def collect(part, whos, seed):
+    """``{who: [what each rank gave]}`` for the pipelines, ``{who: [values]}`` for the last part."""
+    if part == FRACTION:
+        return {who: [harness.plain(harness.answer("11", who).bubble_fraction(stages, m))
+                      for stages, m in FRACTION_AT] for who in whos}
+    harness.preload_for("11", whos)
+    if part == BUBBLE:
+        return harness.by_who(harness.run_ranks(on_rank, whos), whos)
+    layout = harness.LAYOUTS[2 + DEEP.index(part)]
+    return harness.by_who(harness.run_layouts(on_rank_deep, seed, whos, layouts=[layout])[part], whos)
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    if part == BUBBLE:
+        judge_bubble(merged(got, expected))
+    elif part == FRACTION:
+        judge_fraction(got, expected)
+    else:
+        judge_deep(part, got, expected, seed)

@@ -320,7 +320,7 @@ def collect(part, whos, seed):
     layout = harness.MULTI_FIRST[PARTS.index(part)]
     found = {}
     if harness.LEARNER in whos:
-        base = tempfile.mkdtemp(prefix="distkit-check-04-")
+        base = fresh_folder(part)
         try:
             found[harness.LEARNER] = distinct_datasets(harness.run_layouts(on_rank, base, layouts=[layout])[part])
         finally:
@@ -333,6 +333,17 @@ def collect(part, whos, seed):
         found[harness.REFERENCE] = {"ranks": [{"node": rank // per_node} for rank in range(world)],
                                     "datasets": [payload]}
     return found
+
+
+def fresh_folder(part):
+    """A new folder for one layout's disks, named by digits only: the learner's messages quote
+    its paths, and a class's report groups the same mistake by its text less the digits."""
+    base = os.path.join(tempfile.gettempdir(), f"distkit-check-04-{os.getpid()}-{PARTS.index(part)}")
+    try:
+        os.makedirs(base)
+    except FileExistsError:  # left by an earlier process of the same id
+        base = tempfile.mkdtemp(prefix="distkit-check-04-")
+    return base
 
 
 def distinct_datasets(ranks):

@@ -1,7 +1,8 @@
 """Checks for exercise 01: ``average_across_ranks`` in every layout (1 process with no
-process group, 2 and 3 processes, 2 nodes x 2 processes), run beside the reference
-solution on the same values in the same processes: fixed values (whose mistakes have a
-name), seeded random ones, and adversarial ones (large, of both signs, not exact in
+process group, 2 and 3 processes, 2 nodes x 2 processes), against the reference solution
+on the same values (in the same processes under ``distkit check``; in a process of its own
+under ``distkit grade``, which judges outside the sandbox): fixed values (whose mistakes
+have a name), seeded random ones, and adversarial ones (large, of both signs, not exact in
 bfloat16 or float16, so a sum in low precision shows)."""
 import math
 import sys

@@ -1,7 +1,7 @@
 """Checks for exercise 02: ``training(local_rank, config)`` on 2 processes.
 
 Each rank trains on a dataset that records which samples it hands out, in which order,
-then reports them with its final weights; the parent compares the ranks and the epochs.
+then reports them with its final weights; the judge compares the ranks and the epochs.
 The check also notes whether ``idist.auto_optim`` was called (ignite's own function
 still runs): on CPUs it returns the optimizer unchanged, so nothing else would show it.
 
@@ -13,7 +13,7 @@ for distributed training compare. The learner's model (a ReLU MLP) and loss
 exact: the check gives ``make_model()``'s layers weights k/8 and the LAST layer zeros, so
 every logit is 0 and softmax is exactly 1/4; the inputs are integers, the batch 16 and the
 lr 1/4, so every product and sum is a short dyadic number and the order in which DDP and
-the ranks add up cannot change a bit (the parent asserts the float64 twin gives the same
+the ranks add up cannot change a bit (the judge asserts the float64 twin gives the same
 weights). The zero last layer sends no gradient to the first layer in that step, so the
 first layer is compared trivially; the training run before it, over several steps,
 compares the ranks with each other, where softmax rounds."""

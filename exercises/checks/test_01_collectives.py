@@ -1,9 +1,11 @@
 """Checks for exercise 01: ``average_across_ranks`` in every layout (1 process with no
-process group, 2 and 3 processes, 2 nodes x 2 processes), run beside the reference
-solution on the same values in the same processes: fixed values (whose mistakes have a
-name), seeded random ones, and adversarial ones (large, of both signs, not exact in
+process group, 2 and 3 processes, 2 nodes x 2 processes), against the reference solution
+on the same values (in the same processes under ``distkit check``; in a process of its own
+under ``distkit grade``, which judges outside the sandbox): fixed values (whose mistakes
+have a name), seeded random ones, and adversarial ones (large, of both signs, not exact in
 bfloat16 or float16, so a sum in low precision shows)."""
 import math
+import sys
 
 import pytest
 
@@ -32,28 +34,44 @@ def inputs(seed, world):
     return [("fixed", FIXED[world]), ("random", uniform), ("adversarial", big)]
 
 
-def on_rank(seed):
-    """The reference's results first (for every set of values), then the learner's: a
-    learner's call that only some ranks make cannot pair with the reference's."""
+def on_rank(seed, whos):
+    """Per answer in ``whos``, the reference's first (a learner's call that only some ranks
+    make cannot pair with the reference's): what ``average_across_ranks`` returned for each
+    set of values, the collectives it ran; and where this rank runs."""
     import ignite.distributed as idist
-    from distkit.lessons.sharded import CommCounter
 
     rank, world = idist.get_rank(), idist.get_world_size()
     sets = inputs(seed, world)
-    reference = harness.load_reference("01")
-    expected = [reference.average_across_ranks(values[rank]) for _, values in sets]
-    ex = harness.load("01")
-    results = []
-    for (name, values), want in zip(sets, expected):
-        with CommCounter() as comm, harness.Recorder() as record:  # which collectives the answer ran
-            got = ex.average_across_ranks(values[rank])
-        kind = harness.describe(got) if isinstance(got, (list, tuple)) else type(got).__name__
-        if not isinstance(got, (int, float, type(None))) and not _is_tensor(got):
-            got = repr(got)[:200]  # whatever it is, the parent gets its text (and kind)
-        results.append({"name": name, "values": values, "value": got, "kind": kind, "expected": want,
-                        "collectives": dict(comm.calls), "log": record.log})
-    return {"sets": results, "nproc_per_node": idist.get_nproc_per_node(),
-            "local_rank": idist.get_local_rank(), "device": str(idist.device())}
+    found = {}
+    for who in sorted(whos, key=lambda who: who != harness.REFERENCE):
+        average = harness.answer("01", who).average_across_ranks
+        found[who] = {"sets": [returned(average, values[rank]) for _, values in sets],
+                      "nproc_per_node": idist.get_nproc_per_node(), "device": str(idist.device())}
+    return found
+
+
+def returned(average, value):
+    """What ``average(value)`` returned, as plain data: a number, None or a tensor as is,
+    anything else as its text (and its kind), with the collectives it ran and their log."""
+    import torch
+    from distkit.lessons.sharded import CommCounter
+
+    with CommCounter() as comm, harness.Recorder() as record:  # which collectives the answer ran
+        got = average(value)
+    kind = harness.describe(got) if isinstance(got, (list, tuple)) else type(got).__name__
+    if isinstance(got, bool) or got is None:
+        pass
+    elif isinstance(got, int):
+        got = int(got)  # a subclass of int or float (numpy's) travels as the number it is
+    elif isinstance(got, float):
+        got = float(got)
+    elif _is_tensor(got):
+        got = got.detach().cpu().as_subclass(torch.Tensor)
+    else:
+        got = repr(got)[:200]  # whatever it is, the judge gets its text (and kind)
+    log = [{"op": c["op"], "devices": list(c.get("devices", ())),
+            "copy": None if c.get("copy") is None else c["copy"].detach().cpu()} for c in record.log]
+    return {"value": got, "kind": kind, "collectives": dict(comm.calls), "log": log}
 
 
 def explain(rank, got, values, kind=None):
@@ -149,9 +167,9 @@ def check_ranks(results, values, where=""):
 
 
 
-def judge(ranks, where, seed):
+def judge_layout(ranks, where, seed):
     """The learner's message for the first thing wrong in one layout (``ranks``: what
-    :func:`on_rank` returned on each rank)."""
+    :func:`merged` gives for each rank)."""
     world = len(ranks)
     for index, (name, values) in enumerate(inputs(seed, world)):
         results = [r["sets"][index] for r in ranks]
@@ -207,26 +225,49 @@ WHERE = {harness.LAYOUTS[0][0]: "with a single process (world size 1, no process
          harness.LAYOUTS[3][0]: "on 2 nodes of 2 processes each (world size 4): "}
 
 
-def _in_layout(index):
-    seed = harness.check_seed()
-    harness.preload("01")
-    layout = harness.LAYOUTS[index]
-    ranks = harness.run_layouts(on_rank, seed, layouts=[layout])[layout[0]]
-    judge(ranks, WHERE[layout[0]], seed)
+def merged(got, expected):
+    """What :func:`judge_layout` judges, for each rank: the learner's results with the
+    reference's beside them, and where the rank ran (the reference's run says that)."""
+    ranks = []
+    for g, e in zip(harness.same_ranks(got, expected), expected):
+        sets = g["sets"]
+        if not isinstance(sets, list) or len(sets) != len(e["sets"]):
+            raise harness.ExerciseFailure(f"the check's data should hold {len(e['sets'])} sets of values, "
+                                          f"got {harness.describe(sets)}")
+        ranks.append({"sets": [{**mine, "expected": theirs["value"]} for mine, theirs in zip(sets, e["sets"])],
+                      "nproc_per_node": e["nproc_per_node"], "device": e["device"]})
+    return ranks
 
 
 def test_one_process_returns_its_value():
-    _in_layout(0)
+    harness.judge_here(sys.modules[__name__], [PARTS[0]], harness.check_seed())
 
 
 def test_every_rank_gets_the_average():
-    _in_layout(1)
+    harness.judge_here(sys.modules[__name__], [PARTS[1]], harness.check_seed())
 
 
 def test_three_processes_get_the_average():
-    _in_layout(2)
+    harness.judge_here(sys.modules[__name__], [PARTS[2]], harness.check_seed())
 
 
 def test_every_rank_of_two_nodes_gets_the_average():
     # 2 nodes x 2 processes: the world size (4) is not the processes per node (2).
-    _in_layout(3)
+    harness.judge_here(sys.modules[__name__], [PARTS[3]], harness.check_seed())
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+
+PARTS = tuple(layout[0] for layout in harness.LAYOUTS)
+
+
+def collect(part, whos, seed):
+    """``{who: [what each rank's answer gave]}`` in the layout ``part`` names."""
+    harness.preload_for("01", whos)
+    layout = harness.LAYOUTS[PARTS.index(part)]
+    return harness.by_who(harness.run_layouts(on_rank, seed, whos, layouts=[layout])[part], whos)
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    judge_layout(merged(got, expected), WHERE[part], seed)

@@ -1,7 +1,7 @@
 """Checks for exercise 02: ``training(local_rank, config)`` on 2 processes.
 
 Each rank trains on a dataset that records which samples it hands out, in which order,
-then reports them with its final weights; the parent compares the ranks and the epochs.
+then reports them with its final weights; the judge compares the ranks and the epochs.
 The check also notes whether ``idist.auto_optim`` was called (ignite's own function
 still runs): on CPUs it returns the optimizer unchanged, so nothing else would show it.
 
@@ -13,12 +13,13 @@ for distributed training compare. The learner's model (a ReLU MLP) and loss
 exact: the check gives ``make_model()``'s layers weights k/8 and the LAST layer zeros, so
 every logit is 0 and softmax is exactly 1/4; the inputs are integers, the batch 16 and the
 lr 1/4, so every product and sum is a short dyadic number and the order in which DDP and
-the ranks add up cannot change a bit (the parent asserts the float64 twin gives the same
+the ranks add up cannot change a bit (the judge asserts the float64 twin gives the same
 weights). The zero last layer sends no gradient to the first layer in that step, so the
 first layer is compared trivially; the training run before it, over several steps,
 compares the ranks with each other, where softmax rounds."""
 import copy
 import functools
+import sys
 
 import pytest
 import torch
@@ -82,7 +83,7 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
     real_set_epoch = DistributedSampler.set_epoch
 
     def recording_set_epoch(sampler, epoch):
-        set_epoch_calls.append((epoch, sampler.shuffle))
+        set_epoch_calls.append((plain_number(epoch), sampler.shuffle))
         return real_set_epoch(sampler, epoch)
 
     # what the loader and the trainer were asked for: a missing shuffle=True only shows
@@ -138,6 +139,18 @@ def on_rank(n_samples=None, global_batch=None, exact=None):
         "set_epoch": set_epoch_calls,
         "asked": asked,
     }
+
+
+def plain_number(value):
+    """``value`` as data any process can read back: a number or tensor as it is (numpy's as
+    the number it is), anything else as its text."""
+    import numbers
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().as_subclass(torch.Tensor)
+    if isinstance(value, bool) or not isinstance(value, numbers.Number):
+        return value if isinstance(value, (bool, str, type(None))) else repr(value)
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def check_returned(returned):
@@ -223,23 +236,28 @@ def one_process_step(make_model, dtype, batch=EXACT_BATCH):
     return harness.flat_weights(model)
 
 
-def compare_with_one_process(r, world_size, batch=EXACT_BATCH, rtol=0.0):
-    """Rank 0's weights after the exact step against the one-process reference."""
+def compare_with_one_process(r, world_size, reference, batch=EXACT_BATCH, rtol=0.0):
+    """Rank 0's weights after the exact step against the one-process reference
+    (``reference``: :func:`one_process_step` of the reference's ``make_model`` in float32
+    and in float64)."""
     where = (f"after ONE step of training on {world_size} processes (epochs=1, a dataset of "
              f"exactly one global batch of {batch}, lr={EXACT_LR})")
     if r["start"] is None:
         raise harness.ExerciseFailure(
             f"{where}, training never called make_model(): build the model with it and wrap it "
             f"with idist.auto_model")
-    make_model = harness.load("02").make_model
-    want = one_process_step(make_model, torch.float32, batch)
+    want = reference["float32"]
     # The bitwise comparison is fair only if fp32 rounded nothing: the float64 twin must
     # give the same numbers (a change of model or data that breaks it fails here). With 3
     # processes the mean divides by 3, which rounds: there a tolerance of a few float32
     # roundings (rtol) replaces equality.
-    assert rtol or torch.equal(want.double(), one_process_step(make_model, torch.float64, batch)), \
+    assert rtol or torch.equal(want.double(), reference["float64"]), \
         "check bug: the one-process reference step is not exact in fp32"
     got, start = r["after"], r["start"]
+    if got.shape != want.shape or start.shape != want.shape:
+        raise harness.ExerciseFailure(
+            f"{where}, rank 0's model has {got.numel()} weights, the given make_model()'s {want.numel()}: "
+            f"make_model() is given, do not change it")
     if torch.equal(got, want) or (rtol and torch.allclose(got, want, rtol=rtol, atol=rtol)):
         return
     moved, should = got - start, want - start  # exact: short dyadic numbers
@@ -326,7 +344,12 @@ def check_replicas_equal(ranks, layout):
 
 
 def test_training_shards_data_and_keeps_replicas_equal():
-    ranks = harness.run_ranks(on_rank)
+    harness.judge_here(sys.modules[__name__], [TWO], harness.check_seed())
+
+
+def judge_two_processes(ranks, reference):
+    """2 processes (started by ``idist.Parallel``): the shards, the reshuffle, what was asked of
+    ignite, the replicas, the optimizer, the exact step, and that the model learned."""
     per_rank = N_SAMPLES // len(ranks)
     check_batch_per_rank(ranks, GLOBAL_BATCH)
     for epoch in range(EPOCHS):
@@ -390,7 +413,7 @@ def test_training_shards_data_and_keeps_replicas_equal():
                 f"idist.auto_optim, not the one it returned: on TPUs and with Horovod auto_optim "
                 f"returns a new optimizer whose step is the distributed one. Use what it returns: "
                 f"optimizer = idist.auto_optim(torch.optim.SGD(...)), and give THAT to the trainer")
-    compare_with_one_process(ranks[0]["exact_step"], len(ranks))
+    compare_with_one_process(ranks[0]["exact_step"], len(ranks), reference)
     r = ranks[0]
     if not r["final_loss"] < 0.8 * r["initial_loss"]:
         raise harness.ExerciseFailure(
@@ -403,15 +426,16 @@ def test_one_process_and_two_nodes_train_like_one_process():
     """The same training function with no process group at all (a plain `python train.py`)
     and on 2 nodes x 2 processes (world size 4, 2 per node, local ranks 0 1 0 1): the
     batch per process, replicas equal, and the exact step equal to one process's."""
-    harness.preload("02")
-    for layout, ranks in harness.each_layout(on_rank, layouts=[harness.LAYOUTS[3], harness.LAYOUTS[0]]):
-        world = len(ranks)
-        check_batch_per_rank(ranks, GLOBAL_BATCH, f"on {layout}, ")
-        check_replicas_equal(ranks, layout)
-        try:
-            compare_with_one_process(ranks[0]["exact_step"], world)
-        except harness.ExerciseFailure as failure:
-            raise harness.ExerciseFailure(f"on {layout}: {failure}") from None
+    harness.judge_here(sys.modules[__name__], [NODES, ONE], harness.check_seed())
+
+
+def judge_like_one_process(layout, ranks, reference):
+    check_batch_per_rank(ranks, GLOBAL_BATCH, f"on {layout}, ")
+    check_replicas_equal(ranks, layout)
+    try:
+        compare_with_one_process(ranks[0]["exact_step"], len(ranks), reference)
+    except harness.ExerciseFailure as failure:
+        raise harness.ExerciseFailure(f"on {layout}: {failure}") from None
 
 
 # 3 processes: 64 samples (not a multiple of 3: DistributedSampler pads them to 66, 22 per
@@ -424,9 +448,11 @@ def test_three_processes_train_like_one_process():
     """3 processes on a dataset that does not divide by them: every rank reads its padded
     share every epoch, together every sample; the step is compared with one process's within
     float32 rounding (the mean over 3 ranks rounds)."""
-    harness.preload("02")
+    harness.judge_here(sys.modules[__name__], [THREE_PROCESSES], harness.check_seed())
+
+
+def judge_three_processes(ranks, reference):
     layout = harness.LAYOUTS[2]
-    ranks = harness.run_layouts(on_rank, *THREE.values(), layouts=[layout])[layout[0]]
     world, batch, n = len(ranks), THREE["global_batch"], THREE["n_samples"]
     per_rank = -(-n // world)  # DistributedSampler's share, padded
     padding = per_rank * world - n
@@ -459,6 +485,48 @@ def test_three_processes_train_like_one_process():
                         f"its own shard")
     check_replicas_equal(ranks, layout[0])
     try:
-        compare_with_one_process(ranks[0]["exact_step"], world, THREE["exact"], rtol=1e-6)
+        compare_with_one_process(ranks[0]["exact_step"], world, reference, THREE["exact"], rtol=1e-6)
     except harness.ExerciseFailure as failure:
         raise harness.ExerciseFailure(f"on {layout[0]}: {failure}") from None
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+# The reference's half is one step of plain SGD in one process from the reference's
+# make_model(), the step every layout's rank 0 must equal; the learner's half is what each
+# rank's training did (samples fetched, ignite calls noted, weights).
+
+LAYOUT = {layout[0]: layout for layout in harness.LAYOUTS}
+TWO, NODES, ONE, THREE_PROCESSES = (harness.LAYOUTS[i][0] for i in (1, 3, 0, 2))
+PARTS = (TWO, NODES, ONE, THREE_PROCESSES)  # the order of the tests above
+
+
+def collect(part, whos, seed):
+    """``{who: data}`` for one layout: the learner's ranks, the reference's one-process step."""
+    found = {}
+    if harness.LEARNER in whos:
+        harness.preload_for("02", (harness.LEARNER,))
+        if part == TWO:  # started by idist.Parallel, as a notebook's cell starts them
+            ranks = harness.run_ranks(on_rank)
+        else:
+            args = THREE.values() if part == THREE_PROCESSES else ()
+            ranks = harness.run_layouts(on_rank, *args, layouts=[LAYOUT[part]])[part]
+        # only rank 0's exact step is judged
+        found[harness.LEARNER] = [{k: v for k, v in r.items() if rank == 0 or k != "exact_step"}
+                                  for rank, r in enumerate(ranks)]
+    if harness.REFERENCE in whos:
+        make_model = harness.load_reference("02").make_model
+        batch = THREE["exact"] if part == THREE_PROCESSES else EXACT_BATCH
+        found[harness.REFERENCE] = {"float32": one_process_step(make_model, torch.float32, batch),
+                                    "float64": one_process_step(make_model, torch.float64, batch)}
+    return found
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    ranks = harness.same_ranks(got, [None] * (LAYOUT[part][1] * LAYOUT[part][2]))
+    if part == TWO:
+        judge_two_processes(ranks, expected)
+    elif part == THREE_PROCESSES:
+        judge_three_processes(ranks, expected)
+    else:
+        judge_like_one_process(part, ranks, expected)

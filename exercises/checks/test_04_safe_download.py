@@ -15,6 +15,9 @@ True as soon as the file exists) always reads the file too early, however fast t
 download would have been. What each process returns is compared with the reference's
 ``load``."""
 import os
+import shutil
+import sys
+import tempfile
 import time
 
 import pytest
@@ -26,6 +29,9 @@ pytestmark = pytest.mark.ex04
 
 def node_root(base, node):
     return os.path.join(base, f"node{node}", "data")
+
+
+DATA_FILE = "numbers.bin"  # the given code's file (the stub's and the reference's)
 
 
 HOLD_S = 3.0  # the longest a download waits for the node's other processes, before and half-way
@@ -68,8 +74,10 @@ def mark(state, kind):
 
 
 def on_rank(base):
+    """What the learner's ``get_dataset`` did on this rank, call after call: whether it
+    waited in a collective, what it returned or raised, and the downloads into this node's
+    folder (paths relative to ``base``), as plain data."""
     import ignite.distributed as idist
-    import torch.distributed as dist
 
     ex = harness.load("04")
     root = node_root(base, idist.get_node_rank())  # this node's own disk
@@ -89,26 +97,25 @@ def on_rank(base):
         finally:
             state["downloading"] = False
             with open(times_file(root), "a") as f:
-                f.write(f"{idist.get_rank()} {start} {time.time()} {os.path.abspath(where)}\n")
+                f.write(f"{idist.get_rank()} {start} {time.time()} {os.path.relpath(where, base)}\n")
 
     ex.download = timed_download
     real_time = ex.time
     ex.time = HeldTime(real_time, state)
-    expected = harness.load_reference("04").PAYLOAD
     outcome = []
     # a first run finds no dataset, a second finds it; with several nodes, two more find it
     # on one node only (the other's disk was wiped): the nodes disagree about what is there
     lacking = [None, None] + ([1, 0] if idist.get_nnodes() > 1 else [])
     for attempt, wiped in enumerate(lacking):
         idist.barrier()  # start together, as the processes of a real run do
-        dataset = os.path.join(root, harness.load_reference("04").DATA_FILE)
+        dataset = os.path.join(root, DATA_FILE)
         if wiped is not None and node == wiped and idist.get_local_rank() == 0 and os.path.exists(dataset):
             os.remove(dataset)
         state["marks"] = f"{root.rstrip('/')}-marks{attempt}"  # beside root: the learner owns root
         os.makedirs(state["marks"], exist_ok=True)
         before = len(downloads(root))
         idist.barrier()
-        outcome.append({**one_call(ex, root, state, expected), "lacking": wiped})
+        outcome.append(one_call(ex, root, state))
         # Every rank takes part in these collectives, whatever happened to it.
         failed = idist.all_reduce(float(outcome[-1]["error"] is not None)) > 0
         outcome[-1]["downloads_now"] = downloads(root)[before:]  # this call's, into this node's folder
@@ -116,10 +123,10 @@ def on_rank(base):
             break
         idist.barrier()
         outcome[-1]["downloads_so_far"] = downloads(root)
-    return {"outcome": outcome, "node": idist.get_node_rank()}
+    return {"outcome": outcome, "downloads_at_end": downloads(root)}
 
 
-def one_call(ex, root, state, expected):
+def one_call(ex, root, state):
     """Call the answer's get_dataset once, noting whether it waited in a collective."""
     import torch.distributed as dist
 
@@ -137,7 +144,7 @@ def one_call(ex, root, state, expected):
         setattr(dist, name, noting(name, original))
     try:
         data = ex.get_dataset(root)
-        return {"error": None, "problem": returned_problem(data, expected), "waited": bool(waited)}
+        return {"error": None, "returned": returned(data), "waited": bool(waited)}
     except ex.IncompleteDataset as error:
         return {"error": str(error), "waited": bool(waited)}
     finally:
@@ -146,21 +153,27 @@ def one_call(ex, root, state, expected):
         mark(state, "left")
 
 
-def returned_problem(data, payload):
-    """None when ``data`` is the dataset as the reference's load() returns it (a uint8
-    tensor of the payload's bytes), else what it is."""
+def returned(data):
+    """What ``get_dataset`` returned, for the judge: a tensor as it is, anything else in words."""
     import torch
 
-    expected = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    found = harness.difference(expected, data, what="the dataset")
-    if found is None:
-        return None
+    if isinstance(data, torch.Tensor):
+        return data.detach().cpu().as_subclass(torch.Tensor)
+    shown = harness.describe(data)
+    if data is not None and not isinstance(data, (list, tuple)):
+        shown = f"{shown} ({type(data).__name__})"
+    return shown
+
+
+def returned_problem(data, payload):
+    """None when ``data`` (what :func:`returned` made of what a call returned) is the
+    dataset as the reference's load() returns it (``payload``, a uint8 tensor of its
+    bytes), else what it is."""
+    import torch
+
     if not isinstance(data, torch.Tensor):
-        shown = harness.describe(data)
-        if data is not None and not isinstance(data, (list, tuple)):
-            shown = f"{shown} ({type(data).__name__})"
-        return f"{shown}, not the dataset ({harness.describe(expected)})"
-    return found
+        return f"{data}, not the dataset ({harness.describe(payload)})"
+    return harness.difference(payload, data, what="the dataset")
 
 
 def times_file(root):
@@ -176,18 +189,20 @@ def downloads(root):
     return [(int(r[0]), float(r[1]), float(r[2]), " ".join(r[3:])) for r in rows]
 
 
-def judge(layout, ranks, base):
+def judge_layout(layout, ranks):
+    """The learner's message for the first thing wrong in one layout (``ranks``: what
+    :func:`merged` gives for each rank)."""
     nodes = sorted({r["node"] for r in ranks})
     on = f"on {layout}"
     for node in nodes:
         members = [rank for rank, r in enumerate(ranks) if r["node"] == node]
         where = f"{on}, node {node} (ranks {members[0]}..{members[-1]}, its own folder)" if len(nodes) > 1 else on
-        root = node_root(base, node)
-        first = ranks[members[0]]["outcome"][0].get("downloads_so_far") or downloads(root)
-        elsewhere = [d for d in first if d[3] != os.path.abspath(root)]
+        root = node_root("", node)  # where its downloads go, relative to the run's folder
+        first = ranks[members[0]]["outcome"][0].get("downloads_so_far") or ranks[members[0]]["downloads_at_end"]
+        elsewhere = [d for d in first if d[3] != root]
         if elsewhere:
             raise harness.ExerciseFailure(
-                f"{where}: {_downloaded_into(first, base)}, not into root ({os.path.relpath(root, base)}): "
+                f"{where}: {_downloaded_into(first)}, not into root ({root}): "
                 + (f"{len(first)} downloads on one node where one is enough. " if len(first) > 1 else "the "
                    "node's other processes look for the dataset in root. ") +
                 f"Download into root itself, once per node (local rank 0, inside "
@@ -281,14 +296,92 @@ def disagreeing(on, ranks, attempt):
                 f"{', '.join(str(d[0]) for d in now)}): once per node is enough. " + advice[0].upper() + advice[1:])
 
 
-def _downloaded_into(found, base):
+def _downloaded_into(found):
     """'rank 0 downloaded into node0/data/rank0 and rank 1 into node0/data/rank1'."""
-    parts = [f"rank {d[0]} into {os.path.relpath(d[3], base)}" for d in sorted(found)]
+    parts = [f"rank {d[0]} into {d[3]}" for d in sorted(found)]
     return parts[0].replace(" into ", " downloaded into ", 1) + "".join(f" and {p}" for p in parts[1:])
 
 
-def test_one_download_per_node_and_nobody_reads_too_early(tmp_path):
-    for index, layout in enumerate(harness.MULTI_FIRST):
-        base = str(tmp_path / f"run{index}")  # every layout its own fresh disks
-        for name, ranks in harness.each_layout(on_rank, base, layouts=[layout]):
-            judge(name, ranks, base)
+def test_one_download_per_node_and_nobody_reads_too_early():
+    harness.judge_here(sys.modules[__name__], PARTS, harness.check_seed())
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+# The reference's half is the dataset its load() returns, for each rank of the layout: the
+# check judges the learner's downloads by their moments, as no run of the reference's
+# get_dataset could show (and one would double the check's time).
+
+PARTS = tuple(layout[0] for layout in harness.MULTI_FIRST)
+
+
+def collect(part, whos, seed):
+    """``{who: {"ranks": [what each rank did], "datasets": [the distinct tensors returned]}}``
+    in the layout ``part`` names, on fresh folders (one per node)."""
+    layout = harness.MULTI_FIRST[PARTS.index(part)]
+    found = {}
+    if harness.LEARNER in whos:
+        base = fresh_folder(part)
+        try:
+            found[harness.LEARNER] = distinct_datasets(harness.run_layouts(on_rank, base, layouts=[layout])[part])
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+    if harness.REFERENCE in whos:
+        import torch
+
+        payload = torch.frombuffer(bytearray(harness.load_reference("04").PAYLOAD), dtype=torch.uint8)
+        world, per_node = layout[1] * layout[2], layout[2]
+        found[harness.REFERENCE] = {"ranks": [{"node": rank // per_node} for rank in range(world)],
+                                    "datasets": [payload]}
+    return found
+
+
+def fresh_folder(part):
+    """A new folder for one layout's disks, named by digits only: the learner's messages quote
+    its paths, and a class's report groups the same mistake by its text less the digits."""
+    base = os.path.join(tempfile.gettempdir(), f"distkit-check-04-{os.getpid()}-{PARTS.index(part)}")
+    try:
+        os.makedirs(base)
+    except FileExistsError:  # left by an earlier process of the same id
+        base = tempfile.mkdtemp(prefix="distkit-check-04-")
+    return base
+
+
+def distinct_datasets(ranks):
+    """``ranks`` with each returned tensor replaced by its index in a list of the distinct
+    ones: every process returns the same 16 KiB, sent once."""
+    import torch
+
+    datasets = []
+    for r in ranks:
+        for o in r["outcome"]:
+            data = o.get("returned")
+            if isinstance(data, torch.Tensor):
+                same = [i for i, d in enumerate(datasets) if d.dtype == data.dtype and d.shape == data.shape
+                        and torch.equal(d, data)]
+                o["returned"] = same[0] if same else len(datasets)
+                if not same:
+                    datasets.append(data)
+    return {"ranks": ranks, "datasets": datasets}
+
+
+def merged(part, got, expected):
+    """What :func:`judge_layout` judges, for each rank: the learner's calls, each with what
+    its return is not (``problem``) and which node's disk had lost the dataset before it;
+    where the rank ran (the layout says that, not the learner's data)."""
+    nnodes = harness.MULTI_FIRST[PARTS.index(part)][1]
+    lacking = [None, None] + ([1, 0] if nnodes > 1 else [])
+    payload, datasets = expected["datasets"][0], got["datasets"]
+    ranks = []
+    for r, e in zip(harness.same_ranks(got["ranks"], expected["ranks"]), expected["ranks"]):
+        outcome = [{**o, "lacking": wiped} for o, wiped in zip(r["outcome"], lacking)]
+        for o in outcome:
+            if o["error"] is None:
+                data = o["returned"]
+                o["problem"] = returned_problem(datasets[data] if type(data) is int else data, payload)
+        ranks.append({"node": e["node"], "outcome": outcome, "downloads_at_end": r["downloads_at_end"]})
+    return ranks
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    judge_layout(part, merged(part, got, expected))

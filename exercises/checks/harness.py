@@ -606,15 +606,16 @@ _DEEPEST = 12
 
 def outcome(what: str, function, *args, advice=lambda error: "") -> dict:
     """``function(*args)`` as data: ``{"returned": plain(value)}``, or ``{"raised": type name,
-    "text": str(error), "message": what :func:`call_answer` would say}``. A stub's
+    "classes": the names of its classes (a ValueError's subclass lists "ValueError"), "text":
+    str(error), "message": what :func:`call_answer` would say}``. A stub's
     ``NotImplementedError`` goes on to read "not solved yet"."""
     try:
         return {"returned": plain(function(*args))}
     except NotImplementedError:
         raise
     except Exception as error:  # noqa: BLE001 - the judge decides what an error means
-        return {"raised": type(error).__name__, "text": str(error)[:500],
-                "message": _raised_message(what, error, advice)[:2000]}
+        return {"raised": type(error).__name__, "classes": [c.__name__ for c in type(error).__mro__],
+                "text": str(error)[:500], "message": _raised_message(what, error, advice)[:2000]}
 
 
 def plain(value, depth: int = 0):

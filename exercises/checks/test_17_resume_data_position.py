@@ -8,8 +8,11 @@ stops anywhere, at an epoch's end too); the reference's dealing against
 functions against the run that never stopped: every position of the epoch trained once,
 the same global batches. A difference is described in the terms of the task (a position
 trained twice, one skipped, a global batch changed); the usual mistakes are named once a
-replay of them matches. Hypothesis shrinks a failing layout to a small one, and its seed
-is the check's (``DISTKIT_CHECK_SEED`` replays it).
+replay of them matches. Hypothesis draws the layouts from the check's seed
+(``DISTKIT_CHECK_SEED`` replays them) and they are judged smallest first, so the first
+failing layout is a small one: nothing is shrunk, because the check comes in two halves
+(collect runs the answers on the layouts, judge draws the same layouts again and compares)
+and distkit grade runs the halves in different processes.
 """
 import functools
 import math

@@ -380,7 +380,7 @@ def whole_outcomes(ex, stop) -> dict:
     args = (stop.world_size, stop.batch_per_rank, stop.new_world_size)
     found["batch"] = harness.outcome(batch_case(*args), ex.new_batch_per_rank, *args)
     position, per_rank = found["position"].get("returned"), found["batch"].get("returned")
-    if isinstance(position, tuple) and len(position) == 2 and is_int(position[1]) and is_int(per_rank) \
+    if isinstance(position, (tuple, list)) and len(position) == 2 and is_int(position[1]) and is_int(per_rank) \
             and per_rank > 0:
         found["batches"] = ranks_outcomes(ex, position[1], stop.epoch_size, stop.new_world_size, per_rank)
     return found

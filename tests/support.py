@@ -163,12 +163,45 @@ def kit_check(number: str):
         return check_module(REPO_ROOT / "exercises" / "checks", number)
 
 
+# --- a check in two halves: data the grader's judge must never accept ----------------------
+
+def judged_outside(check, part: str, got, expected, seed: int) -> str:
+    """``"passed"`` or ``"failed"``: the grader's verdict on one part of a check in two halves,
+    the learner's data ``got`` read back as the grader reads it (:func:`distkit.grade.outside.verdict`
+    judges the parts in order; this judges one, in a fraction of the time)."""
+    from distkit.grade import outside
+
+    got = outside.from_bytes(outside.to_bytes({"parts": {part: got}}))["parts"][part]
+    try:
+        check.judge(part, got, expected, seed)
+    except Exception:  # noqa: BLE001 - the verdict's "failed", whatever the judge raised
+        return "failed"
+    return "passed"
+
+
 def plain_data():
-    """Hypothesis's strategy for the plain data (None, numbers, short strings, lists and
-    dicts of them) a learner's process could write in place of a check's collected data."""
+    """Hypothesis: any plain data a learner's process could write in place of an answer's."""
     from hypothesis import strategies as st
 
-    return st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
-                        lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
-                                                                                       max_size=3),
-                        max_leaves=10)
+    leaf = st.none() | st.booleans() | st.integers(-3, 60) | st.floats() | st.text(max_size=6)
+    return st.recursive(leaf, lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+                        | st.dictionaries(st.text(max_size=8), inner, max_size=3), max_leaves=12)
+
+
+def outcomes():
+    """Hypothesis: what ``harness.outcome`` gives, with drawn contents (or anything else)."""
+    from hypothesis import strategies as st
+
+    raised = st.fixed_dictionaries({"raised": st.text(max_size=12), "text": st.text(max_size=8),
+                                    "classes": st.lists(st.sampled_from(["ValueError", "Exception", "x"]), max_size=3),
+                                    "message": st.text(max_size=20)})
+    return st.fixed_dictionaries({"returned": plain_data()}) | raised | plain_data()
+
+
+def as_lists(value):
+    """``value`` with its tuples as lists: two data that differ only there may be judged alike."""
+    if isinstance(value, (list, tuple)):
+        return [as_lists(v) for v in value]
+    if isinstance(value, dict):
+        return {k: as_lists(v) for k, v in value.items()}
+    return value

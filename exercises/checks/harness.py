@@ -124,10 +124,13 @@ def call_answer(what: str, function, *args, advice=lambda error: ""):
     except NotImplementedError:
         raise
     except Exception as error:  # noqa: BLE001 - any error of the answer is reported, not crashed on
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if _in_exercise_file(f.filename)]
-        at = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
-        raise ExerciseFailure(f"{what} raised {type(error).__name__}: {error}{at}.{advice(error)}"
-                              f"{what_it_means(str(error))}") from None
+        raise ExerciseFailure(_raised_message(what, error, advice)) from None
+
+
+def _raised_message(what: str, error: BaseException, advice) -> str:
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if _in_exercise_file(f.filename)]
+    at = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames else ""
+    return f"{what} raised {type(error).__name__}: {error}{at}.{advice(error)}{what_it_means(str(error))}"
 
 
 def not_solved_message_from(where, error_type="NotImplementedError") -> str:
@@ -583,38 +586,99 @@ def same_ranks(got, expected, where: str = "") -> list:
     return got
 
 
-def plain(value):
-    """``value`` as the data a check may send to the grader (which loads tensors, numbers,
-    strings, None and their lists, tuples and dicts, nothing else): numbers of other types
-    (numpy's) as Python's, tensors detached on the CPU, any other object as its repr (200
-    characters at most: all a message says of it)."""
-    import numbers
-
-    import torch
-
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, tuple):
-        return tuple(plain(v) for v in value)
-    if isinstance(value, list):
-        return [plain(v) for v in value]
-    if isinstance(value, dict):
-        return {plain(k): plain(v) for k, v in value.items()}
-    return repr(value)[:200]
-
-
 def judge_here(check, parts, seed: int) -> None:
     """``distkit check``'s way: each part's learner and reference answers collected in the same
     processes, then judged, one part after the other (the first wrong part stops)."""
     for part in parts:
         data = check.collect(part, (LEARNER, REFERENCE), seed)
         check.judge(part, data[LEARNER], data[REFERENCE], seed)
+
+
+# --- an answer's result as plain data, for a judge that runs no learner's code ---------------
+# The grader reads a learner's data with torch.load(weights_only=True): numbers, strings,
+# None, tensors, lists, tuples and dicts. Whatever else an answer returns (a generator, a
+# numpy array, an object) travels as [FOREIGN, its type's name, its repr], which the judge
+# turns back into a stand-in that equals nothing: enough for the message, never a pass.
+
+FOREIGN = "<not plain data>"
+_DEEPEST = 12
+
+
+def outcome(what: str, function, *args, advice=lambda error: "") -> dict:
+    """``function(*args)`` as data: ``{"returned": plain(value)}``, or ``{"raised": type name,
+    "classes": the names of its classes (a ValueError's subclass lists "ValueError"), "text":
+    str(error), "message": what :func:`call_answer` would say}``. A stub's
+    ``NotImplementedError`` goes on to read "not solved yet"."""
+    try:
+        return {"returned": plain(function(*args))}
+    except NotImplementedError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the judge decides what an error means
+        return {"raised": type(error).__name__, "classes": [c.__name__ for c in type(error).__mro__],
+                "text": str(error)[:500], "message": _raised_message(what, error, advice)[:2000]}
+
+
+def plain(value, depth: int = 0):
+    """``value`` as data the grader reads back: Python's numbers (a numpy scalar's too), strings,
+    tensors and containers of them; anything else as ``[FOREIGN, type name, repr]``."""
+    import numbers
+
+    import torch
+
+    if value is None or type(value) in (bool, int, float, str):
+        return value
+    if depth > _DEEPEST:
+        return [FOREIGN, type(value).__name__, "..."]
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (float, str)):  # numpy's float64 is a float
+        return float(value) if isinstance(value, float) else str.__str__(value)
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, (list, tuple)):
+        items = [plain(v, depth + 1) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        return {plain(k, depth + 1): plain(v, depth + 1) for k, v in value.items()}
+    return [FOREIGN, type(value).__name__, repr(value)[:300]]
+
+
+class Foreign:
+    """What an answer returned that is not plain data: its repr, its type's name; equal to nothing."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self):
+        return self.text
+
+
+def unplain(value, depth: int = 0):
+    """:func:`plain`'s data back as the judge reads it: each ``[FOREIGN, name, repr]`` a
+    :class:`Foreign` whose type is named ``name``."""
+    if isinstance(value, list) and len(value) == 3 and value[0] == FOREIGN and \
+            all(isinstance(v, str) for v in value[1:]):
+        try:
+            return type(value[1], (Foreign,), {})(value[2])
+        except ValueError:  # a name type() refuses
+            return Foreign(value[2])
+    if depth > _DEEPEST:
+        return Foreign("...")
+    if isinstance(value, (list, tuple)):
+        items = [unplain(v, depth + 1) for v in value]
+        return items if isinstance(value, list) else tuple(items)
+    if isinstance(value, dict):
+        return {k: unplain(v, depth + 1) for k, v in value.items()}
+    return value
+
+
+def returned(result: dict):
+    """What an :func:`outcome` returned, or the failure its answer raised."""
+    if not isinstance(result, dict) or not ("returned" in result or isinstance(result.get("message"), str)):
+        raise ExerciseFailure(f"the check's data should hold what the answer returned, got {describe(result)}")
+    if "returned" not in result:
+        raise ExerciseFailure(result["message"])
+    return unplain(result["returned"])
 
 
 # Set by distkit grade's plugin: in its sandbox the references are not on disk; they come

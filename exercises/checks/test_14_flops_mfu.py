@@ -5,9 +5,11 @@ included); the reference's count against the FLOPs torch itself executes in that
 reference's on random values and on a real timed step against a measured matmul peak. A
 wrong count is matched against the usual mistakes (exactly) to name the one made;
 otherwise the message says which term differs."""
+import functools
 import math
 import numbers
 import statistics
+import sys
 import time
 
 import pytest
@@ -76,6 +78,7 @@ def train_step(model, x, y):
     return loss
 
 
+@functools.lru_cache(maxsize=16)
 def counted_flops(layers, heads, d, T, sequences) -> int:
     """What torch executes in one forward + backward of ``sequences`` sequences, in one
     process: the reference the learner's count is checked against."""
@@ -121,21 +124,19 @@ def mistakes(model, batch_per_rank, world_size) -> list:
     ]
 
 
-def slips_on_every_shape(ex, shapes, model, per_rank, world, got) -> list:
+def slips_on_every_shape(counts, shapes, model, per_rank, world, got) -> list:
     """The slips of :func:`mistakes` that give ``got`` for this shape AND the answer's count
-    on every other shape checked: one shape alone cannot tell slips apart that agree there
-    (a head's width is d_model with one head; a step of one process is the run's on one)."""
+    on every other shape checked (``counts``: the answer's :func:`harness.outcome` on each of
+    ``shapes``): one shape alone cannot tell slips apart that agree there (a head's width is
+    d_model with one head; a step of one process is the run's on one)."""
     candidates = [k for k, (_, value) in enumerate(mistakes(model, per_rank, world))
                   if math.isclose(got, value, rel_tol=1e-9)]
-    for layers, heads, d, T, other_per_rank, other_world in shapes:
+    for (layers, heads, d, T, other_per_rank, other_world), result in zip(shapes, counts):
         if not candidates:
             break
         other = gpt(layers, heads, d, T)
-        try:
-            count = ex.step_flops(other, other_per_rank, other_world)
-        except Exception:  # noqa: BLE001 - this shape then shows nothing
-            continue
-        if not is_number(count):
+        count = result.get("returned") if isinstance(result, dict) else None
+        if not is_number(count):  # it raised, or gave no number: this shape then shows nothing
             continue
         values = mistakes(other, other_per_rank, other_world)
         candidates = [k for k in candidates if math.isclose(float(count), values[k][1], rel_tol=1e-9)]
@@ -157,17 +158,37 @@ def explain_count(got, want, model, per_rank, world) -> str:
 
 
 def test_step_flops_equal_the_reference_count_exactly():
-    ex, ref = harness.load("14"), harness.load_reference("14")
-    seed = harness.check_seed()
+    harness.judge_here(sys.modules[__name__], [FLOPS], harness.check_seed())
+
+
+def _shape_text(layers, d, T, per_rank, world) -> str:
+    return f"(n_layer {layers}, d_model {d}, block_size {T}, {per_rank} sequences on each of {world} process(es))"
+
+
+def collect_flops(whos, seed) -> dict:
+    """Per answer, ``step_flops``'s :func:`harness.outcome` on each shape checked."""
+    found = {who: [] for who in whos}
     for layers, heads, d, T, per_rank, world in SHAPES + random_shapes(seed):
         model = gpt(layers, heads, d, T)
-        shape = f"(n_layer {layers}, d_model {d}, block_size {T}, {per_rank} sequences on each of {world} process(es))"
-        got = call(f"step_flops for the GPT {shape}", ex.step_flops, model, per_rank, world)
+        for who in whos:
+            found[who].append(harness.outcome(f"step_flops for the GPT {_shape_text(layers, d, T, per_rank, world)}",
+                                              harness.answer("14", who).step_flops, model, per_rank, world,
+                                              advice=_no_group_needed))
+    return found
+
+
+def judge_flops(got, expected, seed):
+    shapes = SHAPES + random_shapes(seed)
+    counts = got if isinstance(got, list) else []
+    for index, (layers, heads, d, T, per_rank, world) in enumerate(shapes):
+        model = gpt(layers, heads, d, T)
+        shape = _shape_text(layers, d, T, per_rank, world)
+        got = harness.returned(counts[index] if index < len(counts) else None)
         if not is_number(got):
             raise harness.ExerciseFailure(
                 f"step_flops returned {harness.describe(got)} for the GPT {shape}: return a number (an int or a "
                 f"float) of FLOPs")
-        want = ref.step_flops(model, per_rank, world)
+        want = harness.returned(expected[index])
         got = float(got) if isinstance(got, float) else got
         if (layers, heads, d, T, per_rank, world) in SHAPES:
             # the count to reach is torch's own, within what the formula leaves out
@@ -175,7 +196,7 @@ def test_step_flops_equal_the_reference_count_exactly():
             assert abs(want / counted - 1) <= TOLERANCE, f"check bug: reference {want} vs torch's {counted}"
         if math.isclose(got, want, rel_tol=1e-12):
             continue
-        slips = slips_on_every_shape(ex, SHAPES + random_shapes(seed), model, per_rank, world, got)
+        slips = slips_on_every_shape(counts, shapes, model, per_rank, world, got)
         if len(slips) == 1:
             raise harness.ExerciseFailure(
                 f"step_flops gave {got:.6g} FLOPs for a step of the GPT {shape}; the count is "
@@ -203,48 +224,112 @@ def timed_step_ms(layers, heads, d, T, sequences) -> float:
 
 
 def test_mfu_equals_the_reference():
+    harness.judge_here(sys.modules[__name__], [MFU], harness.check_seed())
+
+
+def mfu_cases(seed) -> list:
+    """The task's example, then 3 drawn from ``seed``; the second is replaced by a real step
+    (:func:`measured_case`) where the answers run."""
     import random
 
+    rng = random.Random(seed)
+    return [(6e12, 500.0, 2e13)] + [(rng.uniform(1e9, 1e15), rng.uniform(0.5, 5000.0), rng.uniform(1e11, 1e16))
+                                    for _ in range(3)]
+
+
+def measured_case() -> tuple:
+    """A real step of the first shape, timed, its FLOPs counted by torch, and a measured peak."""
     from distkit.observe.throughput import matmul_flops_per_second
 
-    ex, ref = harness.load("14"), harness.load_reference("14")
-    seed = harness.check_seed()
-    rng = random.Random(seed)
-    cases = [(6e12, 500.0, 2e13)] + [(rng.uniform(1e9, 1e15), rng.uniform(0.5, 5000.0), rng.uniform(1e11, 1e16))
-                                     for _ in range(3)]
-    for index, (flops, ms, peak) in enumerate(cases):
-        if index == 1:  # once the plain cases pass: a real step, timed, against a measured peak
-            layers, heads, d, T, per_rank, world = SHAPES[0]
-            flops = float(counted_flops(layers, heads, d, T, per_rank * world))
-            ms = timed_step_ms(layers, heads, d, T, per_rank * world)
-            peak = matmul_flops_per_second(n=512, seconds=0.2, device="cpu")
-        case = f"mfu({flops:.6g} FLOPs a step, a step every {ms:.6g} ms, peak {peak:.6g} FLOP/s)"
-        got, want = call(case, ex.mfu, flops, ms, peak), ref.mfu(flops, ms, peak)
-        if not is_number(got):
-            raise harness.ExerciseFailure(
-                f"{case} returned {harness.describe(got)}: return a number, the fraction of the peak")
-        if math.isclose(got, want, rel_tol=1e-9):
-            continue
-        rounded = [k for k in range(0, 6) if got == round(want, k)]
-        if rounded:
-            why = (f"that is the fraction rounded to {rounded[0]} decimal(s); return it whole (round it only "
-                   f"where you print it)")
-        elif math.isclose(got, want, rel_tol=1e-6):
-            why = ("it agrees with the reference to about 7 digits only: computed in single precision? "
-                   "torch.tensor(a Python float) is float32; compute with Python floats (double precision)")
-        elif math.isclose(got, want / 1000, rel_tol=1e-6):
-            why = ("1000x too small: step_time_ms is in MILLIseconds and the peak in FLOP per SECOND; "
-                   "divide the FLOPs by step_time_ms / 1000")
-        elif math.isclose(got, want * 1000, rel_tol=1e-6):
-            why = "1000x too large: a step of step_time_ms milliseconds lasts step_time_ms / 1000 seconds"
-        elif math.isclose(got, want * 100, rel_tol=1e-6):
-            why = "that is a percentage; return the fraction (0.25, not 25)"
-        elif math.isclose(got, 1 / want, rel_tol=1e-6):
-            why = "upside down: the achieved FLOP/s go on top, the peak below"
-        else:
-            why = ("the FLOPs of a step divided by its time in seconds is the achieved FLOP/s; divide that by the "
-                   "peak (the whole run's: flops_per_step counts every process's work)")
-        raise harness.ExerciseFailure(f"{case} returned {got:.10g}, not {want:.10g}: {why} {harness.replay(seed)}")
+    layers, heads, d, T, per_rank, world = SHAPES[0]
+    flops = float(counted_flops(layers, heads, d, T, per_rank * world))
+    return flops, timed_step_ms(layers, heads, d, T, per_rank * world), \
+        matmul_flops_per_second(n=512, seconds=0.2, device="cpu")
+
+
+def _mfu_case(flops, ms, peak) -> str:
+    return f"mfu({flops:.6g} FLOPs a step, a step every {ms:.6g} ms, peak {peak:.6g} FLOP/s)"
+
+
+def collect_mfu(whos, seed) -> dict:
+    """Per answer: the measured case's inputs (measured once the example passes) and ``mfu``'s
+    :func:`harness.outcome` on each case, up to the first that raised."""
+    found, measured = {who: {"measured": None, "results": []} for who in whos}, None
+    for who in whos:
+        ex = harness.answer("14", who)
+        for index, case in enumerate(mfu_cases(seed)):
+            if index == 1:  # once the plain cases pass: a real step, timed, against a measured peak
+                measured = measured or measured_case()
+                found[who]["measured"] = case = measured
+            found[who]["results"].append(harness.outcome(_mfu_case(*case), ex.mfu, *case, advice=_no_group_needed))
+            if "returned" not in found[who]["results"][-1]:
+                break
+    return found
+
+
+def _measured(data) -> tuple:
+    """The learner's measured case, checked to be the check's step: its FLOPs torch's own count."""
+    case = data.get("measured") if isinstance(data, dict) else None
+    layers, heads, d, T, per_rank, world = SHAPES[0]
+    if not (isinstance(case, (list, tuple)) and len(case) == 3 and all(
+            isinstance(v, float) and math.isfinite(v) and v > 0 for v in case)
+            and case[0] == float(counted_flops(layers, heads, d, T, per_rank * world))):
+        raise harness.ExerciseFailure(f"the check's data holds no measured step of the check's, got "
+                                      f"{harness.describe(case)}: no marks")
+    return tuple(case)
+
+
+def _reference_mfu(reference, index, case) -> float:
+    """The reference's mfu for ``case``. Where a step was measured, the reference's own run
+    measured another: the check then applies the formula the reference follows (FLOPs per
+    second over the peak), after checking that the reference gave that on its own step."""
+    if index != 1:
+        return harness.returned(reference["results"][index])
+    flops, ms, peak = _measured(reference)
+    theirs = harness.returned(reference["results"][index])
+    assert math.isclose(theirs, flops / (ms / 1000) / peak, rel_tol=1e-12), f"check bug: reference mfu {theirs}"
+    flops, ms, peak = case
+    return flops / (ms / 1000) / peak
+
+
+def judge_mfu(got, expected, seed):
+    results = got.get("results") if isinstance(got, dict) else None
+    results = results if isinstance(results, list) else []
+    for index, case in enumerate(mfu_cases(seed)):
+        if index == 1:
+            case = _measured(got)
+        case_text = _mfu_case(*case)
+        got_value = harness.returned(results[index] if index < len(results) else None)
+        want = _reference_mfu(expected, index, case)
+        explain_mfu(case_text, got_value, want, seed)
+
+
+def explain_mfu(case, got, want, seed):
+    if not is_number(got):
+        raise harness.ExerciseFailure(
+            f"{case} returned {harness.describe(got)}: return a number, the fraction of the peak")
+    if math.isclose(got, want, rel_tol=1e-9):
+        return
+    rounded = [k for k in range(0, 6) if got == round(want, k)]
+    if rounded:
+        why = (f"that is the fraction rounded to {rounded[0]} decimal(s); return it whole (round it only "
+               f"where you print it)")
+    elif math.isclose(got, want, rel_tol=1e-6):
+        why = ("it agrees with the reference to about 7 digits only: computed in single precision? "
+               "torch.tensor(a Python float) is float32; compute with Python floats (double precision)")
+    elif math.isclose(got, want / 1000, rel_tol=1e-6):
+        why = ("1000x too small: step_time_ms is in MILLIseconds and the peak in FLOP per SECOND; "
+               "divide the FLOPs by step_time_ms / 1000")
+    elif math.isclose(got, want * 1000, rel_tol=1e-6):
+        why = "1000x too large: a step of step_time_ms milliseconds lasts step_time_ms / 1000 seconds"
+    elif math.isclose(got, want * 100, rel_tol=1e-6):
+        why = "that is a percentage; return the fraction (0.25, not 25)"
+    elif math.isclose(got, 1 / want, rel_tol=1e-6):
+        why = "upside down: the achieved FLOP/s go on top, the peak below"
+    else:
+        why = ("the FLOPs of a step divided by its time in seconds is the achieved FLOP/s; divide that by the "
+               "peak (the whole run's: flops_per_step counts every process's work)")
+    raise harness.ExerciseFailure(f"{case} returned {got:.10g}, not {want:.10g}: {why} {harness.replay(seed)}")
 
 
 # --- the same functions in a run of 2 nodes x 2 processes -------------------------------
@@ -254,38 +339,58 @@ LAYOUT_SHAPE = (2, 2, 32, 16, 3)  # layers, heads, d_model, T, batch per rank
 LAYOUT_WORLD = 3  # the world size asked about: neither this run's (4) nor its processes per node (2)
 
 
-def on_rank():
-    """Every rank calls mfu and step_flops as a training script would, beside the reference."""
+def on_rank(whos):
+    """Every rank calls mfu and step_flops as a training script would, for each answer."""
     import ignite.distributed as idist
 
-    ex, ref = harness.load("14"), harness.load_reference("14")
-    layers, heads, d, T, per_rank = LAYOUT_SHAPE
-    model = gpt(layers, heads, d, T)
-    got_mfu, got_flops = ex.mfu(*LAYOUT_CASE), ex.step_flops(model, per_rank, LAYOUT_WORLD)
-    return {"mfu": got_mfu if is_number(got_mfu) else repr(got_mfu)[:80],
-            "flops": got_flops if is_number(got_flops) else repr(got_flops)[:80],
-            "want_mfu": ref.mfu(*LAYOUT_CASE), "want_flops": ref.step_flops(model, per_rank, LAYOUT_WORLD),
-            "flops_of_run": ref.step_flops(model, per_rank, idist.get_world_size()),
-            "world": idist.get_world_size(), "per_node": idist.get_nproc_per_node()}
+    found = {}
+    for who in whos:
+        ex = harness.answer("14", who)
+        layers, heads, d, T, per_rank = LAYOUT_SHAPE
+        model = gpt(layers, heads, d, T)
+        got_mfu, got_flops = ex.mfu(*LAYOUT_CASE), ex.step_flops(model, per_rank, LAYOUT_WORLD)
+        found[who] = {"mfu": got_mfu if is_number(got_mfu) else repr(got_mfu)[:80],
+                      "flops": got_flops if is_number(got_flops) else repr(got_flops)[:80],
+                      "world": idist.get_world_size(), "per_node": idist.get_nproc_per_node()}
+        if who == harness.REFERENCE:  # the count for this run's own world size, a mistake's
+            found[who]["flops_of_run"] = ex.step_flops(model, per_rank, idist.get_world_size())
+    return found
 
 
 def test_mfu_and_step_flops_are_the_same_on_every_rank_of_two_nodes():
+    harness.judge_here(sys.modules[__name__], [NODES], harness.check_seed())
+
+
+def _differs_in_one_process() -> bool:
     ex, ref = harness.load("14"), harness.load_reference("14")
     layers, heads, d, T, per_rank = LAYOUT_SHAPE
     model = gpt(layers, heads, d, T)
-    try:  # fail fast: an answer already wrong in one process is told so by the tests above
-        same = (ex.mfu(*LAYOUT_CASE) == ref.mfu(*LAYOUT_CASE)
-                and ex.step_flops(model, per_rank, LAYOUT_WORLD) == ref.step_flops(model, per_rank, LAYOUT_WORLD))
+    try:
+        return not (ex.mfu(*LAYOUT_CASE) == ref.mfu(*LAYOUT_CASE)
+                    and ex.step_flops(model, per_rank, LAYOUT_WORLD) == ref.step_flops(model, per_rank, LAYOUT_WORLD))
     except NotImplementedError:
         raise
     except Exception:  # noqa: BLE001 - reported by the tests above
-        same = False
-    if not same:
+        return True
+
+
+def collect_nodes(whos) -> dict:
+    # fail fast: an answer already wrong in one process is told so by the parts above (only
+    # distkit check has both answers here; distkit grade judges the parts in order)
+    if set(whos) == {harness.LEARNER, harness.REFERENCE} and _differs_in_one_process():
         pytest.skip("mfu or step_flops already differs from the reference in one process (the tests above say how)")
-    harness.preload("14")
-    layout, ranks = next(harness.each_layout(on_rank, layouts=harness.LAYOUTS[3:]))
+    harness.preload_for("14", whos)
+    _, ranks = next(harness.each_layout(on_rank, whos, layouts=harness.LAYOUTS[3:]))
+    return harness.by_who(ranks, whos)
+
+
+def judge_nodes(got, expected):
+    layout = harness.LAYOUTS[3][0]
     case = "mfu({:.6g} FLOPs a step, a step every {:.6g} ms, peak {:.6g} FLOP/s)".format(*LAYOUT_CASE)
-    for rank, r in enumerate(ranks):
+    for rank, (g, e) in enumerate(zip(harness.same_ranks(got, expected), expected)):
+        # what the answer should give, and where the rank ran, are the reference's run's to say
+        r = {"mfu": g["mfu"], "flops": g["flops"], "want_mfu": e["mfu"], "want_flops": e["flops"],
+             **{k: e[k] for k in ("flops_of_run", "world", "per_node")}}
         where = f"on {layout} (world size {r['world']}, {r['per_node']} per node), rank {rank}"
         got, want = r["mfu"], r["want_mfu"]
         if not is_number(got) or not math.isclose(got, want, rel_tol=1e-9):
@@ -312,3 +417,29 @@ def test_mfu_and_step_flops_are_the_same_on_every_rank_of_two_nodes():
             raise harness.ExerciseFailure(
                 f"{where}: step_flops(GPT of n_layer {layers}, d_model {d}, block_size {T}; batch_per_rank "
                 f"{per_rank}, world_size {LAYOUT_WORLD}) returned {got!r}, not {want!r}{why}")
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+
+FLOPS, MFU = "step_flops against the reference count", "mfu against the reference"
+NODES = "mfu and step_flops on every rank of 2 nodes"
+PARTS = (FLOPS, MFU, NODES)
+
+
+def collect(part, whos, seed):
+    """``{who: what its answer gave}`` for one part of the check."""
+    if part == FLOPS:
+        return collect_flops(whos, seed)
+    if part == MFU:
+        return collect_mfu(whos, seed)
+    return collect_nodes(whos)
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    if part == FLOPS:
+        judge_flops(got, expected, seed)
+    elif part == MFU:
+        judge_mfu(got, expected, seed)
+    else:
+        judge_nodes(got, expected)

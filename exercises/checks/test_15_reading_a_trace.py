@@ -5,6 +5,8 @@ import itertools
 import math
 import numbers
 import random
+import sys
+import tempfile
 
 import pytest
 
@@ -50,10 +52,33 @@ def known_trace():
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def _call(what, function, *args):
-    return harness.call_answer(what, function, *args, advice=lambda error: (
-        " A merged trace also holds events with no duration (\"ph\": \"M\" names, flow arrows, no "
-        "\"ts\" or \"dur\" on some): keep the complete events (\"ph\": \"X\") first"))
+def _advice(error):
+    return (" A merged trace also holds events with no duration (\"ph\": \"M\" names, flow arrows, no "
+            "\"ts\" or \"dur\" on some): keep the complete events (\"ph\": \"X\") first")
+
+
+def answers(ex, trace, ranks, on="") -> dict:
+    """What ``ex``'s three functions give on ``trace`` (:func:`harness.outcome`'s data), in the
+    order they are judged, up to the first that raised."""
+    found = {"covered": []}
+    for rank in ranks:
+        found["covered"].append(harness.outcome(f"{on}time_in_collectives(trace, {rank})", ex.time_in_collectives,
+                                                trace, rank, advice=_advice))
+        if "returned" not in found["covered"][-1]:
+            return found
+    found["slow"] = harness.outcome(f"{on}slow_rank(trace)", ex.slow_rank, trace, advice=_advice)
+    if "returned" in found["slow"]:
+        found["fraction"] = harness.outcome(f"{on}waited_fraction(trace)", ex.waited_fraction, trace,
+                                            advice=_advice)
+    return found
+
+
+def _at(got, key, index=None):
+    """``got[key]`` (``[index]``) of an answer's data, or None where it is missing (judged a failure)."""
+    value = got.get(key) if isinstance(got, dict) else None
+    if index is None:
+        return value
+    return value[index] if isinstance(value, list) and index < len(value) else None
 
 
 def _number(value, what):
@@ -63,10 +88,10 @@ def _number(value, what):
     return float(value)
 
 
-def explain_covered(ex, trace, truth, on=""):
-    for rank, want in truth.items():
+def explain_covered(got_all, trace, truth, on=""):
+    for index, (rank, want) in enumerate(truth.items()):
         what = f"{on}time_in_collectives(trace, {rank})"
-        got = _number(_call(what, ex.time_in_collectives, trace, rank), what)
+        got = _number(harness.returned(_at(got_all, "covered", index)), what)
         if math.isclose(got, want, rel_tol=1e-9):
             continue
         common = (f"{what} returned {got:g} us, but rank {rank} had "
@@ -108,8 +133,8 @@ def explain_covered(ex, trace, truth, on=""):
                                       f"count the time their ranges cover")
 
 
-def explain_slow(ex, trace, truth_slow, covered, on=""):
-    got = _call(f"{on}slow_rank(trace)", ex.slow_rank, trace)
+def explain_slow(got_all, trace, truth_slow, covered, on=""):
+    got = harness.returned(_at(got_all, "slow"))
     if isinstance(got, numbers.Integral) and not isinstance(got, bool) and got == truth_slow:
         return
     busiest = max(covered, key=covered.get)
@@ -133,9 +158,9 @@ def explain_slow(ex, trace, truth_slow, covered, on=""):
         f"collectives per rank, us: {covered}):{hint}")
 
 
-def explain_fraction(ex, trace, truth, slow, covered, steps_us, span_us, on=""):
+def explain_fraction(got_all, trace, truth, slow, covered, steps_us, span_us, on=""):
     what = f"{on}waited_fraction(trace)"
-    got = _number(_call(what, ex.waited_fraction, trace), what)
+    got = _number(harness.returned(_at(got_all, "fraction")), what)
     if math.isclose(got, truth, rel_tol=1e-6):
         return
     others = [r for r in covered if r != slow]
@@ -270,26 +295,43 @@ VARIED_TRACES = [
 ]
 
 
-def judge_trace(ex, trace, slow, on):
+def judge_trace(got, trace, slow, on):
     covered, steps_us, span_us = _facts(trace)
     assert min(covered, key=covered.get) == slow, f"check bug: {on} {covered}"
-    explain_covered(ex, trace, covered, on)
-    explain_slow(ex, trace, slow, covered, on)
+    explain_covered(got, trace, covered, on)
+    explain_slow(got, trace, slow, covered, on)
     others = [r for r in covered if r != slow]
     truth = sum((covered[r] - covered[slow]) / steps_us[r] for r in others) / len(others)
-    explain_fraction(ex, trace, truth, slow, covered, steps_us, span_us, on)
+    explain_fraction(got, trace, truth, slow, covered, steps_us, span_us, on)
 
 
 def test_a_trace_whose_numbers_are_known():
-    ex = harness.load("15")
-    trace = known_trace()
-    explain_covered(ex, trace, TRUE_COVERED_US)
-    explain_slow(ex, trace, TRUE_SLOW, TRUE_COVERED_US)
+    harness.judge_here(sys.modules[__name__], [KNOWN], harness.check_seed())
+
+
+def known_cases() -> list:
+    """``(trace, its ranks, on)``: the trace whose numbers are known, then the traces that
+    expose shortcuts (the same every run)."""
+    cases = [(known_trace(), list(TRUE_COVERED_US), "")]
+    for description, how in VARIED_TRACES:
+        trace = built_trace(**how)
+        cases.append((trace, list(_facts(trace)[0]), f"in {description}: "))
+    return cases
+
+
+def judge_known(got):
+    if not isinstance(got, list):
+        raise harness.ExerciseFailure(f"the check's data should hold a list of traces' answers, got "
+                                      f"{harness.describe(got)}")
+    (trace, _, _), *varied = known_cases()
+    first = got[0] if got else None
+    explain_covered(first, trace, TRUE_COVERED_US)
+    explain_slow(first, trace, TRUE_SLOW, TRUE_COVERED_US)
     covered, steps_us, span_us = _facts(trace)
     assert covered == TRUE_COVERED_US and math.isclose(TRUE_FRACTION, 0.5)  # the check's own sums
-    explain_fraction(ex, trace, TRUE_FRACTION, TRUE_SLOW, covered, steps_us, span_us)
-    for description, how in VARIED_TRACES:  # then the traces that expose shortcuts
-        judge_trace(ex, built_trace(**how), how["slow"], f"in {description}: ")
+    explain_fraction(first, trace, TRUE_FRACTION, TRUE_SLOW, covered, steps_us, span_us)
+    for index, ((trace, _, on), (_, how)) in enumerate(zip(varied, VARIED_TRACES), start=1):
+        judge_trace(got[index] if index < len(got) else None, trace, how["slow"], on)
 
 
 # --- a real run with a planted straggler -------------------------------------------------
@@ -325,27 +367,95 @@ def traced_rank(folder):
     return path
 
 
-@pytest.fixture(scope="module")
-def real_trace(tmp_path_factory):
+def real_trace():
+    """The merged trace of a real run (3 tries for the planted straggler to show), slimmed to
+    what the judge reads: the complete events of the collectives and the profiler's steps."""
     from distkit.observe import tracing
 
     for attempt in range(3):
-        folder = tmp_path_factory.mktemp("traces")
-        paths = harness.run_ranks(traced_rank, str(folder), nproc=3)
-        trace = tracing.merge([tracing.load(p) for p in paths])
+        with tempfile.TemporaryDirectory() as folder:
+            paths = harness.run_ranks(traced_rank, folder, nproc=3)
+            trace = tracing.merge([tracing.load(p) for p in paths])
         covered = _facts(trace)[0]
         if min(covered, key=covered.get) == SLOW:  # the planted straggler shows
-            return trace
+            return trace, slimmed(trace)
     # a machine so loaded that another rank lost more time than the planted sleep
     pytest.skip(f"3 runs in which rank {SLOW}'s planted {SLEEP_S} s sleep did not make it the "
                 f"slow rank (time in collectives: {covered}): the machine is too busy")
 
 
-def test_the_slow_rank_of_a_real_run_and_how_long_the_others_waited(real_trace):
-    ex = harness.load("15")
-    covered, steps_us, span_us = _facts(real_trace)
-    explain_covered(ex, real_trace, covered)
-    explain_slow(ex, real_trace, SLOW, covered)  # the rank the check slowed down
+def slimmed(trace) -> dict:
+    """The complete events of ``trace``'s collectives and profiler steps: all the judge reads."""
+    return {"traceEvents": [{k: e[k] for k in ("ph", "name", "pid", "ts", "dur") if k in e}
+                            for e in trace["traceEvents"] if e.get("ph") == "X"
+                            and str(e.get("name")).startswith(("gloo:", "nccl:", "ProfilerStep#"))]}
+
+
+def test_the_slow_rank_of_a_real_run_and_how_long_the_others_waited():
+    harness.judge_here(sys.modules[__name__], [REAL], harness.check_seed())
+
+
+def judge_real(got):
+    trace = _at(got, "trace")
+    problem = _not_the_checks_run(trace)
+    if problem:
+        raise harness.ExerciseFailure(f"the check's data holds no trace of the run the check makes ({problem}): "
+                                      f"no marks")
+    covered, steps_us, span_us = _facts(trace)
+    explain_covered(got, trace, covered)
+    explain_slow(got, trace, SLOW, covered)  # the rank the check slowed down
     others = [r for r in covered if r != SLOW]
     truth = sum((covered[r] - covered[SLOW]) / steps_us[r] for r in others) / len(others)
-    explain_fraction(ex, real_trace, truth, SLOW, covered, steps_us, span_us)
+    explain_fraction(got, trace, truth, SLOW, covered, steps_us, span_us)
+
+
+def _not_the_checks_run(trace):
+    """What shows that ``trace`` is not a (slimmed) trace of :func:`traced_rank`'s run, or None."""
+    if not (isinstance(trace, dict) and isinstance(trace.get("traceEvents"), list)) or not all(
+            isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("name"), str)
+            and isinstance(e.get("pid"), int) and all(_is_real_number(e.get(k)) for k in ("ts", "dur"))
+            for e in trace["traceEvents"]):
+        return "not a list of complete events"
+    steps = [sum(1 for e in trace["traceEvents"] if e["pid"] == r and e["name"].startswith("ProfilerStep#"))
+             for r in range(3)]
+    if sorted({e["pid"] for e in trace["traceEvents"]}) != [0, 1, 2] or steps != [STEPS["active"]] * 3:
+        return f"its ranks' profiled steps are {steps}, not {STEPS['active']} on each of 3 ranks"
+    covered = _facts(trace)[0]
+    if min(covered, key=covered.get) != SLOW:
+        return f"rank {SLOW}, which the check slows down, is not the slow one: {covered}"
+    return None
+
+
+def _is_real_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+# Every truth here is the check's own: it built the traces or planted the straggler and reads
+# the facts from the trace. The reference's data is not needed; the learner's real run's
+# trace comes with its answers (a run cannot be rebuilt from a seed).
+
+KNOWN, REAL = "traces whose numbers are known", "the trace of a real run with a planted straggler"
+PARTS = (KNOWN, REAL)
+
+
+def collect(part, whos, seed):
+    """``{who: what its functions gave}``: a list per known trace, or the real run's trace with
+    what they gave on it (the reference's process makes no run: the judge does not need it)."""
+    if part == KNOWN:
+        return {who: [answers(harness.answer("15", who), trace, ranks, on) for trace, ranks, on in known_cases()]
+                for who in whos}
+    if tuple(whos) == (harness.REFERENCE,):
+        return {harness.REFERENCE: None}
+    full, slim = real_trace()
+    ranks = list(_facts(slim)[0])
+    return {who: {"trace": slim, **answers(harness.answer("15", who), full, ranks)} for who in whos}
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` where ``got`` is wrong (``expected``
+    is not needed: the check knows each answer)."""
+    if part == KNOWN:
+        judge_known(got)
+    else:
+        judge_real(got)

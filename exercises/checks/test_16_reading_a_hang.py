@@ -5,6 +5,7 @@ skipped barrier, other shapes, other dtypes, a rank that computes, ended, died, 
 making a group, or calls one more), and records built to expose shortcuts."""
 import copy
 import random
+import sys
 
 import pytest
 
@@ -124,11 +125,21 @@ def _advice(error):
     return ""
 
 
-def judge(ex, planted, on=""):
+def diagnosed(ex, planted, on="") -> dict:
+    """``ex.diagnose`` on the planted records, as :func:`harness.outcome`'s data."""
     dumps = copy.deepcopy(planted.dumps)  # an answer may change what it is given
-    got = harness.call_answer(f"{on}diagnose(dumps)", ex.diagnose, dumps, advice=_advice)
-    if isinstance(got, tuple) and len(got) == 3 and all(
-            type(g) is type(a) and g == a for g, a in zip(got, planted.answer)):
+    return harness.outcome(f"{on}diagnose(dumps)", ex.diagnose, dumps, advice=_advice)
+
+
+def _right(got, planted) -> bool:
+    return isinstance(got, tuple) and len(got) == 3 and all(
+        type(g) is type(a) and g == a for g, a in zip(got, planted.answer))
+
+
+def judge_one(result, planted, on=""):
+    """What the answer gave on ``planted`` (a :func:`diagnosed` outcome) against the planted answer."""
+    got = harness.returned(result)
+    if _right(got, planted):
         return
     raise harness.ExerciseFailure(f"{on}diagnose(dumps) returned {_said(got)}, but {planted.story()}: "
                                   f"{why(got, planted)}")
@@ -283,23 +294,61 @@ class Known(Planted):
 
 
 def test_records_whose_answer_is_known():
-    ex = harness.load("16")
-    judge(ex, Known(known_run(), (2, "op", "train.py:21"),
-                    "at collective #6 rank 2 called broadcast at train.py:21, the others all_reduce"))
+    harness.judge_here(sys.modules[__name__], [KNOWN], harness.check_seed())
+
+
+def known_cases(seed) -> list:
+    """``(planted, on)``: the stub's example, then fixed records of three more kinds (the same every run)."""
+    cases = [(Known(known_run(), (2, "op", "train.py:21"),
+                    "at collective #6 rank 2 called broadcast at train.py:21, the others all_reduce"), "")]
     for family, world, odd in (("shape", 3, 1), ("computes", 4, 3), ("skip", 3, 0)):
-        # fixed records of three more kinds (the same every run)
-        judge(ex, Planted(random.Random(16), family, world, odd), f"in a hung run of {world} ranks ({family}): ")
+        cases.append((Planted(random.Random(16), family, world, odd), f"in a hung run of {world} ranks ({family}): "))
+    return cases
 
 
 def test_records_with_a_planted_disagreement_of_every_family():
-    ex = harness.load("16")
-    seed = harness.check_seed()
-    rng = random.Random(seed)
+    harness.judge_here(sys.modules[__name__], [PLANTED], harness.check_seed())
+
+
+def planted_cases(seed) -> list:
+    """``(planted, on)``: a disagreement of every family, then the VARIED records, drawn from ``seed``."""
+    rng, cases = random.Random(seed), []
     for family in KIND_OF:
         world = rng.randint(3, 6)
         odd = rng.randrange(world)
         order = rng.sample(range(world), world) if rng.random() < 0.5 else None
         on = f"in a hung run of {world} ranks ({family}) {harness.replay(seed)}: "
-        judge(ex, Planted(rng, family, world, odd, order=order), on)
+        cases.append((Planted(rng, family, world, odd, order=order), on))
     for description, how in VARIED:
-        judge(ex, Planted(rng, **how), f"in {description} {harness.replay(seed)}: ")
+        cases.append((Planted(rng, **how), f"in {description} {harness.replay(seed)}: "))
+    return cases
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+# The check plants each answer itself: the judge rebuilds the records from the seed and
+# compares the learner's answers with the planted ones (the reference's data is not needed).
+
+KNOWN, PLANTED = "records whose answer is known", "records with a planted disagreement of every family"
+PARTS = (KNOWN, PLANTED)
+CASES = {KNOWN: known_cases, PLANTED: planted_cases}
+
+
+def collect(part, whos, seed):
+    """``{who: [diagnose's outcome on each case's records]}``, up to the first wrong one."""
+    found = {}
+    for who in whos:
+        ex, results = harness.answer("16", who), []
+        for planted, on in CASES[part](seed):
+            results.append(diagnosed(ex, planted, on))
+            if not _right(results[-1].get("returned"), planted):
+                break
+        found[who] = results
+    return found
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` at the first case ``got`` answers wrong."""
+    if not isinstance(got, list):
+        raise harness.ExerciseFailure(f"the check's data should hold a list of answers, got {harness.describe(got)}")
+    for i, (planted, on) in enumerate(CASES[part](seed)):
+        judge_one(got[i] if i < len(got) else None, planted, on)

@@ -8,12 +8,17 @@ stops anywhere, at an epoch's end too); the reference's dealing against
 functions against the run that never stopped: every position of the epoch trained once,
 the same global batches. A difference is described in the terms of the task (a position
 trained twice, one skipped, a global batch changed); the usual mistakes are named once a
-replay of them matches. Hypothesis shrinks a failing layout to a small one, and its seed
-is the check's (``DISTKIT_CHECK_SEED`` replays it).
+replay of them matches. Hypothesis draws the layouts from the check's seed
+(``DISTKIT_CHECK_SEED`` replays them) and they are judged smallest first, so the first
+failing layout is a small one: nothing is shrunk, because the check comes in two halves
+(collect runs the answers on the layouts, judge draws the same layouts again and compares)
+and distkit grade runs the halves in different processes.
 """
+import functools
 import math
 import numbers
-from dataclasses import dataclass
+import sys
+from dataclasses import astuple, dataclass
 
 import pytest
 
@@ -68,18 +73,21 @@ def stops():
 
 # --- 1. resume_position ---------------------------------------------------------------
 
-def check_position(ex, ref, iteration, epoch_length, world, per_rank, seed=None):
-    args = (iteration, epoch_length, world, per_rank)
-    case = f"resume_position(iteration={iteration}, epoch_length={epoch_length}, world_size={world}, " \
+def position_case(iteration, epoch_length, world, per_rank) -> str:
+    return f"resume_position(iteration={iteration}, epoch_length={epoch_length}, world_size={world}, " \
            f"batch_per_rank={per_rank})"
-    want = ref.resume_position(*args)
-    got = harness.call_answer(case, ex.resume_position, *args)
+
+
+def check_position(got, want, iteration, epoch_length, world, per_rank, seed=None):
+    """The answer's :func:`harness.outcome` against the reference's; returns the position."""
+    args = (iteration, epoch_length, world, per_rank)
+    want, got = tuple(harness.returned(want)), harness.returned(got)
     if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(is_int(v) for v in got)):
-        raise harness.ExerciseFailure(
-            f"{case} returned {got!r:.80} ({type(got).__name__}): return (epoch, consumed), two ints")
+        raise harness.ExerciseFailure(f"{position_case(*args)} returned {got!r:.80} ({type(got).__name__}): "
+                                      f"return (epoch, consumed), two ints")
     if tuple(got) == want:
         return want
-    raise harness.ExerciseFailure(f"{case} returned {tuple(got)}, not {want}: "
+    raise harness.ExerciseFailure(f"{position_case(*args)} returned {tuple(got)}, not {want}: "
                                   f"{why_position(tuple(got), want, *args)} {_replay(seed)}".rstrip())
 
 
@@ -112,16 +120,29 @@ def _replay(seed) -> str:
 
 
 def test_resume_position():
-    ex, ref = harness.load("17"), harness.load_reference("17")
+    harness.judge_here(sys.modules[__name__], [POSITION], harness.check_seed())
+
+
+def position_cases(seed) -> list:
+    """``(args, seed)`` of each call the check judges: the example, a stop at an epoch's end
+    (the same every run, no seed to name), then the drawn layouts."""
     e = EXAMPLE
-    check_position(ex, ref, e["iteration"], e["epoch_length"], e["world_size"], e["batch_per_rank"])
-    check_position(ex, ref, 8, 4, 2, 3)  # at an epoch's end
-    seed = harness.check_seed()
+    fixed = [(e["iteration"], e["epoch_length"], e["world_size"], e["batch_per_rank"]), (8, 4, 2, 3)]
+    drawn = [(s.iteration, s.epoch_length, s.world_size, s.batch_per_rank) for s in drawn_stops(seed)]
+    return [(args, None) for args in fixed] + [(args, seed) for args in drawn]
 
-    def each(stop):
-        check_position(ex, ref, stop.iteration, stop.epoch_length, stop.world_size, stop.batch_per_rank, seed)
 
-    drawn_with(seed, each)()
+@functools.lru_cache(maxsize=8)
+def drawn_stops(seed) -> tuple:
+    """DRAWS layouts drawn by Hypothesis from ``seed``, the smallest first: the collector and
+    the judge draw the same ones (nothing is shrunk, so the first failing is a small one)."""
+    found = []
+
+    def note(stop):
+        found.append(stop)
+
+    drawn_with(seed, note)()
+    return tuple(sorted(set(found), key=lambda s: (sum(astuple(s)), astuple(s))))
 
 
 def drawn_with(seed, test):
@@ -129,34 +150,39 @@ def drawn_with(seed, test):
     from hypothesis import seed as hypothesis_seed
 
     return hypothesis_seed(seed)(settings(
-        max_examples=DRAWS, deadline=None, database=None, report_multiple_bugs=False,
+        max_examples=DRAWS, deadline=None, database=None, derandomize=False, report_multiple_bugs=False,
         suppress_health_check=list(HealthCheck))(given(stops())(test)))
 
 
 # --- 2. new_batch_per_rank ------------------------------------------------------------
 
-def check_new_batch(ex, ref, world, per_rank, new_world, seed=None):
-    case = f"new_batch_per_rank(world_size={world}, batch_per_rank={per_rank}, new_world_size={new_world})"
+def batch_case(world, per_rank, new_world) -> str:
+    return f"new_batch_per_rank(world_size={world}, batch_per_rank={per_rank}, new_world_size={new_world})"
+
+
+def _refused(result) -> bool:
+    """Whether a :func:`harness.outcome` is a ValueError (the refusal the task asks for)."""
+    return isinstance(result, dict) and "returned" not in result and "ValueError" in list(result.get("classes", ()))
+
+
+def check_new_batch(got, want, world, per_rank, new_world, seed=None):
+    """The answer's :func:`harness.outcome` against the reference's; returns the new batch per
+    rank, None where the reference refuses."""
+    case = batch_case(world, per_rank, new_world)
     global_batch = world * per_rank
-    try:
-        want = ref.new_batch_per_rank(world, per_rank, new_world)
-    except ValueError:
-        want = None
-    try:
-        got = ex.new_batch_per_rank(world, per_rank, new_world)
-    except NotImplementedError:
-        raise
-    except ValueError as error:
+    want = None if _refused(want) else harness.returned(want)
+    if _refused(got):
         if want is None:
             return None
         raise harness.ExerciseFailure(
-            f"{case} raised ValueError ({error}), but the global batch of {global_batch} divides by {new_world}: "
-            f"{want} per rank keeps it {_replay(seed)}".rstrip()) from None
-    except Exception as error:  # noqa: BLE001 - any error of the answer is reported
+            f"{case} raised ValueError ({got.get('text')}), but the global batch of {global_batch} divides by "
+            f"{new_world}: {want} per rank keeps it {_replay(seed)}".rstrip())
+    if isinstance(got, dict) and "returned" not in got and isinstance(got.get("raised"), str):
         raise harness.ExerciseFailure(
-            f"{case} raised {type(error).__name__}: {error}; "
+            f"{case} raised {got['raised']}: {got.get('text')}; "
             + (f"raise ValueError when the global batch ({global_batch}) does not divide by the new world size"
-               if want is None else f"the global batch of {global_batch} divides by {new_world}")) from None
+               if want is None else f"the global batch of {global_batch} divides by {new_world}"))
+    got = harness.returned(got)
     if want is None:
         raise harness.ExerciseFailure(f"{case} returned {got!r}: {why_not_refused(got, global_batch, new_world)}")
     if is_int(got) and got == want:
@@ -189,27 +215,42 @@ def why_batch(got, want, per_rank, global_batch, new_world) -> str:
 
 
 def test_new_batch_per_rank():
-    ex, ref = harness.load("17"), harness.load_reference("17")
-    check_new_batch(ex, ref, EXAMPLE["world_size"], EXAMPLE["batch_per_rank"], EXAMPLE["new_world_size"])
-    check_new_batch(ex, ref, 2, 3, 4)  # 6 does not divide by 4
-    check_new_batch(ex, ref, 4, 1, 1)
-    seed = harness.check_seed()
+    harness.judge_here(sys.modules[__name__], [NEW_BATCH], harness.check_seed())
 
-    def each(stop):
-        check_new_batch(ex, ref, stop.world_size, stop.batch_per_rank, stop.new_world_size, seed)
 
-    drawn_with(seed, each)()
+def batch_cases(seed) -> list:
+    fixed = [(EXAMPLE["world_size"], EXAMPLE["batch_per_rank"], EXAMPLE["new_world_size"]),
+             (2, 3, 4),  # 6 does not divide by 4
+             (4, 1, 1)]
+    drawn = [(s.world_size, s.batch_per_rank, s.new_world_size) for s in drawn_stops(seed)]
+    return [(args, None) for args in fixed] + [(args, seed) for args in drawn]
 
 
 # --- 3. rank_batches ------------------------------------------------------------------
 
-def answer_batches(ex, consumed, size, world, per_rank) -> list:
+def rank_cases(consumed, size, world, per_rank) -> list:
+    return [f"rank_batches(consumed={consumed}, epoch_size={size}, rank={rank}, world_size={world}, "
+            f"batch_per_rank={per_rank})" for rank in range(world)]
+
+
+def ranks_outcomes(ex, consumed, size, world, per_rank) -> list:
+    """Every rank's :func:`harness.outcome` of ``ex.rank_batches``, up to the first that raised."""
+    found = []
+    for rank, case in enumerate(rank_cases(consumed, size, world, per_rank)):
+        found.append(harness.outcome(case, ex.rank_batches, consumed, size, rank, world, per_rank))
+        if "returned" not in found[-1]:
+            break
+    return found
+
+
+def answer_batches(outcomes, consumed, size, world, per_rank) -> list:
     """Every rank's answer, checked to be a list of lists of ints."""
     out = []
-    for rank in range(world):
-        case = f"rank_batches(consumed={consumed}, epoch_size={size}, rank={rank}, world_size={world}, " \
-               f"batch_per_rank={per_rank})"
-        got = harness.call_answer(case, ex.rank_batches, consumed, size, rank, world, per_rank)
+    if not isinstance(outcomes, list):
+        raise harness.ExerciseFailure(f"the check's data should hold every rank's batches, got "
+                                      f"{harness.describe(outcomes)}")
+    for rank, case in enumerate(rank_cases(consumed, size, world, per_rank)):
+        got = harness.returned(outcomes[rank] if rank < len(outcomes) else None)
         if not isinstance(got, list):
             raise harness.ExerciseFailure(f"{case} returned {harness.describe(got)}: return a list of batches, "
                                           f"each a list of ints (positions)")
@@ -222,10 +263,11 @@ def answer_batches(ex, consumed, size, world, per_rank) -> list:
     return out
 
 
-def judge_batches(ex, ref, consumed, size, world, per_rank, seed=None, before=""):
-    """The learner's batches for every rank against the run that never stopped, then
-    against the reference's dealing; the first difference is the learner's message."""
-    answers = answer_batches(ex, consumed, size, world, per_rank)
+def judge_batches(got, want, consumed, size, world, per_rank, seed=None, before=""):
+    """The learner's batches for every rank (the outcomes ``got``) against the run that never
+    stopped, then against the reference's dealing (``want``); the first difference is the
+    learner's message."""
+    answers = answer_batches(got, consumed, size, world, per_rank)
     where = f"{before}on {world} process(es) of {per_rank}, resuming after position {consumed} of {size}"
     tail = _replay(seed)
     trained = {p: "before the stop" for p in range(consumed)}
@@ -253,8 +295,8 @@ def judge_batches(ex, ref, consumed, size, world, per_rank, seed=None, before=""
             f"last of them {size - 1}: every position left after the stop is trained once, a short last global "
             f"batch too {tail}".rstrip())
     judge_global_batches(answers, consumed, size, world, per_rank, where, tail)
-    for rank, (case, batches) in enumerate(answers):
-        want = ref.rank_batches(consumed, size, rank, world, per_rank)
+    for rank, ((case, batches), wanted) in enumerate(zip(answers, want)):
+        want = harness.returned(wanted)
         if batches != want:
             j = next(j for j, (a, b) in enumerate(zip(batches, want)) if a != b)
             raise harness.ExerciseFailure(
@@ -291,43 +333,141 @@ def sampler_batches(size, rank, world, per_rank, skip) -> list:
 
 
 def test_rank_batches():
-    ex, ref = harness.load("17"), harness.load_reference("17")
-    judge_batches(ex, ref, 6, EXAMPLE["epoch_size"], EXAMPLE["new_world_size"], 2)
-    seed = harness.check_seed()
+    harness.judge_here(sys.modules[__name__], [BATCHES], harness.check_seed())
 
-    def each(stop):
+
+def rank_batch_cases(seed) -> list:
+    """``(consumed, epoch size, world size, batch per rank, seed, sampler)`` of each case:
+    the example, then the drawn layouts, each with the inputs on which the reference's
+    dealing is compared with a real DistributedSampler's (``sampler``: an epoch the sampler
+    does not pad, resumed between batches)."""
+    cases = [(6, EXAMPLE["epoch_size"], EXAMPLE["new_world_size"], 2, None, None)]
+    for stop in drawn_stops(seed):
         world, per_rank = stop.world_size, stop.batch_per_rank
         size = stop.epoch_size - stop.epoch_size % world or world  # the sampler pads no epoch that divides
         skip = min(stop.iteration, math.ceil(size / (world * per_rank)))
-        for rank in range(world):  # the reference deals as the sampler does
-            assert ref.rank_batches(skip * world * per_rank, size, rank, world, per_rank) == \
-                sampler_batches(size, rank, world, per_rank, skip), f"check bug: {stop}"
         consumed = min(stop.iteration, stop.epoch_size)  # anywhere in the epoch, not only between batches
-        judge_batches(ex, ref, consumed, stop.epoch_size, world, per_rank, seed)
+        cases.append((consumed, stop.epoch_size, world, per_rank, seed, (size, skip)))
+    return cases
 
-    drawn_with(seed, each)()
+
+def sampler_check(want, case) -> None:
+    """The reference's dealing (``want``) against a real DistributedSampler's."""
+    _, _, world, per_rank, _, (size, skip) = case
+    for rank in range(world):
+        assert harness.returned(want[rank]) == sampler_batches(size, rank, world, per_rank, skip), \
+            f"check bug: the reference deals {size} positions other than the sampler ({case})"
 
 
 # --- 4. the whole resume against the run that never stopped ----------------------------
 
 def test_a_resumed_run_trains_every_position_once_in_the_same_global_batches():
-    ex, ref = harness.load("17"), harness.load_reference("17")
-    seed = harness.check_seed()
+    harness.judge_here(sys.modules[__name__], [WHOLE], harness.check_seed())
 
-    def judge(stop, seed):
-        epoch, consumed = check_position(ex, ref, stop.iteration, stop.epoch_length, stop.world_size,
-                                         stop.batch_per_rank, seed)
-        per_rank = check_new_batch(ex, ref, stop.world_size, stop.batch_per_rank, stop.new_world_size, seed)
-        if per_rank is None:
-            return  # refused: the global batch does not divide by the new world size
-        judge_batches(ex, ref, consumed, stop.epoch_size, stop.new_world_size, per_rank, seed,
-                      before=f"{stop}: in epoch {epoch}, ")
 
+def whole_cases(seed) -> list:
+    """``(stop, seed)``: the example, then the drawn layouts."""
     example = Stop(EXAMPLE["epoch_size"], EXAMPLE["world_size"], EXAMPLE["batch_per_rank"], EXAMPLE["iteration"],
                    EXAMPLE["new_world_size"])
-    judge(example, None)
+    return [(example, None)] + [(stop, seed) for stop in drawn_stops(seed)]
 
-    def each(stop):
-        judge(stop, seed)
 
-    drawn_with(seed, each)()
+def whole_outcomes(ex, stop) -> dict:
+    """A resume with ``ex``'s functions: where it stands, the new batch per rank, and each
+    new rank's batches from there (only where the first two gave a position and a batch)."""
+    args = (stop.iteration, stop.epoch_length, stop.world_size, stop.batch_per_rank)
+    found = {"position": harness.outcome(position_case(*args), ex.resume_position, *args)}
+    args = (stop.world_size, stop.batch_per_rank, stop.new_world_size)
+    found["batch"] = harness.outcome(batch_case(*args), ex.new_batch_per_rank, *args)
+    position, per_rank = found["position"].get("returned"), found["batch"].get("returned")
+    if isinstance(position, (tuple, list)) and len(position) == 2 and is_int(position[1]) and is_int(per_rank) \
+            and per_rank > 0:
+        found["batches"] = ranks_outcomes(ex, position[1], stop.epoch_size, stop.new_world_size, per_rank)
+    return found
+
+
+def judge_whole(got, want, stop, seed):
+    got, want = _dict(got), _dict(want)
+    epoch, consumed = check_position(got.get("position"), want["position"], stop.iteration, stop.epoch_length,
+                                     stop.world_size, stop.batch_per_rank, seed)
+    per_rank = check_new_batch(got.get("batch"), want["batch"], stop.world_size, stop.batch_per_rank,
+                               stop.new_world_size, seed)
+    if per_rank is None:
+        return  # refused: the global batch does not divide by the new world size
+    judge_batches(got.get("batches"), want["batches"], consumed, stop.epoch_size, stop.new_world_size, per_rank,
+                  seed, before=f"{stop}: in epoch {epoch}, ")
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+
+POSITION, NEW_BATCH, BATCHES = "resume_position", "new_batch_per_rank", "rank_batches"
+WHOLE = "a resumed run against the run that never stopped"
+PARTS = (POSITION, NEW_BATCH, BATCHES, WHOLE)
+
+
+def _failed(result, refusal_ok=False) -> bool:
+    """Whether a case's data fails whatever the reference gave: an answer raised (a refusal of
+    new_batch_per_rank aside). The judge stops there, so the collector stops there too."""
+    if isinstance(result, list):
+        return any(_failed(r) for r in result)
+    if not isinstance(result, dict):
+        return False
+    if "raised" in result:
+        return not (refusal_ok and _refused(result))
+    return any(_failed(v, k == "batch") for k, v in result.items() if k != "returned")
+
+
+def collect(part, whos, seed):
+    """``{who: [the outcome of each case, in order]}``; a who's list ends at its first call that
+    raised (the judge stops there)."""
+    found = {}
+    for who in whos:
+        ex, results = harness.answer("17", who), []
+        for case in CASES[part](seed):
+            results.append(COLLECT[part](ex, case, who))
+            if _failed(results[-1], part == NEW_BATCH):
+                break
+        found[who] = results
+    return found
+
+
+def _collect_batches(ex, case, who):
+    consumed, size, world, per_rank, _, sampler = case
+    found = {"batches": ranks_outcomes(ex, consumed, size, world, per_rank)}
+    if sampler is not None and who == harness.REFERENCE:
+        size, skip = sampler
+        found["sampler"] = ranks_outcomes(ex, skip * world * per_rank, size, world, per_rank)
+    return found
+
+
+CASES = {POSITION: position_cases, NEW_BATCH: batch_cases, BATCHES: rank_batch_cases, WHOLE: whole_cases}
+COLLECT = {
+    POSITION: lambda ex, case, who: harness.outcome(position_case(*case[0]), ex.resume_position, *case[0]),
+    NEW_BATCH: lambda ex, case, who: harness.outcome(batch_case(*case[0]), ex.new_batch_per_rank, *case[0]),
+    BATCHES: _collect_batches,
+    WHOLE: lambda ex, case, who: whole_outcomes(ex, case[0]),
+}
+
+
+def _dict(value) -> dict:
+    if not isinstance(value, dict):
+        raise harness.ExerciseFailure(f"the check's data should hold a dict per case, got {harness.describe(value)}")
+    return value
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` where ``got`` differs from ``expected``."""
+    if not isinstance(got, list):
+        raise harness.ExerciseFailure(f"the check's data should hold a list of cases, got {harness.describe(got)}")
+    for i, (case, want) in enumerate(zip(CASES[part](seed), expected)):
+        result = got[i] if i < len(got) else None
+        if part == POSITION:
+            check_position(result, want, *case[0], case[1])
+        elif part == NEW_BATCH:
+            check_new_batch(result, want, *case[0], case[1])
+        elif part == BATCHES:
+            if case[5] is not None:
+                sampler_check(want["sampler"], case)
+            judge_batches(_dict(result).get("batches"), want["batches"], *case[:5])
+        else:
+            judge_whole(result, want, *case)

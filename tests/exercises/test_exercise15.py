@@ -6,11 +6,15 @@ sentence the learner reads (graded on the hand-built traces whose numbers are kn
 this process: the check's first test starts no process)."""
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
 
-from support import kit_check
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from support import as_lists, judged_outside, kit_check, outcomes, plain_data
 
 from test_exercises import SOLUTIONS, by_exercise, run_checks, wrong_source
 from wrong_answers_trace import WRONG_ANSWERS_15
@@ -56,3 +60,47 @@ def test_wrong_answer_is_rejected_with_the_learners_message(tmp_path, monkeypatc
     message = str(failure.value)
     assert re.search(expected, message, flags=re.S), f"{name!r}: expected /{expected}/, the learner read:\n{message}"
     assert not isinstance(failure.value, check15.harness.NotSolved)
+
+
+# --- judged outside the sandbox: what the grader's judge accepts -----------------------------
+
+@pytest.fixture(scope="module")
+def right15(check15):
+    """Right data of both parts: the reference's answers on the known traces, and on a trace
+    of 3 ranks built to look like the check's real run (the judge cannot tell it from one: a
+    limit of judging outside, said in the check)."""
+    harness = check15.harness
+    known = check15.collect(check15.KNOWN, (harness.REFERENCE,), 1)[harness.REFERENCE]
+    trace = check15.slimmed(check15.built_trace(ranks=3, slow=check15.SLOW, steps_ms=(100,) * check15.STEPS["active"]))
+    ref = harness.load_reference("15")
+    real = {"trace": trace, **check15.answers(ref, trace, list(check15._facts(trace)[0]))}
+    return {check15.KNOWN: known, check15.REAL: real}
+
+
+def test_right_data_passes_outside(check15, right15):
+    from distkit.grade import outside
+
+    data = outside.to_bytes({"parts": right15, "failure": None})
+    reference = outside.to_bytes({"parts": {check15.KNOWN: None, check15.REAL: None}, "failure": None})
+    assert outside.verdict(check15, data, reference, 1) == ("passed", "all 2 parts passed, judged outside the sandbox")
+
+
+@settings(max_examples=150, deadline=None, print_blob=True)
+@given(data=st.data())
+def test_no_drawn_answer_earns_a_pass(check15, right15, data):
+    """Right data with ONE answer (or the real run's trace) replaced by drawn plain data: never passed."""
+    part = data.draw(st.sampled_from(check15.PARTS), label="part")
+    got = copy.deepcopy(right15[part])
+    case = got[data.draw(st.integers(0, len(got) - 1), label="trace")] if part == check15.KNOWN else got
+    key = data.draw(st.sampled_from(["covered", "slow", "fraction"] + (["trace"] * (part == check15.REAL))),
+                    label="key")
+    junk = data.draw(plain_data() if key == "trace" else st.fixed_dictionaries({"returned": st.floats() | st.integers(
+        -1, 10**6)}) | outcomes(), label="junk")
+    if key == "covered":
+        index = data.draw(st.integers(0, len(case["covered"]) - 1), label="rank")
+        assume(as_lists(junk) != as_lists(case["covered"][index]))
+        case["covered"][index] = junk
+    else:
+        assume(as_lists(junk) != as_lists(case[key]))
+        case[key] = junk
+    assert judged_outside(check15, part, got, None, 1) == "failed"

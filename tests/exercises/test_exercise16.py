@@ -14,7 +14,10 @@ import re
 
 import pytest
 
-from support import kit_check
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from support import as_lists, judged_outside, kit_check, outcomes
 
 from test_exercises import SOLUTIONS, by_exercise, run_checks, wrong_source
 from wrong_answers_hang import WRONG_ANSWERS_16
@@ -99,3 +102,48 @@ def test_the_exercises_records_are_the_doctors(check16, seed):
             said = hangs.verdict(copy.deepcopy(planted.dumps))
             assert re.search(rf"\brank {rank}\b", said) and (line is None or line in said), \
                 (family, planted.answer, said)
+
+
+# --- judged outside the sandbox: what the grader's judge accepts -----------------------------
+
+JUNK_SEED = random.randrange(1, 10**6)
+
+
+@pytest.fixture(scope="module")
+def reference16(check16):
+    print(f"exercise 16's records: DISTKIT_CHECK_SEED={JUNK_SEED}")
+    harness = check16.harness
+    return {part: check16.collect(part, (harness.REFERENCE,), JUNK_SEED)[harness.REFERENCE]
+            for part in check16.PARTS}
+
+
+def test_the_references_data_passes_outside(check16, reference16):
+    from distkit.grade import outside
+
+    reference = outside.to_bytes({"parts": reference16, "failure": None})
+    assert outside.verdict(check16, reference, reference, JUNK_SEED) == \
+        ("passed", "all 2 parts passed, judged outside the sandbox")
+
+
+_ANSWERS = st.tuples(st.integers(-1, 7), st.sampled_from(["op", "shape", "dtype", "missing", "extra", "x"]),
+                     st.none() | st.sampled_from(["train.py:21", "train.py:19", "eval.py:7"]) | st.text(max_size=5))
+
+
+@settings(max_examples=150, deadline=None, print_blob=True)
+@given(data=st.data())
+def test_no_drawn_answer_earns_a_pass(check16, reference16, data):
+    """The reference's answers with ONE replaced by a drawn one (a plausible tuple, or any
+    plain data in an outcome), or cut short, or wholly drawn: never passed."""
+    part = data.draw(st.sampled_from(check16.PARTS), label="part")
+    cases = list(reference16[part])
+    how = data.draw(st.sampled_from(["one case", "cut short", "all drawn"]), label="how")
+    if how == "one case":
+        index = data.draw(st.integers(0, len(cases) - 1), label="case")
+        junk = data.draw(st.fixed_dictionaries({"returned": _ANSWERS}) | outcomes(), label="junk")
+        assume(as_lists(junk) != as_lists(cases[index]))
+        cases[index] = junk
+    elif how == "cut short":
+        cases = cases[:data.draw(st.integers(0, len(cases) - 1), label="kept")]
+    else:
+        cases = data.draw(st.lists(outcomes(), max_size=3) | outcomes(), label="all")
+    assert judged_outside(check16, part, cases, reference16[part], JUNK_SEED) == "failed"

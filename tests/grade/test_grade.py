@@ -111,25 +111,29 @@ if os.fork() == 0:  # a double fork: the grandchild is nobody's child
         os.setsid()
         os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(900)", MARKER])
     os._exit(0)
+def _loaded_reference():
+    import gc, types
+    for obj in gc.get_objects():
+        if isinstance(obj, types.ModuleType) and obj.__name__.startswith("distkit_reference_01"):
+            return obj
+    raise LookupError("no reference in this process")
+_try("borrow through the harness", lambda: __import__("harness").load_reference("01"))
+_try("borrow a loaded reference", _loaded_reference)
 sys.stdout.write("flood " * 400_000)  # 2.4 MB
 sys.stdout.flush()
 
 def average_across_ranks(value):
     """borrow the reference's result from the check's frame, or the reference the check loaded"""
-    import gc, types
-    import harness
     try:
         return sys._getframe(1).f_locals["want"]
     except Exception:
         pass
     try:
-        return harness.load_reference("01").average_across_ranks(value)
+        return __import__("harness").load_reference("01").average_across_ranks(value)
     except Exception:
         pass
     try:
-        for obj in gc.get_objects():
-            if isinstance(obj, types.ModuleType) and obj.__name__.startswith("distkit_reference_01"):
-                return obj.average_across_ranks(value)
+        return _loaded_reference().average_across_ranks(value)
     except Exception:
         pass
     return 0.0
@@ -303,12 +307,9 @@ def test_every_escape_of_a_hostile_learner_earns_nothing_and_is_contained(graded
     report = graded_class["report"]
     tests = json.loads((report / "hostile" / "results.json").read_text())["tests"]
     said = {t["name"][:2]: t["output"] for t in tests}
-    assert "called the reference" in said["01"], said["01"]          # borrowing a loaded reference
-    assert "looked into the check's memory (sys._getframe)" in said["01"], said["01"]  # its locals
-    assert "looked into the check's memory (gc.get_objects)" in said["01"], said["01"]
     assert [t["score"] for t in tests] == [0, 0, 0]
-    # 01 is judged inside the sandbox, and the report says so; 03 and 06 outside it
-    assert "checked inside the sandbox: a forged pass is possible" in said["01"], said["01"]
+    # every exercise is judged outside the sandbox, where no reference is to borrow
+    assert not any("checked inside the sandbox" in text for text in said.values()), said
     assert "never came back whole" in said["03"], said["03"]          # os._exit(0) at import
     assert "not solved yet" in said["06"], said["06"]                 # patching the check: a stub still
     forger = json.loads((report / "forger" / "results.json").read_text())["tests"]
@@ -324,7 +325,8 @@ def test_every_escape_of_a_hostile_learner_earns_nothing_and_is_contained(graded
     assert not re.search(rf"{MARKER} ESCAPED", output), output[:2000]
     assert contained >= {"read solutions", "read solutions inside", "read another learner", "write outside",
                          "write into another learner", "reach the host", "take # GB of memory",
-                         "fill the disk", "start # threads"}, output[:2000]
+                         "fill the disk", "start # threads", "borrow through the harness",
+                         "borrow a loaded reference"}, output[:2000]
     assert graded_class["listener"].accepted == 0
     assert not any(graded_class["outside"].iterdir())
     assert _tree_digest(graded_class["subs"] / "stubs") == graded_class["others"]

@@ -4,9 +4,10 @@ process with no process group and a plain model), for several micro-batch counts
 and 3), on seeded random inputs that bfloat16 cannot hold.
 
 In each rank, for each micro-batch count, both functions take ``STEPS`` steps from the same
-random weights on the same micro-batches; the rank also takes the same steps with plain SGD
-on the WHOLE global batch, in one model with no DDP (what accumulation must equal). What is
-observed while the learner's function runs:
+random weights on the same micro-batches; the judge takes the same steps with plain SGD on
+the WHOLE global batch, in one model with no DDP (what accumulation must equal), rebuilt
+from the seed. What is observed while the learner's function runs (sent to the judge as
+plain data):
 
 - how often ``optimizer.step()`` ran (a step post-hook);
 - how many micro-batches' activations were held at once (a forward hook counts forwards, a

@@ -36,6 +36,7 @@ DRAWN = dict(deadline=None, database=None, phases=[Phase.explicit, Phase.generat
 
 
 def replay_line(test: str) -> str:
+    """The line that draws the same cases again (``test``: a -k expression for one test)."""
     return (f"seed {SEED} (check seed {CHECK_SEED}): DISTKIT_PROPERTY_SEED={SEED} python -m pytest "
             f"tests/exercises/test_judges_05_07_08.py -k '{test}' -p no:cacheprovider")
 
@@ -77,7 +78,7 @@ def judged(number: str, parts: dict) -> tuple:
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("number", NUMBERS)
 def test_the_solutions_data_passes_every_part(number):
-    print(replay_line(number), flush=True)
+    print(replay_line(f"passes_every_part[{number}]"), flush=True)
     check, learner, _ = collected(number)
     assert judged(number, learner) == ("passed", f"all {len(check.PARTS)} parts passed, judged outside the sandbox")
 
@@ -141,7 +142,7 @@ def _drawn_part(number, data):
 def test_no_data_in_the_shape_of_a_part_earns_a_pass(number, data):
     """One part's data redrawn (the others the solution's): the grader fails it, with a
     message, whatever was drawn."""
-    print(replay_line(number), flush=True)
+    print(replay_line(f"earns_a_pass[{number}]"), flush=True)
     part, junk, learner = _drawn_part(number, data)
     status, message = judged(number, {**learner, part: junk})
     assert status == "failed" and message, (part, status, message)
@@ -152,7 +153,7 @@ def test_no_data_in_the_shape_of_a_part_earns_a_pass(number, data):
 def test_the_timer_refuses_times_no_run_measures():
     """05's timer part on the solution's own run, with its measured times changed as a
     forger would: all the same, or below what was slept."""
-    print(replay_line("05 timer"), flush=True)
+    print(replay_line("refuses_times"), flush=True)
     check, learner, _ = collected("05")
     run = learner[check.TIMER]
     for key in ("steps", "fetches", "logged"):

@@ -409,7 +409,6 @@ def grade_in_process(drawn: list, folder: Path, *, at_once: int = 2, identity: b
 def _worker(number: str, place: Path) -> None:
     """Grade the mutant folders listed in ``place/jobs.json`` with exercise ``number``'s
     checks, in this process; write ``place/verdicts.json``."""
-    import importlib.util
     import inspect
     import json
     import os
@@ -424,14 +423,12 @@ def _worker(number: str, place: Path) -> None:
     checks = HERE.parent / "exercises" / "checks"
     sys.path.insert(0, str(checks))
     import harness
+    from distkit.grade.outside import check_module
 
     path = next(checks.glob(f"test_{number}_*.py"))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # a check in two halves hands itself to harness.judge_here by name
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        spec.loader.exec_module(module)
+        module = check_module(checks, number)  # as the grader imports it
     tests = [f for name, f in vars(module).items() if name.startswith("test_") and callable(f)]
     tests.sort(key=lambda f: f.__code__.co_firstlineno)
     fixtures = {p for f in tests for p in inspect.signature(f).parameters} - {"tmp_path"}

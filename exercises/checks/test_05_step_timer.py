@@ -1,6 +1,7 @@
 """Checks for exercise 05: the Timer on a trainer whose times are known, and the
 slowest rank over 2 processes."""
 import math
+import sys
 import time
 
 import pytest
@@ -135,8 +136,9 @@ def edge():
     time.sleep(EDGE_S)
 
 
-def test_timer_measures_only_the_step():
-    ex = harness.load("05")
+def run_timer(ex):
+    """The learner's timer on a trainer whose times are known: what it says and what the
+    run measured, as plain data."""
     steps = []
 
     def step(engine, batch):
@@ -173,25 +175,54 @@ def test_timer_measures_only_the_step():
     probe.attach(trainer, log, lambda: time.sleep(HANDLER_S))
     data = SlowData()
     trainer.run(data, max_epochs=EPOCHS)
-    got = timer.value()
+    attached = any(trainer.has_event_handler(getattr(timer, name)) for name in ("reset", "resume", "pause", "step"))
+    return {"value": float(timer.value()), "steps": steps, "fetches": data.took, "logged": logged,
+            "attached": attached, "counted": list(probe.counted)}
+
+
+def measured(run):
+    """The run's measured times, each at least what was slept (a busy machine sleeps longer
+    than asked, never shorter), and the shortest within a sleep's overshoot of it: else the
+    data is not a run's."""
+    asked = {"steps": [STEPS_S[i % ITERS] for i in range(EPOCHS * ITERS)],
+             "fetches": [FIRST_DATA_S if i % ITERS == 0 else DATA_S for i in range(EPOCHS * ITERS)],
+             "logged": [LOG_S] * (EPOCHS * ITERS)}
+    for key, nominal in asked.items():
+        took = run[key]
+        over = [float(t) - n for t, n in zip(took, nominal)]
+        if len(took) != len(nominal) or not all(math.isfinite(o) and o >= -1e-3 for o in over) \
+                or min(over) > MAX_OVERSHOOT_S:
+            raise harness.ExerciseFailure(f"the timer's run: {key} are not what a run measures: no marks")
+    return run
+
+
+MAX_OVERSHOOT_S = 0.5  # of the 16 sleeps of a kind, the shortest overshot its time by less
+
+
+def judge_timer(run):
+    run = measured(run)
+    got, steps, logged = run["value"], run["steps"], run["logged"]
+    if isinstance(got, bool) or not isinstance(got, float) or not math.isfinite(got):
+        raise harness.ExerciseFailure(f"the timer's run: its value is {harness.describe(got)}: no marks")
     # Compare with what the steps and the data took in this run (a busy machine sleeps
     # longer than asked), not with the nominal times.
     step_s = sum(steps) / len(steps)
     last_s = steps[-1]
-    first_fetch = [t for i, t in enumerate(data.took) if i % ITERS == 0]
-    data_s = sum(data.took) / len(data.took)
+    first_fetch = [t for i, t in enumerate(run["fetches"]) if i % ITERS == 0]
+    data_s = sum(run["fetches"]) / len(run["fetches"])
     log_s = sum(logged) / len(logged)
     told = (f"your timer says {got:.3f} s, but the {ITERS} steps of an epoch took {step_s:.3f} s "
             f"on average (the last one {last_s:.3f} s), fetching a batch {data_s:.3f} s on "
             f"average (the first of each epoch {max(first_fetch):.3f} s), a logging handler "
             f"after each step {log_s:.3f} s, and a handler at the end of each epoch "
             f"{HANDLER_S:.2f} s")
-    if not any(trainer.has_event_handler(getattr(timer, name)) for name in ("reset", "resume", "pause", "step")):
+    if run["attached"] is not True:
         raise harness.ExerciseFailure(
             f"your timer says {got:.3f} s, but it is not attached to the trainer: none of its reset, resume, "
             f"pause or step runs on the trainer's events, so it counted the time since it was created. "
             f"Attach it: timer.attach(trainer, start=..., resume=..., pause=..., step=...)")
-    fetches = [w for w in probe.counted if w.startswith("fetch")]
+    counted = [str(w) for w in run["counted"]]
+    fetches = [w for w in counted if w.startswith("fetch")]
     if len(fetches) > EPOCHS:
         raise harness.ExerciseFailure(
             f"{told}: it also counts fetching the batch (it ran during {len(fetches)} of the "
@@ -204,7 +235,7 @@ def test_timer_measures_only_the_step():
             f"batch was fetched). A Timer RUNS from its start event on: reset() starts the "
             f"clock, and resume() does nothing to a running timer. Pause it right after it "
             f"starts: a handler of its start event that calls timer.pause")
-    handlers = [name for name in HANDLERS if name in probe.counted]
+    handlers = [name for name in HANDLERS if name in counted]
     if handlers:
         ran = " and the ".join(f"{name} handler (at {HANDLERS[name][0]})" for name in handlers)
         advice = "; ".join(dict.fromkeys(HANDLERS[name][1] for name in handlers))
@@ -212,6 +243,9 @@ def test_timer_measures_only_the_step():
             f"{told}, and handlers of {EDGE_S:.2f} s at EPOCH_STARTED, GET_BATCH_COMPLETED and ITERATION_STARTED: "
             f"it also counts time outside the step, the other handlers' (it was still running in the {ran}): "
             f"{advice}")
+    if any(w not in HANDLERS for w in counted):
+        raise harness.ExerciseFailure(f"the timer's run: the probe noted {harness.short_list(counted, 3)}, "
+                                      f"which it never notes: no marks")
     # judged after what the probe saw counted: a timer that ran through the handlers and
     # fetches is as large as a total without being one
     if got >= 0.8 * ITERS * step_s:
@@ -237,34 +271,55 @@ def test_timer_measures_only_the_step():
             f"ITERATION_STARTED, pause at ITERATION_COMPLETED, step at ITERATION_COMPLETED")
 
 
+def test_timer_measures_only_the_step():
+    harness.judge_here(sys.modules[__name__], [TIMER], harness.check_seed())
+
+
 # Rank r's step time, in two rounds: first rank 0 is the slowest, so a reduce to rank 0
 # (right there, wrong elsewhere) cannot pass; then rank 1, so copying rank 0's time
 # (a broadcast) cannot pass either.
 ROUNDS = ([0.75, 0.25], [0.25, 0.6])
 
 
-def on_rank():
+def on_rank(whos):
+    """``slowest_rank`` of each answer in ``whos`` over the ROUNDS, with what it ran."""
     import ignite.distributed as idist
+
+    found = {}
+    for who in sorted(whos, key=lambda w: w != harness.REFERENCE):  # as in on_rank_random
+        ex = harness.answer("05", who)
+        found[who] = [observed(ex.slowest_rank, times[idist.get_rank()]) for times in ROUNDS]
+    return found
+
+
+def observed(slowest_rank, seconds):
+    """``slowest_rank(seconds)``, what it returned and which collectives it ran, as plain
+    data: the value as a number, or how it is shown when it is not one."""
+    import ignite.distributed as idist
+    import torch
     from distkit.lessons.sharded import CommCounter
 
-    ex = harness.load("05")
-    reports = []
-    for times in ROUNDS:
-        with CommCounter() as comm, harness.Recorder() as record:  # which collectives the answer ran
-            got = ex.slowest_rank(times[idist.get_rank()])
-        reports.append({"value": got, "collectives": dict(comm.calls), **tensors_given(record)})
-    return reports
+    with CommCounter() as comm, harness.Recorder() as record:  # which collectives the answer ran
+        got = slowest_rank(seconds)
+    number = isinstance(got, (int, float)) and not isinstance(got, bool)
+    kind = harness.describe(got) if isinstance(got, (list, tuple)) else type(got).__name__
+    calls = [{"op": c["op"], "devices": list(c["devices"]),
+              "dtype": None if c.get("copy") is None else str(c["copy"].dtype).replace("torch.", "")}
+             for c in record.log if c["op"] != "wait"]
+    return {"value": float(got) if number else None, "shown": repr(got)[:200], "kind": kind,
+            "tensor": isinstance(got, torch.Tensor), "collectives": dict(comm.calls), "calls": calls,
+            "device": str(idist.device())}
 
 
-def tensors_given(record):
+LOW_PRECISION = ("bfloat16", "float16", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+
+
+def tensors_given(report, device):
     """What the answer handed to its collectives: a floating dtype narrower than float32
-    (bfloat16, float16), and a device other than idist.device()."""
-    import ignite.distributed as idist
-
-    calls = [c for c in record.log if c["op"] != "wait"]
-    low = [str(c["copy"].dtype).replace("torch.", "") for c in calls if c.get("copy") is not None
-           and c["copy"].is_floating_point() and c["copy"].element_size() < 4]
-    return {"low": low[0] if low else None, "device": harness.on_device(calls, idist.device())}
+    (bfloat16, float16), and a device other than idist.device() (the reference's)."""
+    calls = report["calls"]
+    low = [c["dtype"] for c in calls if c["dtype"] in LOW_PRECISION]
+    return {"low": low[0] if low else None, "device": harness.on_device(calls, device)}
 
 
 def _close(value, target):
@@ -272,114 +327,157 @@ def _close(value, target):
         math.isclose(value, target, rel_tol=1e-6)
 
 
-def explain_slowest(rank, report, values, times):
-    """What rank ``rank`` got wrong, or None; ``values``: what every rank returned."""
-    import torch
-
-    got, calls = report["value"], report["collectives"]
-    if report.get("device"):
-        return f"rank {rank}: {report['device']}"
-    if isinstance(got, torch.Tensor):
-        return (f"rank {rank} returned a tensor ({got!r}), not a Python float: all_reduce "
+def explain_slowest(rank, report, values, times, device):
+    """What rank ``rank`` got wrong, or None; ``values``: what every rank returned;
+    ``device``: idist.device() on that rank."""
+    got, shown, calls = report["value"], report["shown"], report["collectives"]
+    given = tensors_given(report, device)
+    if given["device"]:
+        return f"rank {rank}: {given['device']}"
+    if report["tensor"] is True:
+        return (f"rank {rank} returned a tensor ({shown}), not a Python float: all_reduce "
                 f"hands back what it was given, so pass it float(seconds), or return .item()")
-    if not isinstance(got, (int, float)) or isinstance(got, bool):
-        kind = harness.describe(got) if isinstance(got, (list, tuple)) else type(got).__name__
-        return f"rank {rank} returned {got!r} ({kind}); return a Python float"
+    if not isinstance(got, float):
+        return f"rank {rank} returned {shown} ({report['kind']}); return a Python float"
     if _close(got, max(times)):
         return None
     common = (f"the ranks' step times are {times} and every rank must get the largest, "
               f"{max(times)}")
-    if report.get("low"):
-        return (f"rank {rank} returned {got!r}: the all_reduce was given a {report['low']} tensor, which "
+    if given["low"]:
+        return (f"rank {rank} returned {shown}: the all_reduce was given a {given['low']} tensor, which "
                 f"cannot hold these times (about 3 significant digits): reduce the time as a Python float "
                 f"or a float32/float64 tensor ({common})")
     if not calls:
-        return (f"rank {rank} returned {got!r} (its own time: nothing was combined across "
+        return (f"rank {rank} returned {shown} (its own time: nothing was combined across "
                 f"ranks, no collective ran), but {common}")
     if "reduce" in calls and "all_reduce" not in calls:
-        return (f"rank {rank} returned {got!r}: reduce leaves the result on one rank only; "
+        return (f"rank {rank} returned {shown}: reduce leaves the result on one rank only; "
                 f"use all_reduce, which hands it to EVERY rank ({common})")
     if "broadcast" in calls and "all_reduce" not in calls:
-        return (f"rank {rank} returned {got!r}, the time of the rank that broadcast it: a "
+        return (f"rank {rank} returned {shown}, the time of the rank that broadcast it: a "
                 f"broadcast copies ONE rank's value, whichever is slowest; all_reduce with "
                 f"op='MAX' combines them all ({common})")
     if all(_close(v, min(times)) for v in values):
-        return (f"rank {rank} returned {got!r}, the SMALLEST time (every rank got it): the "
+        return (f"rank {rank} returned {shown}, the SMALLEST time (every rank got it): the "
                 f"step waits for the slowest rank; ask for op='MAX', not 'MIN' ({common})")
     if all(_close(v, sum(times)) for v in values):
-        return (f"rank {rank} returned {got!r} (the SUM: all_reduce adds by default; ask for "
+        return (f"rank {rank} returned {shown} (the SUM: all_reduce adds by default; ask for "
                 f"op='MAX'), but {common}")
     if all(_close(v, sum(times) / len(times)) for v in values):
-        return (f"rank {rank} returned {got!r} (the MEAN of the ranks' times; the step waits "
+        return (f"rank {rank} returned {shown} (the MEAN of the ranks' times; the step waits "
                 f"for the slowest rank: all_reduce with op='MAX'), but {common}")
     right = [k for k, v in enumerate(values) if _close(v, max(times))]
     if right:
         return (f"rank {right[0]} got the largest time {max(times)}, but rank {rank} "
-                f"returned {got!r}: the result must reach EVERY rank, and every rank must "
+                f"returned {shown}: the result must reach EVERY rank, and every rank must "
                 f"return what the collective gave it ({common})")
     if all(_close(v, t) for v, t in zip(values, times)):  # every rank, not one by chance
-        return (f"rank {rank} returned {got!r} (its own time: what all_reduce returned was "
+        return (f"rank {rank} returned {shown} (its own time: what all_reduce returned was "
                 f"not used), but {common}")
-    return f"rank {rank} returned {got!r}, but {common}"
+    return f"rank {rank} returned {shown}, but {common}"
 
 
 def test_every_rank_learns_the_slowest_time():
-    results = harness.run_ranks(on_rank)
+    harness.judge_here(sys.modules[__name__], [SLOWEST], harness.check_seed())
+
+
+def judge_slowest(got, expected):
+    ranks = harness.same_ranks(got, expected)
     for index, times in enumerate(ROUNDS):
-        values = [reports[index]["value"] for reports in results]
-        for rank, reports in enumerate(results):
-            problem = explain_slowest(rank, reports[index], values, times)
+        values = [reports[index]["value"] for reports in ranks]
+        for rank, reports in enumerate(ranks):
+            problem = explain_slowest(rank, reports[index], values, times, expected[rank][index]["device"])
             if problem:
                 raise harness.ExerciseFailure(problem)
 
 
-def on_rank_random(seed):
-    """slowest_rank on seeded random times, one per rank of whatever layout this is: in
-    one round the slowest is the LAST rank, in the other rank 0."""
+def random_rounds(seed, world_size):
+    """The times of seed ``seed``, one per rank of a world of ``world_size``, in two rounds:
+    in one the slowest is the LAST rank, in the other rank 0."""
     import random
 
-    import ignite.distributed as idist
-    from distkit.lessons.sharded import CommCounter
-
     rng = random.Random(seed)
-    times = [round(rng.uniform(0.05, 2.0), 6) for _ in range(idist.get_world_size())]
+    times = [round(rng.uniform(0.05, 2.0), 6) for _ in range(world_size)]
     rounds = []
     for where in (-1, 0):
         i = times.index(max(times))
         times[i], times[where] = times[where], times[i]
-        rounds.append({"times": list(times), "per_node": idist.get_nproc_per_node()})
-    # The reference's results first, then the learner's: a learner's collective that only
-    # some ranks call cannot pair with one of the reference's (the error would then be
-    # raised in the reference's code, not the learner's).
-    for r in rounds:
-        r["expected"] = harness.load_reference("05").slowest_rank(r["times"][idist.get_rank()])
-    for r in rounds:
-        with CommCounter() as comm, harness.Recorder() as record:
-            r["value"] = harness.load("05").slowest_rank(r["times"][idist.get_rank()])
-        r.update({"collectives": dict(comm.calls), **tensors_given(record)})
+        rounds.append(list(times))
     return rounds
+
+
+def on_rank_random(seed, whos):
+    """slowest_rank on seeded random times, one per rank of whatever layout this is. The
+    reference's results first, then the learner's: a learner's collective that only some
+    ranks call cannot pair with one of the reference's (the error would then be raised in
+    the reference's code, not the learner's)."""
+    import ignite.distributed as idist
+
+    rounds = random_rounds(seed, idist.get_world_size())
+    found = {}
+    for who in sorted(whos, key=lambda w: w != harness.REFERENCE):
+        slowest = harness.answer("05", who).slowest_rank
+        found[who] = [{**observed(slowest, times[idist.get_rank()]), "per_node": idist.get_nproc_per_node()}
+                      for times in rounds]
+    return found
 
 
 def test_slowest_time_in_every_layout():
     """With no process group (one process: its own time is the slowest), 3 processes and
     2 nodes x 2 processes, on random times; against the reference."""
-    seed = harness.check_seed()
-    layouts = [harness.LAYOUTS[2], harness.LAYOUTS[3], harness.LAYOUTS[0]]
-    for layout, results in harness.each_layout(on_rank_random, seed, layouts=layouts):
-        for index in range(2):
-            values = [r[index]["value"] for r in results]
-            for rank, rounds in enumerate(results):
-                r = rounds[index]
-                if _close(r["value"], r["expected"]) and not r["device"]:
-                    continue
-                per_node, times = r["per_node"], r["times"]
-                node = times[rank // per_node * per_node:(rank // per_node + 1) * per_node]
-                if per_node < len(times) and _close(r["value"], max(node)) and not r["device"]:
-                    raise harness.ExerciseFailure(
-                        f"on {layout}: rank {rank} returned {r['value']!r}, the largest time of ITS node's "
-                        f"{per_node} processes ({node}), but the ranks' step times are {times}: every step "
-                        f"waits for the slowest rank of the whole run, {max(times)}; all_reduce with "
-                        f"op='MAX' over every rank {harness.replay(seed)}")
-                problem = explain_slowest(rank, r, values, r["times"]) or \
-                    harness.difference(r["expected"], r["value"], rtol=1e-6)
-                raise harness.ExerciseFailure(f"on {layout}: {problem} {harness.replay(seed)}")
+    harness.judge_here(sys.modules[__name__], RANDOM, harness.check_seed())
+
+
+def judge_random(layout, got, expected, seed):
+    ranks = harness.same_ranks(got, expected, f"on {layout}: ")
+    rounds = random_rounds(seed, len(expected))
+    for index, times in enumerate(rounds):
+        values = [r[index]["value"] for r in ranks]
+        for rank, reports in enumerate(ranks):
+            r, want = reports[index], expected[rank][index]
+            device = want["device"]
+            if _close(r["value"], want["value"]) and not tensors_given(r, device)["device"]:
+                continue
+            per_node = want["per_node"]
+            node = times[rank // per_node * per_node:(rank // per_node + 1) * per_node]
+            if per_node < len(times) and _close(r["value"], max(node)) and not tensors_given(r, device)["device"]:
+                raise harness.ExerciseFailure(
+                    f"on {layout}: rank {rank} returned {r['shown']}, the largest time of ITS node's "
+                    f"{per_node} processes ({node}), but the ranks' step times are {times}: every step "
+                    f"waits for the slowest rank of the whole run, {max(times)}; all_reduce with "
+                    f"op='MAX' over every rank {harness.replay(seed)}")
+            problem = explain_slowest(rank, r, values, times, device) or \
+                harness.difference(want["value"], r["value"], rtol=1e-6)
+            raise harness.ExerciseFailure(f"on {layout}: {problem} {harness.replay(seed)}")
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+# The timer's run is judged on what it measured (the steps, fetches and handlers of that
+# run, and what the probe saw the timer count): the reference's timer is not run for it.
+
+TIMER, SLOWEST = "the timer on a trainer", "the slowest time on 2 processes"
+RANDOM_LAYOUTS = [harness.LAYOUTS[2], harness.LAYOUTS[3], harness.LAYOUTS[0]]
+RANDOM = [f"the slowest of random times on {layout[0]}" for layout in RANDOM_LAYOUTS]
+PARTS = (TIMER, SLOWEST, *RANDOM)
+
+
+def collect(part, whos, seed):
+    """``{who: data}`` for one part of the check: the timer's run (the learner's only), or
+    what each rank's answer gave."""
+    harness.preload_for("05", whos)
+    if part == TIMER:
+        return {who: run_timer(harness.load("05")) if who == harness.LEARNER else None for who in whos}
+    if part == SLOWEST:
+        return harness.by_who(harness.run_ranks(on_rank, whos), whos)
+    layout = RANDOM_LAYOUTS[RANDOM.index(part)]
+    return harness.by_who(harness.run_layouts(on_rank_random, seed, whos, layouts=[layout])[layout[0]], whos)
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    if part == TIMER:
+        judge_timer(got)
+    elif part == SLOWEST:
+        judge_slowest(got, expected)
+    else:
+        judge_random(part[len("the slowest of random times on "):], got, expected, seed)

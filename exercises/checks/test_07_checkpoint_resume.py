@@ -5,6 +5,7 @@ with exactly the weights of a run that never stopped, and its folder must hold t
 the task asks for: the last 2, each numbered by the iteration it holds."""
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -58,20 +59,45 @@ def momentum(optimizer):
 
 
 def same(a, b):
-    return a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-6)
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape \
+        and a.dtype == b.dtype and torch.allclose(a, b, rtol=0, atol=1e-6)
 
 
-def on_rank(dirname):
+def on_rank(dirname, whos):
+    """``{who: report}``: the reference's is the check's own run that never stopped (no
+    answer's code in it), the learner's the run stopped and resumed with its functions."""
+    found = {}
+    if harness.REFERENCE in whos:
+        found[harness.REFERENCE] = uninterrupted()
+    if harness.LEARNER in whos:
+        found[harness.LEARNER] = stopped_and_resumed(dirname)
+    return found
+
+
+def uninterrupted():
+    """The weights after iterations STOP - 1, STOP and the last, and the momentum after
+    STOP, of a run that never stopped; and how many iterations it ran."""
+    trainer, model, optimizer, loader = setup(seed=0)
+    seen = {}
+
+    def note(engine):
+        if engine.state.iteration in (STOP - 1, STOP):
+            seen[engine.state.iteration] = (harness.flat_weights(model), momentum(optimizer))
+
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, note)
+    trainer.run(loader, max_epochs=EPOCHS)
+    return {"uninterrupted": harness.flat_weights(model), "total": EPOCHS * len(loader),
+            "before_stop": seen[STOP - 1][0], "at_stop": seen[STOP][0], "momentum_at_stop": seen[STOP][1]}
+
+
+def stopped_and_resumed(dirname):
+    """The learner's run stopped after STOP iterations and resumed from its checkpoint in
+    a fresh process's objects: what it left and did, as plain data."""
     import ignite.distributed as idist
     from ignite.handlers import Checkpoint
 
     ex = harness.load("07")
-    report = {}
-    trainer, model, optimizer, loader = setup(seed=0)
-    trainer.run(loader, max_epochs=EPOCHS)
-    report["uninterrupted"] = harness.flat_weights(model)
-    report["total"] = EPOCHS * len(loader)
-
+    report = {"dirname": dirname}
     trainer, model, optimizer, loader = setup(seed=0)
     try:
         checkpoint = ex.attach_checkpointing(trainer, model, optimizer, dirname)
@@ -81,9 +107,6 @@ def on_rank(dirname):
         # joins (the ranks then waited on each other, and the timeout hid this message).
         if idist.all_reduce(float(not isinstance(checkpoint, Checkpoint))) > 0:
             return report
-        history = []  # the weights after each iteration, to name a checkpoint saved too early
-        trainer.add_event_handler(Events.ITERATION_COMPLETED,
-                                  lambda e, m=model: history.append(harness.flat_weights(m)))
 
         def stop(engine):
             # What a crash right after iteration STOP would leave: the files now. (A
@@ -124,12 +147,10 @@ def on_rank(dirname):
         return report
     ex.resume(trainer, model, optimizer, str(last))
     report["resumed_iteration"] = trainer.state.iteration
-    report["weights_restored"] = same(harness.flat_weights(model), stopped_weights)
-    report["restored_previous"] = (len(history) >= STOP - 1
-                                   and same(harness.flat_weights(model), history[STOP - 2]))
-    report["momentum_restored"] = same(momentum(optimizer), stopped_momentum)
-    ok = (report["resumed_iteration"] == STOP and report["weights_restored"]
-          and report["momentum_restored"])
+    report["restored"], report["restored_momentum"] = harness.flat_weights(model), momentum(optimizer)
+    # whether to train on: decided here, judged by the grader against the reference's run
+    ok = (report["resumed_iteration"] == STOP and same(report["restored"], stopped_weights)
+          and same(report["restored_momentum"], stopped_momentum))
     if idist.all_reduce(float(not ok)) > 0:
         return report
     ran = []
@@ -152,7 +173,8 @@ def saved_files(ex, dirname):
             found.append((name, f"error: {type(error).__name__}"))
             continue
         trainer = content.get("trainer") if isinstance(content, dict) else None
-        found.append((name, trainer.get("iteration") if isinstance(trainer, dict) else None))
+        iteration = trainer.get("iteration") if isinstance(trainer, dict) else None
+        found.append((name, iteration if isinstance(iteration, int) else None))  # plain data only
     return sorted(found, key=lambda f: f[1] if isinstance(f[1], int) else -1)
 
 
@@ -191,7 +213,29 @@ def numbering(files, per_epoch):
             f"iteration keep other files than the last 2; {fix}")
 
 
-def judge(dirname, ranks, fail):
+# what the learner's run reports; where the rank ran and what a run that never stopped
+# ends with come from the reference's run, whether the weights were restored is decided here
+REPORTED = ("dirname", "returned", "last", "files", "files_at_stop", "last_exists", "attach_again",
+            "resumed_iteration", "ran_after_resume", "resumed_final")
+
+
+def merged(got, expected):
+    """Per rank, what :func:`judge_run` judges: the learner's report, with the reference's
+    run's iterations and weights, and whether the learner's resumed state is the state of
+    a run that never stopped, after STOP iterations."""
+    ranks = []
+    for g, e in zip(harness.same_ranks(got, expected), expected):
+        r = {key: g[key] for key in REPORTED if key in g}
+        r.update(total=e["total"], uninterrupted=e["uninterrupted"])
+        if "restored" in g:
+            r.update(weights_restored=same(g["restored"], e["at_stop"]),
+                     restored_previous=same(g["restored"], e["before_stop"]),
+                     momentum_restored=same(g.get("restored_momentum"), e["momentum_at_stop"]))
+        ranks.append(r)
+    return ranks
+
+
+def judge_run(dirname, ranks, fail):
     for rank, r in enumerate(ranks):
         if r["returned"] != "Checkpoint" and all(other["returned"] == r["returned"] for other in ranks):
             shown = "None" if r["returned"] == "NoneType" else f"a {r['returned']}"
@@ -278,41 +322,67 @@ def judge(dirname, ranks, fail):
                    "average of past gradients): save and load the optimizer too, or the next "
                    "steps differ from those of a run that never stopped")
     for rank, r in enumerate(ranks):
-        if r["ran_after_resume"] != r["total"] - STOP:
+        if r.get("ran_after_resume") != r["total"] - STOP:
             raise fail(f"after resuming at iteration {STOP}, rank {rank} trained "
-                       f"{r['ran_after_resume']} more iterations instead of {r['total'] - STOP}")
-        diff = (r["resumed_final"] - r["uninterrupted"]).abs().max().item()
-        if diff > 1e-6:
+                       f"{r.get('ran_after_resume', 0)} more iterations instead of {r['total'] - STOP}")
+        final, want = r["resumed_final"], r["uninterrupted"]
+        if not isinstance(final, torch.Tensor) or final.shape != want.shape or final.dtype != want.dtype:
+            raise fail(f"rank {rank}'s weights after the resumed run are {harness.describe(final)}, not the "
+                       f"model's: no marks")
+        diff = (final - want).abs().max().item()
+        if not diff <= 1e-6:  # NaN is not equal
             raise fail(f"the resumed run ended with other weights than a run that never "
                        f"stopped (largest difference {diff:.3g} on rank {rank}): the checkpoint "
                        f"must hold everything the next steps depend on")
 
 
-def _in_layout(tmp_path, index):
-    harness.preload("07")
-    layout = harness.LAYOUTS[index]
-    dirname = str(tmp_path / "checkpoints")
-    ranks = harness.run_layouts(on_rank, dirname, layouts=[layout])[layout[0]]
+def test_resumed_run_ends_exactly_like_an_uninterrupted_one():
+    harness.judge_here(sys.modules[__name__], [PARTS[0]], harness.check_seed())
+
+
+def test_one_process_resumes_exactly():
+    # no process group, no DistributedDataParallel: a plain `python train.py`
+    harness.judge_here(sys.modules[__name__], [PARTS[1]], harness.check_seed())
+
+
+def test_three_processes_resume_exactly():
+    harness.judge_here(sys.modules[__name__], [PARTS[2]], harness.check_seed())
+
+
+def test_two_nodes_resume_exactly():
+    # world size 4, 2 per node: the global rank 0 writes, every rank of both nodes loads
+    harness.judge_here(sys.modules[__name__], [PARTS[3]], harness.check_seed())
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+# The reference's half is the check's own run that never stopped: the reference solution
+# has nothing to add to it (the files and the resume are judged against the task).
+
+LAYOUTS = [harness.LAYOUTS[i] for i in (1, 0, 2, 3)]
+PARTS = tuple(layout[0] for layout in LAYOUTS)
+
+
+def collect(part, whos, seed):
+    """``{who: [what each rank's run gave]}`` in the layout ``part`` names, in a fresh
+    checkpoint folder (one for every rank, as nodes share a cluster's file system)."""
+    import shutil
+    import tempfile
+
+    harness.preload_for("07", whos)
+    layout = LAYOUTS[PARTS.index(part)]
+    base = tempfile.mkdtemp(prefix="distkit-check-07-")
+    try:
+        ranks = harness.run_layouts(on_rank, os.path.join(base, "checkpoints"), whos, layouts=[layout])[part]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return harness.by_who(ranks, whos)
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    ranks = merged(got, expected)
 
     def fail(message):
-        return harness.ExerciseFailure(f"on {layout[0]}: {message}")
+        return harness.ExerciseFailure(f"on {part}: {message}")
 
-    judge(dirname, ranks, fail)
-
-
-def test_resumed_run_ends_exactly_like_an_uninterrupted_one(tmp_path):
-    _in_layout(tmp_path, 1)
-
-
-def test_one_process_resumes_exactly(tmp_path):
-    # no process group, no DistributedDataParallel: a plain `python train.py`
-    _in_layout(tmp_path, 0)
-
-
-def test_three_processes_resume_exactly(tmp_path):
-    _in_layout(tmp_path, 2)
-
-
-def test_two_nodes_resume_exactly(tmp_path):
-    # world size 4, 2 per node: the global rank 0 writes, every rank of both nodes loads
-    _in_layout(tmp_path, 3)
+    judge_run(ranks[0].get("dirname"), ranks, fail)

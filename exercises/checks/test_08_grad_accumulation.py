@@ -4,9 +4,10 @@ process with no process group and a plain model), for several micro-batch counts
 and 3), on seeded random inputs that bfloat16 cannot hold.
 
 In each rank, for each micro-batch count, both functions take ``STEPS`` steps from the same
-random weights on the same micro-batches; the rank also takes the same steps with plain SGD
-on the WHOLE global batch, in one model with no DDP (what accumulation must equal). What is
-observed while the learner's function runs:
+random weights on the same micro-batches; the judge takes the same steps with plain SGD on
+the WHOLE global batch, in one model with no DDP (what accumulation must equal), rebuilt
+from the seed. What is observed while the learner's function runs (sent to the judge as
+plain data):
 
 - how often ``optimizer.step()`` ran (a step post-hook);
 - how many micro-batches' activations were held at once (a forward hook counts forwards, a
@@ -23,6 +24,7 @@ one sample's share of the update (see ``TOLERANCE``), and bit for bit wherever t
 reference solution's are. Known mistakes are named only when the learner's weights match a
 replay of them."""
 import contextlib
+import sys
 
 import pytest
 import torch
@@ -187,7 +189,8 @@ def run_steps(fn, seed, count, observe):
             calls.append({key: state[key] - before[key]
                           for key in ("exchanges", "entered", "forwards_inside", "steps")})
             calls[-1]["held"], calls[-1]["rows"] = state["most"], state["rows"]
-            calls[-1]["own"] = [c for c in record.log if c["op"] != "wait"]
+            calls[-1]["own"] = [{"op": c["op"], "shapes": [tuple(x) for x in c["shapes"]],
+                                 "devices": list(c["devices"])} for c in record.log if c["op"] != "wait"]
             calls[-1]["params on"] = sorted({str(p.device) for p in module.parameters()})
             state["most"] = state["now"] = state["rows"] = 0
     if dist.is_available() and dist.is_initialized():
@@ -195,25 +198,28 @@ def run_steps(fn, seed, count, observe):
     return after, calls
 
 
-def on_rank(seed):
+def on_rank(seed, whos):
+    """For each micro-batch count, the weights after each step of each answer in ``whos``
+    (the reference's first), and what was seen while the learner's ran, as plain data."""
     import ignite.distributed as idist
 
-    reference = harness.load_reference("08").accumulation_step
-    ex = harness.load("08")
     rank, world_size = idist.get_rank(), idist.get_world_size()
-    results = []
+    found = {who: {"results": [], "world_size": world_size, "device": str(idist.device())} for who in whos}
     for count in MICRO_COUNTS:
-        expected, _ = run_steps(reference, seed, count, observe=False)
+        if harness.REFERENCE in whos:
+            expected, _ = run_steps(harness.load_reference("08").accumulation_step, seed, count, observe=False)
+            found[harness.REFERENCE]["results"].append({"count": count, "got": expected})
+        if harness.LEARNER not in whos:
+            continue
         try:
-            got, calls = run_steps(ex.accumulation_step, seed, count, observe=True)
+            got, calls = run_steps(harness.load("08").accumulation_step, seed, count, observe=True)
         except NoPlainNoSync:
             raise harness.ExerciseFailure(
                 f"rank {rank}, with a plain model ({count} micro-batches): it has no no_sync() (only "
                 f"DistributedDataParallel has): use model.no_sync() only if hasattr(model, \"no_sync\"), "
                 f"else a contextlib.nullcontext()") from None
-        results.append({"count": count, "expected": expected, "got": got, "calls": calls,
-                        "whole": whole_batch_steps(seed, world_size, count)})
-    return {"results": results, "world_size": world_size, "device": str(idist.device())}
+        found[harness.LEARNER]["results"].append({"count": count, "got": got, "calls": calls})
+    return found
 
 
 # --- judging ----------------------------------------------------------------------------
@@ -304,7 +310,22 @@ def close(a, b, atol):
     return bool(((a - b).abs() <= atol).all())
 
 
-def judge(layout, ranks, seed):
+def merged(got, expected, seed):
+    """Per rank, what :func:`judge_layout` judges: the learner's weights and what was seen,
+    the reference's weights, and the whole-batch steps rebuilt here from ``seed``; where the
+    rank ran is the reference's run's to say."""
+    world_size = expected[0]["world_size"]
+    whole = {count: whole_batch_steps(seed, world_size, count) for count in MICRO_COUNTS}
+    ranks = []
+    for g, e in zip(harness.same_ranks(got, expected), expected):
+        results = [{"count": count, "got": g["results"][i]["got"], "calls": g["results"][i]["calls"],
+                    "expected": e["results"][i]["got"], "whole": whole[count]}
+                   for i, count in enumerate(MICRO_COUNTS)]
+        ranks.append({"results": results, "world_size": world_size, "device": e["device"]})
+    return ranks
+
+
+def judge_layout(layout, ranks, seed):
     """Raise the learner's message for the first thing wrong in this layout."""
     world_size = ranks[0]["world_size"]
     plural = {1: "micro-batch"}
@@ -428,7 +449,21 @@ def compare(layout, rank, result, seed, world_size, micro):
 
 
 def test_accumulation_equals_one_large_step_in_every_layout():
-    seed = harness.check_seed()
-    harness.preload("08")
-    for layout, ranks in harness.each_layout(on_rank, seed, layouts=harness.MULTI_FIRST):
-        judge(layout, ranks, seed)
+    harness.judge_here(sys.modules[__name__], PARTS, harness.check_seed())
+
+
+# --- the check's two halves (harness.judge_here; distkit grade judges outside the sandbox) ---
+
+PARTS = tuple(layout[0] for layout in harness.MULTI_FIRST)
+
+
+def collect(part, whos, seed):
+    """``{who: [what each rank's answer gave]}`` in the layout ``part`` names."""
+    harness.preload_for("08", whos)
+    layout = harness.MULTI_FIRST[PARTS.index(part)]
+    return harness.by_who(harness.run_layouts(on_rank, seed, whos, layouts=[layout])[part], whos)
+
+
+def judge(part, got, expected, seed):
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
+    judge_layout(part, merged(got, expected, seed), seed)

@@ -2,7 +2,7 @@
 listed (a check that defines ``PARTS``, ``collect`` and ``judge``), held to the grader's
 promise, in this process with ``distkit.grade.outside``'s own functions:
 
-- the reference's data judged against itself passes (a judge that fails it would fail
+- the solution, handed in as a learner's file, passes (a judge that fails it would fail
   every learner);
 - a wrong answer, drawn from the exercise's wrong answers (tests/exercises), collected
   alone, as the sandbox collects it, and judged against the reference's data collected
@@ -26,6 +26,8 @@ from hypothesis import strategies as st
 
 from support import kit_check, plain_data
 from test_exercises import SOLUTIONS, WRONG_ANSWERS, wrong_source
+from wrong_answers_hang import WRONG_ANSWERS_16
+from wrong_answers_trace import WRONG_ANSWERS_15
 
 SEED = int(os.environ.get("DISTKIT_OUTSIDE_SEED") or random.randrange(2 ** 32))
 CHECKS = SOLUTIONS.parent / "checks"
@@ -50,6 +52,8 @@ def replay(number: str) -> str:
             f"-k {number} -p no:cacheprovider")
 
 
+# 15's and 16's are graded in this process by their own tests, the others by pytest exercises
+EVERY_WRONG_ANSWER = WRONG_ANSWERS + WRONG_ANSWERS_15 + WRONG_ANSWERS_16
 _REFERENCES: dict = {}
 
 
@@ -73,22 +77,30 @@ def test_the_split_checks_are_found():
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("number", SPLIT)
 def test_a_wrong_answer_judged_outside_fails_as_distkit_check_says(number, tmp_path, monkeypatch):
-    from distkit.grade import outside
-
-    check, check_seed = kit_check(number), SEED % 10 ** 6
-    reference = reference_bytes(number)
-    assert outside.verdict(check, reference, reference, check_seed)[0] == "passed"
-    answers = [(name, change, expected) for n, name, change, expected in WRONG_ANSWERS if n == number]
+    check = kit_check(number)
+    assert learners_verdict(check, number, "solutions") == \
+        ("passed", f"all {len(check.PARTS)} parts passed, judged outside the sandbox")
+    answers = [(name, change, expected) for n, name, change, expected in EVERY_WRONG_ANSWER if n == number]
     name, change, expected = random.Random(SEED).choice(answers)
     print(f"{number}: the wrong answer {name!r}; {replay(number)}", flush=True)
     folder = tmp_path / "learner"
     folder.mkdir()
     (folder / next(SOLUTIONS.glob(f"{number}_*.py")).name).write_text(wrong_source(number, name, change))
-    monkeypatch.setenv("DISTKIT_EXERCISES", str(folder))
+    status, message = learners_verdict(check, number, str(folder))
+    assert status == "failed" and re.search(expected, message, flags=re.S), (name, status, message)
+
+
+def learners_verdict(check, number: str, folder: str) -> tuple:
+    """The grader's verdict on the file of ``folder`` (``DISTKIT_EXERCISES``), its data
+    collected as the sandbox collects it, judged against the reference's collected apart."""
+    from distkit.grade import outside
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("DISTKIT_EXERCISES", folder)
+        sys.modules.pop(f"distkit_exercise_{number}", None)
+        learner = outside.to_bytes(outside.collect_all(check, check.harness.LEARNER, SEED % 10 ** 6))
     sys.modules.pop(f"distkit_exercise_{number}", None)
-    learner = outside.to_bytes(outside.collect_all(check, check.harness.LEARNER, check_seed))
-    status, message = outside.verdict(check, learner, reference, check_seed)
-    assert status == "failed" and re.search(expected, message), (name, status, message)
+    return outside.verdict(check, learner, reference_bytes(number), SEED % 10 ** 6)
 
 
 @pytest.mark.slow

@@ -154,10 +154,12 @@ os._exit(0)
 '''
 
 PATCH_THE_CHECK = '''
-import pytest, harness
+import sys, pytest
 pytest.fail = lambda *args, **kwargs: None
-harness.difference = lambda *args, **kwargs: None
-harness.ExerciseFailure = type("Nothing", (Exception,), {})
+for _name, _module in list(sys.modules.items()):  # the check's harness, whatever its name here
+    if _name == "harness" or _name.startswith("distkit_harness_"):
+        _module.difference = lambda *args, **kwargs: None
+        _module.ExerciseFailure = type("Nothing", (Exception,), {})
 '''
 
 # Every forgery at once, for a check judged outside the sandbox: pytest's reports made to

@@ -486,6 +486,28 @@ def test_a_check_from_another_folder_leaves_this_process_its_harness(tmp_path):
     assert sys.modules["harness"] is kit and sys.path == path
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnknownMarkWarning")  # exNN: exercises/pytest.ini's
+def test_the_graders_threads_import_every_check_at_once(tmp_path):
+    """distkit grade judges in threads: every check imported at the same moment is whole (a
+    harness half run, seen by a second thread, once failed a class's grading)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from distkit.grade import outside
+
+    checks = tmp_path / "checks"  # a folder this process has imported nothing from
+    shutil.copytree(EXERCISES / "checks", checks)
+    numbers = sorted(p.name[5:7] for p in checks.glob("test_[0-9][0-9]_*.py"))
+    start = threading.Barrier(len(numbers))
+
+    def imported(number):
+        start.wait()
+        return outside.check_module(checks, number)
+
+    with ThreadPoolExecutor(len(numbers)) as pool:
+        modules = list(pool.map(imported, numbers))
+    assert all(outside.judged_outside(m) and m.harness.__file__ == str(checks / "harness.py") for m in modules)
+
+
 class _Planted:
     """A pickle that, loaded by a full unpickler, would run code in the grader."""
 

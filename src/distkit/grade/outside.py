@@ -24,6 +24,7 @@ import io
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -34,6 +35,8 @@ MAX_MESSAGE = 3000
 # the same size, and the judges' plain Python loops stay quick on data this small.
 MAX_DATA_FACTOR, MIN_DATA_CAP = 4, 16 << 10
 
+_IMPORTING = threading.Lock()
+
 
 def check_module(checks: Path, number: str) -> ModuleType:
     """The check of exercise ``number``, imported in this process (the kit's own code), with
@@ -42,19 +45,19 @@ def check_module(checks: Path, number: str) -> ModuleType:
     if not found:
         raise DistkitError(f"no check test_{number}_*.py in {checks}: give --dir the kit's exercises/")
     name = f"distkit_check_{number}"
-    if name in sys.modules and sys.modules[name].__file__ == str(found[0]):
-        return sys.modules[name]
-    harness = _harness_of(Path(checks))
-    before = sys.modules.get("harness")
-    sys.modules["harness"] = harness  # the check's `import harness` finds its folder's
-    try:
-        module = _imported(found[0], name)
-    finally:
-        if before is None:
-            del sys.modules["harness"]
-        else:
-            sys.modules["harness"] = before
-    return module
+    with _IMPORTING:  # the grader's threads: a module is in sys.modules before it has run
+        if name in sys.modules and sys.modules[name].__file__ == str(found[0]):
+            return sys.modules[name]
+        harness = _harness_of(Path(checks))
+        before = sys.modules.get("harness")
+        sys.modules["harness"] = harness  # the check's `import harness` finds its folder's
+        try:
+            return _imported(found[0], name)
+        finally:
+            if before is None:
+                del sys.modules["harness"]
+            else:
+                sys.modules["harness"] = before
 
 
 def _harness_of(checks: Path) -> ModuleType:

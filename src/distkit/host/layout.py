@@ -76,20 +76,24 @@ def _fix(name: str) -> str:
             "LOCAL_RANK and the other torchrun variables to let distkit start the processes")
 
 
+ASCII_SPACE = " \t\n\r\f\v"
+
+
 def _whole(environ, name: str, low: int = 0, high: int | None = None, default=None,
            what: str = "") -> int:
     """``environ[name]`` as a whole number in ``[low, high)`` (high: None for no bound);
     ``default`` where it is missing (None: missing is an error)."""
     raw = environ.get(name)
-    if raw is None or raw.strip() == "":
+    text = None if raw is None else raw.strip(ASCII_SPACE)  # str.strip() also eats "\x85"
+    if not text:
         if default is not None:
             return default
         raise LayoutError(name, f"{name} is {'empty' if raw is not None else 'not set'}, but the "
                                 f"other launch variables are: {_fix(name)}")
-    digits = raw.strip().removeprefix("-")
+    digits = text.removeprefix("-")
     if not (digits.isascii() and digits.isdigit()):  # int() would take "1_000" and "٣"
         raise LayoutError(name, f"{name}={raw!r} is not a whole number: {_fix(name)}")
-    value = int(raw.strip())
+    value = int(text)
     if value < low or (high is not None and value >= high):
         bound = f"from {low} to {high - 1}" if high is not None else f"at least {low}"
         raise LayoutError(name, f"{name}={raw!r} is out of range (must be {bound}{what}): {_fix(name)}")
@@ -130,12 +134,12 @@ def _tasks_on_this_node(environ, ntasks: int, nnodes: int, node_rank: int) -> in
     ``SLURM_NTASKS_PER_NODE``, else the job's ``SLURM_TASKS_PER_NODE``, else the tasks
     spread evenly."""
     for name in ("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"):
-        spec = environ.get(name, "").strip()
+        spec = environ.get(name, "").strip(ASCII_SPACE)
         if not spec:
             continue
         counts = []
         for part in spec.split(","):
-            m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+            m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip(ASCII_SPACE))
             if not m or int(m.group(1)) < 1:
                 raise LayoutError(name, f"{name}={spec!r} is not a task count per node (like "
                                         f"'2' or '2(x3),1'): {_fix(name)}")
@@ -177,7 +181,7 @@ def _slurm_layout(environ) -> WorldLayout:
     local_world = _tasks_on_this_node(environ, world, nnodes, node_rank)
     local_rank = _whole(environ, "SLURM_LOCALID", 0, local_world, default=0,
                         what=f", below this node's {local_world} tasks")
-    job = environ.get("SLURM_JOB_ID", environ.get("SLURM_JOBID", "0")).strip()
+    job = environ.get("SLURM_JOB_ID", environ.get("SLURM_JOBID", "0")).strip(ASCII_SPACE)
     if not job.isdigit():
         raise LayoutError("SLURM_JOB_ID", f"SLURM_JOB_ID={job!r} is not a job number: "
                                           f"{_fix('SLURM_JOB_ID')}")

@@ -166,10 +166,10 @@ def test_a_joined_rank_answers_the_first_claim_and_ends_once_it_is_printed(tmp_p
         start = time.monotonic()
         # no rank was in a collective here (no process group): no lines, and the claim lets
         # the rank that answered end at once
-        assert joined_rank_failed(0, 2, lost, wait_s=30) == []
+        assert joined_rank_failed(0, 2, lost, wait_s=30) == ([], True)
         assert spinner.wait(timeout=30) == 7
         assert time.monotonic() - start < 25  # not the 30 s wait, nor the spinner's 62 s
-        assert joined_rank_failed(2, 3, lost) == []  # claimed already
+        assert joined_rank_failed(2, 3, lost) == ([], True)  # claimed already
         record = json.loads((run / "hangs" / "hang-rank1.json").read_text())
         assert record["state"] == "computing" and record["where"] in ("spin.py:10", "spin.py:11"), record
         assert json.loads((run / "hangs" / "hang-rank2.json").read_text())["state"] == "raised"

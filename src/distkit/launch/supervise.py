@@ -527,8 +527,11 @@ def _join(launch: Launch, reporter: Reporter, fn, *args):
         raise
     except RankFailed as e:
         # the first rank whose collective failed prints the hang doctor's lines, after its own
-        doctor = hang_records.joined_rank_failed(idist.get_rank(), idist.get_world_size(),
-                                                 e.__context__) if e.__context__ else []
+        doctor, answered = hang_records.joined_rank_failed(idist.get_rank(), idist.get_world_size(),
+                                                           e.__context__) if e.__context__ else ([], True)
+        if doctor and not answered:  # a rank died: say so, then stay a witness, as a lost rank does
+            hang_records.joined_printed(doctor)
+            raise report_from_worker(e) from None
         report_from_worker(e, witness_waits=not doctor)  # the doctor's lines name the cause
         if doctor:
             hang_records.joined_printed(doctor)

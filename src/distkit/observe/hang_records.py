@@ -344,11 +344,14 @@ def in_collective(error: BaseException) -> bool:
     return False
 
 
-def _wait_for_records(folder: str, world: int, wait_s: float) -> None:
+def _wait_for_records(folder: str, world: int, wait_s: float) -> bool:
+    """Whether every rank's record came within ``wait_s``."""
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and not all(
-            os.path.exists(record_path(folder, r)) for r in range(world)):
+    while not all(os.path.exists(record_path(folder, r)) for r in range(world)):
+        if time.monotonic() >= deadline:
+            return False
         time.sleep(0.05)
+    return True
 
 
 def on_rank_failure(rank: int, world: int, error: BaseException, wait_s: float = 2.0) -> None:
@@ -480,25 +483,26 @@ def arm_joined(rank: int, exit_code: int, poll_s: float = JOINED_POLL_S,
 
 
 def joined_rank_failed(rank: int, world: int, error: BaseException,
-                       wait_s: float = JOINED_WAIT_S) -> list[str]:
+                       wait_s: float = JOINED_WAIT_S) -> tuple[list[str], bool]:
     """In a joined rank whose training raised ``error``: write its record in the run
     folder; where a collective failed and no rank claimed the request before, claim it,
     wait up to ``wait_s`` for every rank's record and return the doctor's lines, which
-    this rank prints (:func:`joined_printed`). [] where it prints none (a claim with no
-    rank in a collective lets the ranks that answered end at once)."""
+    this rank prints (:func:`joined_printed`), and whether every rank answered (a rank
+    that did not has died: torchrun must see that one first). ([], True) where it prints
+    none (a claim with no rank in a collective lets the ranks that answered end at once)."""
     folder = joined_folder(run_dir_of_this_process())
     if folder is None:  # failed before training named its folder: no place to meet
-        return []
+        return [], True
     write_raised(folder, rank, error)  # an error in its own code too: then no verdict is due
     if not (in_collective(error) or peer_lost(error)):
-        return []
+        return [], True
     if not _create_once(os.path.join(folder, REQUEST)):
-        return []  # another rank claimed it: that one prints
-    _wait_for_records(folder, world, wait_s)
+        return [], True  # another rank claimed it: that one prints
+    answered = _wait_for_records(folder, world, wait_s)
     lines = doctor_lines_after(folder, world)
     if not lines:
         joined_printed(lines)
-    return lines
+    return lines, answered
 
 
 def joined_printed(lines: list[str]) -> None:

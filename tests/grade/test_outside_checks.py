@@ -1,6 +1,7 @@
 """Every check the grader judges outside the sandbox, found in exercises/checks rather than
 listed (a check that defines ``PARTS``, ``collect`` and ``judge``), held to the grader's
-promise, in this process with ``distkit.grade.outside``'s own functions:
+promise, with ``distkit.grade.outside``'s own collector (a process of its own, as in the
+sandbox, without the sandbox) and judge:
 
 - the solution, handed in as a learner's file, passes (a judge that fails it would fail
   every learner);
@@ -18,18 +19,20 @@ import ast
 import os
 import random
 import re
+import subprocess
 import sys
 
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
-from support import kit_check, plain_data
+from support import kit_check, plain_data, subprocess_env
 from test_exercises import SOLUTIONS, WRONG_ANSWERS, wrong_source
 from wrong_answers_hang import WRONG_ANSWERS_16
 from wrong_answers_trace import WRONG_ANSWERS_15
 
 SEED = int(os.environ.get("DISTKIT_OUTSIDE_SEED") or random.randrange(2 ** 32))
+CHECK_SEED = SEED % 10 ** 6  # the seed the checks draw their inputs from
 CHECKS = SOLUTIONS.parent / "checks"
 NUMBERS = sorted(p.name[:2] for p in SOLUTIONS.glob("[0-9][0-9]_*.py"))
 
@@ -57,16 +60,42 @@ EVERY_WRONG_ANSWER = WRONG_ANSWERS + WRONG_ANSWERS_15 + WRONG_ANSWERS_16
 _REFERENCES: dict = {}
 
 
-def reference_bytes(number: str) -> bytes:
-    """The reference's data on the check seed ``SEED``, collected once per test process."""
+def reference_bytes(number: str, tmp_path) -> bytes:
+    """The reference's data on the check seed, collected by the grader's own call (a process
+    of its own), once per test process."""
     from distkit.grade import outside
 
     if number not in _REFERENCES:
-        check = kit_check(number)
-        data = outside.collect_all(check, check.harness.REFERENCE, SEED % 10 ** 6)
-        assert data["failure"] is None, f"the reference of {number} fails its own check: {data['failure']}"
-        _REFERENCES[number] = outside.to_bytes(data)
+        _REFERENCES[number] = outside.reference_data(CHECKS, number, CHECK_SEED, 600, tmp_path / "reference.pt")
     return _REFERENCES[number]
+
+
+def learners_data(number: str, folder: str, tmp_path) -> bytes:
+    """The data of the file in ``folder``, collected as the sandbox's collector does (the
+    same command, here without the sandbox)."""
+    out = tmp_path / f"learner-{len(list(tmp_path.glob('learner-*')))}.pt"
+    proc = subprocess.run([sys.executable, "-m", "distkit.grade.outside", str(CHECKS), number, str(CHECK_SEED),
+                           "--out", str(out)], capture_output=True, text=True, timeout=600,
+                          env=subprocess_env(DISTKIT_EXERCISES=folder, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0 and out.exists(), proc.stderr[-3000:]
+    return out.read_bytes()
+
+
+def every_message(check, learner: bytes, reference: bytes) -> list:
+    """The messages of every part the learner's data fails (the grader shows the first;
+    ``pytest exercises`` runs every test, so a wrong answer's expected message may be any)."""
+    from distkit.grade import outside
+
+    data, expected = outside.from_bytes(learner), outside.from_bytes(reference)["parts"]
+    messages = []
+    for part in check.PARTS:
+        if part not in data["parts"]:  # the collector stopped at this part: its failure
+            return messages + ([data["failure"]] if data["failure"] else [])
+        try:
+            check.judge(part, data["parts"][part], expected[part], CHECK_SEED)
+        except check.harness.ExerciseFailure as error:
+            messages.append(str(error))
+    return messages
 
 
 def test_the_split_checks_are_found():
@@ -76,9 +105,12 @@ def test_the_split_checks_are_found():
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("number", SPLIT)
-def test_a_wrong_answer_judged_outside_fails_as_distkit_check_says(number, tmp_path, monkeypatch):
+def test_a_wrong_answer_judged_outside_fails_as_distkit_check_says(number, tmp_path):
+    from distkit.grade import outside
+
     check = kit_check(number)
-    assert learners_verdict(check, number, "solutions") == \
+    reference = reference_bytes(number, tmp_path)
+    assert outside.verdict(check, learners_data(number, "solutions", tmp_path), reference, CHECK_SEED) == \
         ("passed", f"all {len(check.PARTS)} parts passed, judged outside the sandbox")
     answers = [(name, change, expected) for n, name, change, expected in EVERY_WRONG_ANSWER if n == number]
     name, change, expected = random.Random(SEED).choice(answers)
@@ -86,31 +118,21 @@ def test_a_wrong_answer_judged_outside_fails_as_distkit_check_says(number, tmp_p
     folder = tmp_path / "learner"
     folder.mkdir()
     (folder / next(SOLUTIONS.glob(f"{number}_*.py")).name).write_text(wrong_source(number, name, change))
-    status, message = learners_verdict(check, number, str(folder))
-    assert status == "failed" and re.search(expected, message, flags=re.S), (name, status, message)
-
-
-def learners_verdict(check, number: str, folder: str) -> tuple:
-    """The grader's verdict on the file of ``folder`` (``DISTKIT_EXERCISES``), its data
-    collected as the sandbox collects it, judged against the reference's collected apart."""
-    from distkit.grade import outside
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("DISTKIT_EXERCISES", folder)
-        sys.modules.pop(f"distkit_exercise_{number}", None)
-        learner = outside.to_bytes(outside.collect_all(check, check.harness.LEARNER, SEED % 10 ** 6))
-    sys.modules.pop(f"distkit_exercise_{number}", None)
-    return outside.verdict(check, learner, reference_bytes(number), SEED % 10 ** 6)
+    learner = learners_data(number, str(folder), tmp_path)
+    status, message = outside.verdict(check, learner, reference, CHECK_SEED)
+    messages = every_message(check, learner, reference)
+    assert status == "failed" and message == messages[0], (name, status, message)
+    assert any(re.search(expected, m, flags=re.S) for m in messages), (name, expected, messages)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("number", SPLIT)
-def test_no_drawn_data_earns_a_pass_from_a_kit_check(number):
+def test_no_drawn_data_earns_a_pass_from_a_kit_check(number, tmp_path):
     from distkit.grade import outside
 
-    check, check_seed = kit_check(number), SEED % 10 ** 6
-    reference = reference_bytes(number)
+    check = kit_check(number)
+    reference = reference_bytes(number, tmp_path)
     print(f"{number}: {replay(number)}", flush=True)
     data = plain_data() | st.lists(plain_data(), min_size=1, max_size=4)
 
@@ -120,7 +142,7 @@ def test_no_drawn_data_earns_a_pass_from_a_kit_check(number):
            failure=st.none() | st.text(max_size=20))
     def judged(parts, failure):
         status, message = outside.verdict(check, outside.to_bytes({"parts": parts, "failure": failure}),
-                                          reference, check_seed)
+                                          reference, CHECK_SEED)
         assert status in ("failed", "no verdict"), (status, message, parts)
 
     judged()

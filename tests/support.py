@@ -205,3 +205,18 @@ def as_lists(value):
     if isinstance(value, dict):
         return {k: as_lists(v) for k, v in value.items()}
     return value
+
+
+def solutions_data(number: str, seed: int) -> tuple:
+    """``(check, {part: the solution's data}, {part: the reference's data})`` for exercise
+    ``number``, each part collected as ``distkit check`` collects it (both answers in the
+    same real processes), on the checks' seed ``seed``."""
+    import pytest
+
+    check = kit_check(number)
+    harness = check.harness
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("DISTKIT_EXERCISES", "solutions")
+        data = {part: check.collect(part, (harness.LEARNER, harness.REFERENCE), seed) for part in check.PARTS}
+    return (check, {p: d[harness.LEARNER] for p, d in data.items()},
+            {p: d[harness.REFERENCE] for p, d in data.items()})

@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
-from support import kit_check, kit_harness
+from support import solutions_data
 
 NUMBERS = ("01", "02", "04")
 SEED = int(os.environ.get("DISTKIT_PROPERTY_SEED") or random.randrange(2 ** 32))
@@ -36,20 +36,9 @@ def replay_line(test: str) -> str:
 
 @pytest.fixture(scope="module")
 def collected():
-    """``{number: (check, {part: learner's data}, {part: reference's data})}``: the solutions'
-    data, collected by each check's own ``collect`` in real processes."""
-    harness = kit_harness()
-    found = {}
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setenv("DISTKIT_EXERCISES", "solutions")
-        for number in NUMBERS:
-            check = kit_check(number)
-            got, expected = {}, {}
-            for part in check.PARTS:
-                data = check.collect(part, (harness.LEARNER, harness.REFERENCE), CHECK_SEED)
-                got[part], expected[part] = data[harness.LEARNER], data[harness.REFERENCE]
-            found[number] = (check, got, expected)
-    return found
+    """``{number: (check, the solution's parts, the reference's parts)}``, collected as
+    distkit check collects them, in real processes."""
+    return {number: solutions_data(number, CHECK_SEED) for number in NUMBERS}
 
 
 def judged(check, got: dict, expected: dict) -> tuple:

@@ -22,7 +22,7 @@ import re
 import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
-from support import kit_check, kit_harness
+from support import kit_harness, solutions_data
 
 SEED = int(os.environ.get("DISTKIT_PROPERTY_SEED") or random.randrange(2 ** 32))
 CHECK_SEED = int(os.environ.get("DISTKIT_CHECK_SEED") or random.randrange(1, 10 ** 6))
@@ -36,19 +36,9 @@ def replay_line() -> str:
 
 @pytest.fixture(scope="module")
 def collected():
-    """``{number: (check, the solution's parts, the reference's parts)}``, each part collected
-    as distkit check collects it (both answers in the same processes)."""
-    harness = kit_harness()
-    found = {}
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setenv("DISTKIT_EXERCISES", "solutions")
-        for number in NUMBERS:
-            check = kit_check(number)
-            data = {part: check.collect(part, (harness.LEARNER, harness.REFERENCE), CHECK_SEED)
-                    for part in check.PARTS}
-            found[number] = (check, {p: d[harness.LEARNER] for p, d in data.items()},
-                             {p: d[harness.REFERENCE] for p, d in data.items()})
-    return found
+    """``{number: (check, the solution's parts, the reference's parts)}``, collected as
+    distkit check collects them, in real processes."""
+    return {number: solutions_data(number, CHECK_SEED) for number in NUMBERS}
 
 
 def verdict(check, parts, reference, failure=None) -> tuple:

@@ -91,27 +91,35 @@ def inspect_site(site: Path, pages: list[str], shots: Path) -> dict:
     with served(site) as url, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=chromium(), headless=True, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1280, "height": 900})
-            problems = []
-            # (a missing favicon.ico is the browser's own request, not the site's)
-            page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
-                    if m.type == "error" and "favicon" not in (m.location or {}).get("url", "") else None)
-            page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url}"))
-            page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}")
-                    if r.status >= 400 and not r.url.endswith("/favicon.ico") else None)
             for name in pages:
-                problems.clear()
-                response = page.goto(url + name, wait_until="load")
-                found = page.evaluate(INSPECT)
-                shot = shots / (Path(name).stem + ".png")
-                if found["images"]:  # the screenshot shows the page's first figure
-                    page.locator("img").first.scroll_into_view_if_needed()
-                page.screenshot(path=str(shot))
-                found.update(status=response.status, problems=list(problems), screenshot=shot)
-                seen[name] = found
+                seen[name] = _inspect_page(browser, url, name, shots)
         finally:
             browser.close()
     return seen
+
+
+def _inspect_page(browser, url: str, name: str, shots: Path) -> dict:
+    """One page in a tab of its own, so that a request the previous page left running
+    (its search worker) and the browser aborts on leaving is not blamed on this one."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []
+    # (a missing favicon.ico is the browser's own request, not the site's)
+    page.on("console", lambda m: problems.append(f"console {m.type}: {m.text}")
+            if m.type == "error" and "favicon" not in (m.location or {}).get("url", "") else None)
+    page.on("requestfailed", lambda r: problems.append(f"request failed ({r.failure}): {r.url}"))
+    page.on("response", lambda r: problems.append(f"HTTP {r.status}: {r.url}")
+            if r.status >= 400 and not r.url.endswith("/favicon.ico") else None)
+    try:
+        response = page.goto(url + name, wait_until="load")
+        found = page.evaluate(INSPECT)
+        shot = shots / (Path(name).stem + ".png")
+        if found["images"]:  # the screenshot shows the page's first figure
+            page.locator("img").first.scroll_into_view_if_needed()
+        page.screenshot(path=str(shot))
+        found.update(status=response.status, problems=list(problems), screenshot=shot)
+        return found
+    finally:
+        page.close()
 
 
 def search(site: Path, page_name: str, query: str, timeout_ms: int = 60_000) -> list[str]:

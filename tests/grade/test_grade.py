@@ -295,6 +295,9 @@ def test_a_class_is_graded_with_the_right_totals(graded_class):
     assert wrong01["name"].startswith("01") and re.search(graded_class["message01"], wrong01["output"]), wrong01
     assert "no file 06_lr_scaling.py was handed in" in results["tests"][2]["output"]
     assert "not solved yet" in (report / "stubs" / "report.html").read_text()
+    for test in json.loads((report / "stubs" / "results.json").read_text())["tests"]:
+        # the stub is named by the learner's own file, not by where the sandbox put it
+        assert re.search(r"in \d\d_\w+\.py:\d+ still raises", test["output"]), test
     assert (report / FULL / "report.html").exists()
     summary = list(csv.DictReader(open(report / "summary.csv", encoding="utf-8")))
     assert summary[0]["exercise"] in NUMBERS and int(summary[0]["learners_failed"]) >= 3, summary

@@ -188,15 +188,15 @@ def shard(model):
     ("10", "FSDP shards by 2 however many ranks there are (right on 2)",
      [('shards = world_size if strategy == "fsdp" else 1', 'shards = min(world_size, 2) if strategy == "fsdp" else 1')],
      r"on 3 processes: under FSDP with 3 ranks you predicted \d+ bytes of params per rank; rank 0 holds \d+"
-     r"|predict_bytes_per_rank\(9240, 3, 'fsdp'\)"),
+     r"|predict_bytes_per_rank\(\d+, 3, 'fsdp'\)"),
     ("10", "one process predicted as sharded in two",
      [('shards = world_size if strategy == "fsdp" else 1', 'shards = max(world_size, 2) if strategy == "fsdp" else 1')],
-     r"predict_bytes_per_rank\(9240, 1, 'fsdp'\)\['params'\] should be 36960, got 18480 .*with 1 process nothing "
+     r"predict_bytes_per_rank\(\d+, 1, 'fsdp'\)\['params'\] should be \d+, got \d+ .*with 1 process nothing "
      r"is divided"),
     ("10", "the world size of this run, not the one asked about", [
         ('shards = world_size if strategy == "fsdp" else 1',
          'import ignite.distributed as idist\n    shards = idist.get_world_size() if strategy == "fsdp" else 1')],
-     r"predict_bytes_per_rank\(9240, 2, 'fsdp'\)\['params'\] should be 18480, got 36960"
+     r"predict_bytes_per_rank\(\d+, 2, 'fsdp'\)\['params'\] should be \d+, got \d+"
      r"|with 4 ranks under FSDP you predicted"),
     # --- 11 pipeline: 3 and 4 stages, several micro-batch counts ------------------------
     ("11", "no middle stage: every stage after the first is treated as the last", '''

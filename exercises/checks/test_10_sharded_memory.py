@@ -3,6 +3,7 @@ DDP and under the learner's FSDP sharding, against the learner's prediction, on 
 processes and on 2 nodes x 2 processes; the prediction against the reference solution's
 for world sizes 1 to 8. One process has no FSDP (``fully_shard`` needs a process group):
 there only the prediction is judged."""
+import random
 import sys
 
 import pytest
@@ -20,16 +21,24 @@ KINDS = ("params", "grads", "optimizer")
 DIMS = {2: (16, 32, 32, 8), 3: (12, 24, 24, 12), 4: (12, 24, 24, 12)}  # rows divide by the world
 
 
-def make_model(world=WORLD):
+def make_model(world=WORLD, scale=1):
     """Three nn.Linear layers, the middle one inside a nested block (models are rarely
-    flat: a walk must reach every level)."""
+    flat: a walk must reach every level), ``scale`` times as wide as :data:`DIMS` says."""
     torch.manual_seed(0)  # every layer's first dimension divides by the world size: equal shards
-    a, b, c, d = DIMS[world]
+    a, b, c, d = (scale * n for n in DIMS[world])
     return nn.Sequential(nn.Linear(a, b), nn.ReLU(), nn.Sequential(nn.Linear(b, c), nn.ReLU()),
                          nn.Linear(c, d))
 
 
-NUM_PARAMS = sum(p.numel() for p in make_model().parameters())
+def drawn(seed) -> tuple:
+    """What the seed chooses: how wide the measured models are, and the number of
+    parameters the predictions for world sizes 1 to 8 are asked about (it divides by each)."""
+    rng = random.Random(seed)
+    return rng.randint(1, 3), 840 * rng.randint(1, 24)
+
+
+def params_of(model) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def one_adam_step(model):
@@ -43,32 +52,32 @@ def one_adam_step(model):
     return out.detach(), state_bytes(model, optimizer)
 
 
-def on_rank(whos):
+def on_rank(whos, scale):
     """What this rank measures: for the reference, the run's facts (world size, the model's
     size, the plain DDP step's bytes and output) and the reference's predictions; for the
     learner, the learner's predictions and what their ``shard`` leaves on this rank."""
     import ignite.distributed as idist
 
     world = idist.get_world_size()
-    num_params = sum(p.numel() for p in make_model(world).parameters())
+    num_params = params_of(make_model(world, scale))
     found = {}
     if harness.LEARNER in whos:  # the learner's predictions first, as a learner reads them
         ex = harness.load("10")
         found[harness.LEARNER] = harness.plain({
             "predicted": {s: ex.predict_bytes_per_rank(num_params, world, s) for s in ("ddp", "fsdp")},
-            "predicted_fsdp_4": ex.predict_bytes_per_rank(NUM_PARAMS, 4, "fsdp"),
+            "predicted_fsdp_4": ex.predict_bytes_per_rank(params_of(make_model(WORLD, scale)), 4, "fsdp"),
             "probes": probed(ex)})
     if harness.REFERENCE in whos:
         reference = harness.load_reference("10")
-        ddp_out, ddp = one_adam_step(idist.auto_model(make_model(world)))
+        ddp_out, ddp = one_adam_step(idist.auto_model(make_model(world, scale)))
         found[harness.REFERENCE] = {
             "world": world, "num_params": num_params, "ddp": ddp, "ddp_out": ddp_out,
             "reference": {s: reference.predict_bytes_per_rank(num_params, world, s) for s in ("ddp", "fsdp")},
             "largest_layer": max(4 * sum(p.numel() for p in m.parameters())
-                                 for m in make_model(world).modules() if isinstance(m, nn.Linear)),
+                                 for m in make_model(world, scale).modules() if isinstance(m, nn.Linear)),
             "probes": probed(reference)}
     if harness.LEARNER in whos:
-        found[harness.LEARNER].update(sharded_run(harness.load("10"), world))
+        found[harness.LEARNER].update(sharded_run(harness.load("10"), world, scale))
     return found
 
 
@@ -85,13 +94,13 @@ def probed(module) -> dict:
     return values
 
 
-def sharded_run(ex, world) -> dict:
+def sharded_run(ex, world, scale) -> dict:
     """How the learner's ``shard`` left the model on this rank, and one Adam step's bytes."""
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
 
     report = {}
-    sharded = ex.shard(make_model(world))
+    sharded = ex.shard(make_model(world, scale))
     if not isinstance(sharded, nn.Module):
         report["returned"] = type(sharded).__name__
         return report
@@ -273,31 +282,30 @@ def test_prediction_matches_the_reference_for_every_world_size():
     harness.judge_here(sys.modules[__name__], [EVERY_WORLD], harness.check_seed())
 
 
-PREDICTED_PARAMS = 840 * 11
 PREDICTED_AT = [(world, strategy) for world in range(1, 9) for strategy in ("ddp", "fsdp")]
 
 
-def predictions(module, learner):
-    """``module``'s predictions at :data:`PREDICTED_AT`, in order; for the learner's, where
-    a call raises, the sentence saying so ends the list."""
+def predictions(module, learner, params):
+    """``module``'s predictions for ``params`` parameters at :data:`PREDICTED_AT`, in
+    order; for the learner's, where a call raises, the sentence saying so ends the list."""
     values = []
     for world, strategy in PREDICTED_AT:
         if not learner:
-            values.append(module.predict_bytes_per_rank(PREDICTED_PARAMS, world, strategy))
+            values.append(module.predict_bytes_per_rank(params, world, strategy))
             continue
         try:
-            values.append(harness.plain(module.predict_bytes_per_rank(PREDICTED_PARAMS, world, strategy)))
+            values.append(harness.plain(module.predict_bytes_per_rank(params, world, strategy)))
         except NotImplementedError as error:
             values.append({"not solved": harness.not_solved_message(error)})
             break
         except Exception as error:  # noqa: BLE001 - the learner's error, reported in its turn
-            values.append({"raised": f"predict_bytes_per_rank({PREDICTED_PARAMS}, {world}, {strategy!r}) "
+            values.append({"raised": f"predict_bytes_per_rank({params}, {world}, {strategy!r}) "
                                      f"raised {type(error).__name__}: {error}"})
             break
     return values
 
 
-def judge_predictions(got, expected):
+def judge_predictions(got, expected, params):
     if not isinstance(got, list):
         raise harness.ExerciseFailure(f"the check's data should be a list, got {harness.describe(got)}")
     for (world, strategy), want, value in zip(PREDICTED_AT, expected, got):
@@ -306,7 +314,7 @@ def judge_predictions(got, expected):
             raise harness.NotSolved(said["not solved"])
         if isinstance(said.get("raised"), str):
             raise harness.ExerciseFailure(said["raised"])
-        differs = harness.difference(want, value, what=f"predict_bytes_per_rank({PREDICTED_PARAMS}, {world}, "
+        differs = harness.difference(want, value, what=f"predict_bytes_per_rank({params}, {world}, "
                                                        f"{strategy!r})")
         if differs:
             raise harness.ExerciseFailure(
@@ -328,17 +336,24 @@ PARTS = (TWO, *LAYOUT_PARTS, EVERY_WORLD)
 def collect(part, whos, seed):
     """``{who: [what each rank gave]}`` for a layout, ``{who: [predictions]}`` for the last part."""
     if part == EVERY_WORLD:
-        return {who: predictions(harness.answer("10", who), who == harness.LEARNER) for who in whos}
+        params = drawn(seed)[1]
+        return {who: predictions(harness.answer("10", who), who == harness.LEARNER, params) for who in whos}
     harness.preload_for("10", whos)
     if part == TWO:
-        return harness.by_who(harness.run_ranks(on_rank, whos), whos)
+        return harness.by_who(harness.run_ranks(on_rank, whos, drawn(seed)[0]), whos)
     layout = harness.LAYOUTS[2 + LAYOUT_PARTS.index(part)]
-    return harness.by_who(harness.run_layouts(on_rank, whos, layouts=[layout])[part], whos)
+    return harness.by_who(harness.run_layouts(on_rank, whos, drawn(seed)[0], layouts=[layout])[part], whos)
 
 
 def judge(part, got, expected, seed):
-    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong."""
-    if part == EVERY_WORLD:
-        judge_predictions(got, expected)
-    else:
-        judge_layout(merged(got, expected), "" if part == TWO else f"on {part}: ")
+    """Raises the learner's :class:`harness.ExerciseFailure` when ``got`` is wrong; its
+    numbers are the seed's, which it names."""
+    try:
+        if part == EVERY_WORLD:
+            judge_predictions(got, expected, drawn(seed)[1])
+        else:
+            judge_layout(merged(got, expected), "" if part == TWO else f"on {part}: ")
+    except harness.NotSolved:
+        raise
+    except harness.ExerciseFailure as failure:
+        raise harness.ExerciseFailure(f"{failure} {harness.replay(seed)}") from None

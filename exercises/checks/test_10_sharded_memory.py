@@ -73,8 +73,8 @@ def on_rank(whos, scale):
         found[harness.REFERENCE] = {
             "world": world, "num_params": num_params, "ddp": ddp, "ddp_out": ddp_out,
             "reference": {s: reference.predict_bytes_per_rank(num_params, world, s) for s in ("ddp", "fsdp")},
-            "largest_layer": max(4 * sum(p.numel() for p in m.parameters())
-                                 for m in make_model(world, scale).modules() if isinstance(m, nn.Linear)),
+            "largest_layer": max(4 * params_of(m) for m in make_model(world, scale).modules()
+                                 if isinstance(m, nn.Linear)),
             "probes": probed(reference)}
     if harness.LEARNER in whos:
         found[harness.LEARNER].update(sharded_run(harness.load("10"), world, scale))

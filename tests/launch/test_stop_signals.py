@@ -186,3 +186,45 @@ def test_a_stop_signal_ends_every_rank_with_the_documented_line(case, tmp_path_f
 def test_many_stop_signals_end_every_rank_with_the_documented_line(case, tmp_path_factory):
     note(f"replay: DISTKIT_STOP_SEED={SEED} pytest tests/launch/test_stop_signals.py -m slow")
     run_case(*case, tmp_path_factory.mktemp("stop"))
+
+
+# A Ctrl-C whose KeyboardInterrupt Python drops: the handler runs inside a fork's hook in the
+# parent (logging registers one; a launcher that forks its ranks runs them), where an
+# exception cannot propagate. The launcher must still get it, not wait for the ranks' end.
+DROPPED = r'''
+import os, signal, sys, time
+from distkit.launch.stop_signals import TRAINING, StopSignals
+
+
+def hook():
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(1000):  # the handler runs here, in the hook: what it raises is dropped
+        pass
+
+
+signal.signal(signal.SIGINT, signal.default_int_handler)  # not ignored, as a terminal's is not
+os.register_at_fork(after_in_parent=hook)
+with StopSignals(lambda: [], TRAINING) as stop:
+    started = time.monotonic()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0)
+        os.waitpid(pid, 0)
+        time.sleep(10)
+        print("lost", flush=True)
+    except KeyboardInterrupt:
+        stop.interrupt()
+        print(f"taken after {time.monotonic() - started:.1f} s", flush=True)
+print(signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True)
+'''
+
+
+def test_a_ctrl_c_python_drops_in_a_fork_hook_is_asked_again_until_the_launcher_takes_it(tmp_path):
+    (tmp_path / "dropped.py").write_text(DROPPED)
+    done = subprocess.run([sys.executable, "dropped.py"], cwd=tmp_path, env=subprocess_env(),
+                          capture_output=True, text=True, timeout=within_seconds(60), check=False)
+    said = f"{done.stdout}\n{done.stderr}"
+    assert done.returncode == 0, said
+    assert "Exception ignored" in done.stderr, f"the first KeyboardInterrupt was not dropped: {said}"
+    assert re.fullmatch(r"taken after \d+\.\d s\nTrue\n", done.stdout), said

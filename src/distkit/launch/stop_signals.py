@@ -18,9 +18,11 @@ What differs between the launchers is a :class:`StopPolicy`:
   the same grace.
 
 A Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` wherever the launcher waits (torch's join
-included), as Python's own handler does, once: a second Ctrl-C while the ranks stop is
-only noted, so it cannot cut the stop short and leave ranks behind; the launcher then
-calls :meth:`StopSignals.interrupt`. (Where SIGINT is ignored, a job started in the
+included), as Python's own handler does, until the launcher takes it by calling
+:meth:`StopSignals.interrupt`; from then a Ctrl-C is only noted, so it cannot cut the stop
+short and leave ranks behind. Until then it is asked again each second: Python drops an
+exception raised where it cannot propagate (a fork's hooks in the parent, ``__del__``),
+and a Ctrl-C landing there would otherwise be lost while the ranks train on. (Where SIGINT is ignored, a job started in the
 background of a script, it stays ignored.) In a task of an srun step the stop signals
 the policy leaves alone keep the handler that
 :func:`distkit.train.signals.install_for_slurm_step` gave them (a noted stop).
@@ -71,19 +73,28 @@ class StopSignals:
         self._previous: dict = {}
         self._sent: set = set()
         self._done = threading.Event()
+        self._taken = False  # the launcher has taken the Ctrl-C (interrupt() called)
+        self._insisting: threading.Thread | None = None
 
     def __enter__(self):
         signals.clear()  # a stop asked of an earlier launch in this process is not this one's
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        try:
             for signum in self.policy.handled:
                 self._previous[signum] = signal.signal(signum, self._on_signal)
             if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
                 self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_interrupt)
             signals.begin()  # from here the launcher decides; after it a signal is only noted
+        except BaseException:  # a Ctrl-C already: the caller's handlers go back all the same
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
         self._done.set()
+        if self._insisting is not None:
+            self._insisting.join()
         for signum, handler in self._previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
@@ -99,9 +110,20 @@ class StopSignals:
             self._forward(signum, again=True)
 
     def _on_interrupt(self, signum, frame) -> None:
-        if not self.interrupted:
-            self.interrupted = True
-            raise KeyboardInterrupt
+        self.interrupted = True
+        if self._taken or self._done.is_set():
+            return
+        if self._insisting is None:
+            self._insisting = threading.Thread(target=self._insist, name="distkit-interrupt",
+                                               daemon=True)
+            self._insisting.start()
+        raise KeyboardInterrupt
+
+    def _insist(self) -> None:
+        """Ask the main thread again each second until the launcher takes the Ctrl-C."""
+        main = threading.main_thread().ident
+        while not self._done.wait(1.0) and not self._taken:
+            signal.pthread_kill(main, signal.SIGINT)
 
     def _forward(self, signum: int, again: bool = False) -> None:
         try:
@@ -130,4 +152,5 @@ class StopSignals:
 
     def interrupt(self) -> int:
         """After a Ctrl-C: stop every rank still running (the policy's ``interrupt_with``)."""
+        self._taken = True
         return self.stop(self.policy.interrupt_with)

@@ -18,14 +18,15 @@ What differs between the launchers is a :class:`StopPolicy`:
   the same grace.
 
 A Ctrl-C (SIGINT) raises ``KeyboardInterrupt`` wherever the launcher waits (torch's join
-included), as Python's own handler does, until the launcher takes it by calling
-:meth:`StopSignals.interrupt`; from then a Ctrl-C is only noted, so it cannot cut the stop
-short and leave ranks behind. Until then it is asked again each second: Python drops an
-exception raised where it cannot propagate (a fork's hooks in the parent, ``__del__``),
-and a Ctrl-C landing there would otherwise be lost while the ranks train on. (Where SIGINT is ignored, a job started in the
-background of a script, it stays ignored.) In a task of an srun step the stop signals
-the policy leaves alone keep the handler that
-:func:`distkit.train.signals.install_for_slurm_step` gave them (a noted stop).
+included), as Python's own handler does, once; the launcher then calls
+:meth:`StopSignals.interrupt`. A second Ctrl-C is only noted, so it cannot cut the stop
+short and leave ranks behind. The first is raised again each second until the launcher
+has taken it: Python drops an exception raised where it cannot propagate (a fork's hooks
+in the parent, ``__del__``), and a Ctrl-C landing there would be lost while the ranks
+train on. (Where SIGINT is ignored, a job started in the background of a script, it
+stays ignored.) In a task of an srun step the stop signals the policy leaves alone keep
+the handler that :func:`distkit.train.signals.install_for_slurm_step` gave them (a noted
+stop).
 """
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ class StopSignals:
         self._sent: set = set()
         self._done = threading.Event()
         self._taken = False  # the launcher has taken the Ctrl-C (interrupt() called)
+        self._asking = False  # the Ctrl-C is asked again (see _insist)
         self._insisting: threading.Thread | None = None
 
     def __enter__(self):
@@ -110,10 +112,11 @@ class StopSignals:
             self._forward(signum, again=True)
 
     def _on_interrupt(self, signum, frame) -> None:
-        self.interrupted = True
-        if self._taken or self._done.is_set():
-            return
-        if self._insisting is None:
+        first, self.interrupted = not self.interrupted, True
+        asked, self._asking = self._asking, False
+        if self._taken or self._done.is_set() or not (first or asked):
+            return  # a second Ctrl-C while the first one unwinds: only noted
+        if first:
             self._insisting = threading.Thread(target=self._insist, name="distkit-interrupt",
                                                daemon=True)
             self._insisting.start()
@@ -123,6 +126,7 @@ class StopSignals:
         """Ask the main thread again each second until the launcher takes the Ctrl-C."""
         main = threading.main_thread().ident
         while not self._done.wait(1.0) and not self._taken:
+            self._asking = True
             signal.pthread_kill(main, signal.SIGINT)
 
     def _forward(self, signum: int, again: bool = False) -> None:

@@ -3,12 +3,20 @@ hooks; what tests share besides fixtures is in tests/support.py."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 from support import subprocess_env
+
+# A run started as a shell's background job (`pytest &`, a CI script's `cmd &`) has SIGINT
+# ignored, and every process a test starts would inherit that: Python keeps an ignored
+# SIGINT ignored, so a test's Ctrl-C would reach nothing. The tests mean a terminal's
+# Ctrl-C; a handler here (reset to the default in each child at exec) gives them that.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_xdist_auto_num_workers(config):

@@ -120,32 +120,57 @@ def kill_rank(launcher_pid: int, rank: int, sig: int = signal.SIGKILL, first_ran
 def kill_during_save(save, directory, min_bytes: int = 10_000_000, timeout: float = 60) -> dict:
     """Run ``save(i)`` for i = 0, 1, ... in a forked process that writes into
     ``directory``; SIGKILL it while a temporary file of a save (``tmp*``, as
-    ``DiskSaver(atomic=True)`` writes) holds at least ``min_bytes`` and a complete
-    ``*.pt`` exists. Return ``{"partial": path, "partial_bytes": n, "complete": [paths]}``."""
+    ``DiskSaver(atomic=True)`` writes) holds at least ``min_bytes``, fewer than a complete
+    ``*.pt``. A kill that landed once the write had ended (the file whole, not yet renamed)
+    does not count: the file is removed and the saves start again. Return
+    ``{"partial": path, "partial_bytes": n, "complete": [paths]}``, ``n`` measured after
+    the kill."""
+    directory = Path(directory)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        caught = _kill_one_save(save, directory, min_bytes, deadline)
+        if caught is not None:
+            return caught
+    raise TimeoutError(f"no save in progress with >= {min_bytes} bytes caught within {timeout} s")
+
+
+def _kill_one_save(save, directory: Path, min_bytes: int, deadline: float) -> dict | None:
+    """One try of :func:`kill_during_save`: None where the kill came after the write."""
     import multiprocessing as mp
 
-    directory = Path(directory)
     proc = mp.get_context("fork").Process(target=_save_forever, args=(save,))
     proc.start()
-    deadline = time.monotonic() + timeout
     try:
         while time.monotonic() < deadline and proc.is_alive():
             try:
-                tmps = [(p, p.stat().st_size) for p in directory.glob("tmp*")]
-                ready = [t for t in tmps if t[1] >= min_bytes]
-                if ready and list(directory.glob("*.pt")):
-                    os.kill(proc.pid, signal.SIGKILL)
-                    proc.join()
-                    return {"partial": str(ready[0][0]), "partial_bytes": ready[0][1],
-                            "complete": sorted(str(p) for p in directory.glob("*.pt"))}
+                complete = sorted(directory.glob("*.pt"), key=lambda p: p.stat().st_mtime)
+                whole = complete[-1].stat().st_size if complete else 0
+                ready = [p for p in directory.glob("tmp*") if min_bytes <= p.stat().st_size < whole]
             except FileNotFoundError:  # renamed while we looked: that save completed
-                pass
+                ready = []
+            if ready:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.join()
+                return _mid_write(ready[0], whole, complete)
             time.sleep(0.001)
-        raise TimeoutError(f"no save in progress with >= {min_bytes} bytes caught within {timeout} s")
+        return None
     finally:
         if proc.is_alive():
             proc.kill()
             proc.join()
+
+
+def _mid_write(partial: Path, whole: int, complete: list) -> dict | None:
+    """What a kill left: the partial file, if it is still short of a whole save."""
+    try:
+        size = partial.stat().st_size
+    except FileNotFoundError:  # renamed between the look and the kill
+        return None
+    if size >= whole:  # written to its end before the kill: not a write cut short
+        partial.unlink()
+        return None
+    return {"partial": str(partial), "partial_bytes": size,
+            "complete": sorted(str(p) for p in complete)}
 
 
 def _save_forever(save):

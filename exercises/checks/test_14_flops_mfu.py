@@ -394,7 +394,7 @@ def judge_nodes(got, expected):
         where = f"on {layout} (world size {r['world']}, {r['per_node']} per node), rank {rank}"
         got, want = r["mfu"], r["want_mfu"]
         if not is_number(got) or not math.isclose(got, want, rel_tol=1e-9):
-            ratio = got / want if is_number(got) else None
+            ratio = got / want if is_number(got) and got and want else None  # 0: no ratio to name
             if ratio is not None and any(math.isclose(ratio, k, rel_tol=1e-6) for k in (r["world"], r["per_node"])):
                 how = f"{ratio:g}x"
             elif ratio is not None and any(math.isclose(1 / ratio, k, rel_tol=1e-6) for k in (r["world"], r["per_node"])):

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from support import assert_one_line_error
+from support import assert_one_line_error, within_seconds
 
 
-WITHIN = 30  # seconds; the issue's 10 s holds on a quiet machine (see test_refused_within_10_s)
+WITHIN = 30  # seconds on a quiet machine, stretched by the load (within_seconds)
 
 TASKS = '''
 import torch
@@ -69,8 +69,8 @@ def tasks_file(tmp_path):
 def test_sizes_are_refused_before_start(run_cli, tmp_path, tasks_file, args, words):
     args = [a.format(tasks=tasks_file) for a in args]
     started = time.monotonic()
-    result = run_cli("train", "--output-dir", tmp_path / "runs", *args, timeout=WITHIN + 30)
-    assert time.monotonic() - started < WITHIN
+    result = run_cli("train", "--output-dir", tmp_path / "runs", *args, timeout=within_seconds(WITHIN) + 30)
+    assert time.monotonic() - started < within_seconds(WITHIN)
     assert_one_line_error(result, *words, tmp_path=tmp_path)
     assert not (tmp_path / "runs").exists()
 
@@ -79,7 +79,7 @@ def test_far_more_processes_than_cores_warn_with_a_memory_estimate(run_cli, tmp_
     """64 processes on this machine's cores: one warning line with the memory estimate
     (and here a refused batch, so nothing starts)."""
     result = run_cli("train", "--output-dir", tmp_path / "runs", "--nproc-per-node", 64,
-                     "--batch-size", 4096, timeout=WITHIN + 30)
+                     "--batch-size", 4096, timeout=within_seconds(WITHIN) + 30)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 2, result.stderr
     assert lines[0].startswith("distkit: warning: --nproc-per-node 64 on "), lines[0]

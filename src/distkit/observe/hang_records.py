@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import sys
 import threading
@@ -149,8 +148,7 @@ def _record(rank: int, state: str, innermost, raised: bool, error_text: str = ""
             seq = 1 + max([c["seq"] for c in collectives if c["group"] == group], default=0)
             collectives.append({"group": group, "seq": seq, **made})
     lost = any(words in (error_text or "").lower() for words in PEER_LOST_WORDS)
-    if seq is None and call is None and collectives and _names_an_op(collectives[-1]) and (
-            lost or not raised and not collectives[-1]["done"]):
+    if seq is None and call is None and collectives and (lost or not raised and not collectives[-1]["done"]):
         # a collective started outside Python (DDP's all-reduce from autograd's hooks); a rank
         # that raised in its own code (a refusal after an all_gather the recorder had not
         # marked done) failed in no collective, whatever the recorder's last entry says
@@ -159,14 +157,6 @@ def _record(rank: int, state: str, innermost, raised: bool, error_text: str = ""
         state = "in collective" if call else "computing"
     return {"rank": rank, "state": state, "where": where, "call": call, "current": seq,
             "collectives": collectives}
-
-
-def _names_an_op(entry: dict) -> bool:
-    """Whether a recorder entry names a collective (``all_reduce``, ``_allgather_base``).
-    A rank spinning in its own forward has been seen with a last, unfinished entry named
-    ``WORLD`` (a group's name, not an op; where torch made it is not known): such an entry
-    says nothing of where the rank is, and the rank's own stack does."""
-    return re.fullmatch(r"[a-z_]+", entry["op"]) is not None
 
 
 def _same_op(call: str, op: str) -> bool:

@@ -9,6 +9,7 @@ tests/notebooks/test_notebooks.py runs them), in a temporary folder, and saved i
 - every cell's outputs;
 - a markdown cell after the title that says where and when it ran (machine, cores, load,
   versions, date, seconds), the one cell that is not built from ``notebooks/src``;
+- its row in docs/site.md's table of recorded runs (seconds, load, date);
 - ``metadata.distkit.recorded``: the same facts and ``code_digest``, the SHA-256 of its
   code cells' sources (:func:`code_digest`), which ``tests/notebooks/test_notebook_outputs.py``
   compares with the sources now: a code cell changed without a re-run fails that test.
@@ -142,8 +143,17 @@ def record(path: Path, log=print) -> float:
     out = {**clean, "cells": cells,
            "metadata": {**clean["metadata"], "distkit": {"recorded": {**facts, "code_digest": code_digest(clean)}}}}
     write(out, path)
+    table_row(facts)
     log(f"{path.name}: recorded in {seconds:.0f} s (load average {load:.1f} at the start)")
     return seconds
+
+
+def table_row(facts: dict, site: Path = ROOT / "docs" / "site.md") -> None:
+    """docs/site.md's table of recorded runs: this notebook's row says this recording."""
+    row = re.compile(rf"^(\| {facts['notebook']} · [^|]+\|) [^|]+ \| [^|]+ \| [^|]+ \|$", re.M)
+    text = site.read_text()
+    new = rf"\g<1> {facts['seconds']:.0f} | {facts['load_average']:.1f} | {facts['date'].removesuffix(' UTC')} |"
+    site.write_text(row.sub(new, text, count=1))
 
 
 def main(argv=None) -> int:

@@ -2,6 +2,7 @@
 (pure functions over records), and on real gloo ranks under distkit launch."""
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -127,6 +128,57 @@ def test_the_doctor_speaks_only_of_a_run_that_failed_on_a_collective():
     assert involves_collectives([waiting, in_c10d])
     assert involves_collectives([waiting, died])
     assert not involves_collectives([computing, died])
+
+
+ASKING = """
+import json, os, sys, tempfile
+import torch
+import torch.distributed as dist
+import ignite.distributed as idist
+from distkit.observe.hang_records import live_record
+
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+dist.all_reduce(torch.ones(3))  # one collective, finished
+c10d = os.path.join("torch", "distributed", "distributed_c10d.py")
+seen = []
+
+
+def sample(frame, event, arg):  # the hang thread's view of the main thread, at each c10d frame
+    if event == "call" and frame.f_code.co_filename.endswith(c10d):
+        record = live_record(0, frame)
+        seen.append([frame.f_code.co_name, record["state"], record["call"], record["current"],
+                     len(record["collectives"])])
+
+
+QUESTIONS = [idist.get_rank, idist.get_world_size, idist.get_local_rank, idist.get_node_rank,
+             idist.get_nproc_per_node, idist.get_nnodes, idist.backend, idist.device,
+             dist.get_rank, dist.get_world_size, dist.is_initialized, dist.get_backend,
+             lambda: dist.get_process_group_ranks(dist.group.WORLD), lambda: dist.group.WORLD]
+for question in QUESTIONS:  # ignite gathers its facts (all_gather) at its first question
+    question()
+before = len(live_record(0, None)["collectives"])
+for question in QUESTIONS:
+    sys.settrace(sample)
+    question()
+    sys.settrace(None)
+dist.destroy_process_group()
+print(json.dumps([s[:-1] + [s[-1] - before] for s in seen]))
+"""
+
+
+def test_a_rank_asking_torch_distributed_a_question_is_computing_in_every_frame(tmp_path):
+    """A course's loop that asks who it is (``idist.get_rank()``, ``dist.group.WORLD``...)
+    passes through torch.distributed's own functions, ``GroupMember.WORLD``'s getter among
+    them: a rank sampled in any of those frames is computing, not in a collective (it was
+    once reported "in WORLD #19")."""
+    (tmp_path / "asking.py").write_text(ASKING.lstrip("\n"))
+    done = subprocess.run([sys.executable, "asking.py"], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.splitlines()[-1])
+    assert any(name == "WORLD" for name, *_ in seen), seen  # the frame of the report was sampled
+    wrong = [s for s in seen if s[1:] != ["computing", None, None, 0]]  # 0: no new entry
+    assert not wrong, wrong
 
 
 SPINNER = """

@@ -20,12 +20,14 @@ went past.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import sys
 import threading
 import time
+import types
 
 from distkit.host.files import write_json_quietly
 from distkit.observe.failures import (KIT_ROOT, PEER_LOST_WORDS, _create_once, _library_roots, peer_lost,
@@ -96,17 +98,28 @@ def _where(frames) -> tuple[str | None, object | None]:
 
 def waits_on_others(function: str) -> bool:
     """Whether torch.distributed's ``function`` can wait on other ranks: a collective, or a
-    call that makes a group (``new_group`` waits in the store for every member); not a
+    call that makes a group (``new_group`` waits in the store for every member). Only the
+    functions torch.distributed offers its users (its ``__all__``) call other ranks; a
     question about this process (``get_rank``, ``is_initialized``: a loop that spins asking
-    it is computing, not waiting), and not one of torch's own helpers that such a question
-    calls (``_get_default_group``)."""
-    return not function.startswith(("get_", "is_", "_"))
+    it is computing, not waiting) does not, nor does anything such a question passes
+    through: torch's helpers (``_get_default_group``), ``GroupMember.WORLD``'s getter."""
+    return function in _public_c10d() and not function.startswith(
+        ("get_", "is_", "supports_", "set_", "record_"))  # set_timeout, record_comm: this process's settings
+
+
+@functools.lru_cache(maxsize=1)
+def _public_c10d() -> frozenset:
+    import torch.distributed.distributed_c10d as c10d
+
+    functions = vars(c10d)  # type(), not getattr: torch warns at a read of its deprecated names
+    return frozenset(name for name in c10d.__all__ if type(functions.get(name)) is types.FunctionType)
 
 
 def is_collective(function: str) -> bool:
     """Whether torch.distributed's ``function`` is a collective the Flight Recorder numbers:
     it waits on other ranks, and does not make or end groups."""
-    return waits_on_others(function) and not function.startswith(("new_", "init_", "destroy_", "_"))
+    return waits_on_others(function) and not function.startswith(
+        ("new_", "init_", "destroy_", "split_", "shrink_"))
 
 
 _TENSOR_ARGUMENTS = ("tensor", "input_tensor", "input", "tensor_list", "input_tensor_list",

@@ -138,9 +138,17 @@ def test_jupyter_interrupt_kernel_stops_every_worker(tmp_path):
         m = re.search(r"--resume-from (\S+\.pt)", content["evalue"])
         assert m and content["evalue"].startswith("stopped 2 worker process(es)"), content["evalue"]
         check_resumable(m.group(1), runs)
-        # the kernel is still usable after the interrupt
-        answer = kc.execute_interactive("1 + 1", timeout=30)
-        assert answer["content"]["status"] == "ok"
+        # the kernel is still usable after the interrupt. A request that reaches ipykernel
+        # before it has finished "aborting the queue" after an error (its callback, run on
+        # its next loop turn; later on a loaded machine) is answered "aborted", as a cell
+        # run at that moment in a notebook would be: the next request runs
+        statuses = []
+        for _ in range(3):
+            statuses.append(kc.execute_interactive("1 + 1", timeout=30)["content"]["status"])
+            if statuses[-1] != "aborted":
+                break
+            time.sleep(0.5)
+        assert statuses[-1] == "ok", statuses
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -134,21 +134,23 @@ def test_cross_rank_table_from_real_processes():
 @pytest.mark.timeout(120)
 def test_slow_pipeline_is_data_bound_and_workers_fix_it():
     """In this process (a world of one): 5 ms per sample is data-bound; 4 workers with
-    prefetching take most of the wait away."""
+    prefetching take most of the wait away. 8 batches: with 4 workers, each building a
+    whole batch, the first wait (the workers' start, longer on a loaded machine) is one
+    wait in 8, not in 4."""
     import warnings
 
     from distkit.lessons.slow_data import profile_pipeline
 
-    slow = profile_pipeline(0, delay_s=0.005, samples=256, epochs=1)
+    slow = profile_pipeline(0, delay_s=0.005, samples=512, epochs=1)
     assert slow["profile"]["bottleneck"] == "data", profiling.diagnose(slow["profile"])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # more workers than cores: they sleep
-        fast = profile_pipeline(0, delay_s=0.005, samples=256, epochs=1, num_workers=4,
+        fast = profile_pipeline(0, delay_s=0.005, samples=512, epochs=1, num_workers=4,
                                 prefetch_factor=4, persistent_workers=True)
     assert fast["loader"]["per_process_num_workers"] == 4
     slow_data = slow["profile"]["data_s"]["mean_s"]
     fast_data = fast["profile"]["data_s"]["mean_s"]
-    assert fast_data < 0.6 * slow_data, (slow_data, fast_data)
+    assert fast_data < 0.6 * slow_data, (slow_data, fast_data)  # 0.19 here beside a CI run (0.28 with 4 batches)
 
 
 @pytest.mark.slow

@@ -131,7 +131,7 @@ def test_the_doctor_speaks_only_of_a_run_that_failed_on_a_collective():
 
 
 ASKING = """
-import json, os, sys, tempfile
+import json, os, sys, tempfile, time
 import torch
 import torch.distributed as dist
 import ignite.distributed as idist
@@ -156,6 +156,10 @@ QUESTIONS = [idist.get_rank, idist.get_world_size, idist.get_local_rank, idist.g
              lambda: dist.get_process_group_ranks(dist.group.WORLD), lambda: dist.group.WORLD]
 for question in QUESTIONS:  # ignite gathers its facts (all_gather) at its first question
     question()
+deadline = time.monotonic() + 30  # gloo marks a collective done in the recorder a moment later:
+while not all(c["done"] for c in live_record(0, None)["collectives"]):  # a spinning rank is
+    assert time.monotonic() < deadline, live_record(0, None)["collectives"]  # sampled after that
+    time.sleep(0.01)
 before = len(live_record(0, None)["collectives"])
 for question in QUESTIONS:
     sys.settrace(sample)

@@ -26,6 +26,8 @@
 #               per-rank traces when its wheels are in the folder (issue 34). A rehearsal
 #               traces the default GPT on 2 CPU processes and leaves HTA out (it measures
 #               GPU kernels, which a CPU trace has none of)
+#   9. doctor   the hang doctor's record of a nccl rank (one process: the Flight Recorder's
+#               entries of its collectives, op, shapes, dtypes, done, as the doctor reads them)
 # Results: OUTPUT/gpu-check-<gpu>.json and .txt (GPU model, driver, torch, every figure);
 # executed notebooks and run folders stay under --work. Exit 0 only when every step passed.
 #
@@ -437,6 +439,50 @@ def trace_gpt():
     return figures
 
 
+DOCTOR_RECORDS = r"""
+import json, sys, tempfile, time
+import torch
+import torch.distributed as dist
+from distkit.observe.hang_records import live_record
+
+backend = sys.argv[1]
+dist.init_process_group(backend, init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+x = torch.ones(1000, device="cuda:0" if backend == "nccl" else "cpu")
+dist.all_reduce(x)
+dist.broadcast(x, 0)
+dist.all_gather([torch.empty_like(x)], x)
+if backend == "nccl":
+    torch.cuda.synchronize()
+deadline = time.monotonic() + 10  # the recorder marks a collective done a moment after it ends
+while not all(c["done"] for c in live_record(0, None)["collectives"]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("RECORD", json.dumps(live_record(0, None)))
+dist.destroy_process_group()
+"""
+
+
+@step(f"hang doctor: a rank's record on {BACKEND}")
+def doctor_records():
+    # What the doctor knows of a rank is its record: the Flight Recorder's entries of the
+    # rank's process group (op, shapes, dtypes, done) and the rank's Python stack. One
+    # process: the record's reading, which needs no second GPU; a disagreement between
+    # ranks needs two GPUs (nccl refuses two ranks on one).
+    script = WORK / "doctor_records.py"
+    if not DRY:
+        script.write_text(DOCTOR_RECORDS)
+    done = sh([PY, script, BACKEND], timeout=300)
+    if DRY:
+        return {}
+    (line,) = [ln for ln in done.stdout.splitlines() if ln.startswith("RECORD ")]
+    record = json.loads(line[len("RECORD "):])
+    seen = [(c["op"], c["shapes"], c["dtypes"], c["done"]) for c in record["collectives"]]
+    assert record["state"] == "computing", record
+    assert [op.replace("_", "")[:6] for op, *_ in seen] == ["allred", "broadc", "allgat"], seen
+    assert all(shapes[0] == [1000] and dtypes[0] == "float32" and done
+               for _, shapes, dtypes, done in seen), seen
+    return {"collectives": record["collectives"]}
+
+
 def holistic_trace_analysis(per_rank):
     """HTA's temporal breakdown and communication/computation overlap per rank, on a
     folder holding only the per-rank traces (HTA reads every trace in its folder)."""
@@ -516,6 +562,8 @@ for name, r in results.items():
     elif "mfu" in r:
         detail = (f"{r['tokens_per_second']:.0f} tokens/s, MFU {r['mfu']:.1%} of {r['peak_flops']:.3g} FLOP/s "
                   f"({r['peak_flops_source']}), {r['cuda_kernels_in_merged_trace']} CUDA kernels traced")
+    elif "collectives" in r:
+        detail = "recorded " + ", ".join(f"#{c['seq']} {c['op']}" for c in r["collectives"])
     elif "failing_local_rank" in r:
         detail = f"local rank {r['failing_local_rank']}: {r['error']}"
     lines.append(f"ok   {name}" + (f": {detail}" if detail else ""))

@@ -54,7 +54,7 @@ EXPECTED_STEPS = ["environment", "train nccl, 1 GPU", "train nccl, every GPU (2)
                   "notebook 07 (GPU cell)", "copy bandwidth, pinned vs pageable",
                   "distkit bench --only gpu", "more processes than GPUs: one line from distkit train",
                   "more processes than GPUs: the failing rank, without the check",
-                  "trace: the GPT (gpt2-small), bf16, every GPU (2)"]
+                  "trace: the GPT (gpt2-small), bf16, every GPU (2)", "hang doctor: a rank's record on nccl"]
 
 
 @pytest.mark.timeout(60)
@@ -67,7 +67,7 @@ def test_dry_run_lists_every_step_with_commands_the_cli_accepts(tmp_path):
     assert done.returncode == 0, done.stderr
     out = done.stdout.splitlines()
     assert [line[3:] for line in out if line.startswith("== ")] == EXPECTED_STEPS
-    assert "dry run: 11 steps listed, nothing run" in out[-1]
+    assert "dry run: 12 steps listed, nothing run" in out[-1]
     assert not any(tmp_path.iterdir())           # a dry run writes nothing
 
     install = next(line for line in out if "pip install" in line)
@@ -136,7 +136,20 @@ def test_cpu_rehearsal_runs_the_steps_and_writes_the_report(tmp_path):
     assert traced["world_size"] == 2 and 0 < traced["mfu"] < 1 and traced["tokens_per_second"] > 0
     assert traced["hta"] == {"skipped": "a CPU trace has no GPU kernels, which HTA measures"}
     assert len(traced["trace"]["per_rank"]) == 2 and Path(traced["trace"]["png"]).exists()
-    assert "PASSED: 6 of 6 steps (5 skipped)" in text and text.count("\nskip ") == 5
+    doctor = steps["hang doctor: a rank's record on gloo"]["collectives"]
+    assert [(c["seq"], c["op"], c["done"]) for c in doctor] == [
+        (1, "all_reduce", True), (2, "broadcast", True), (3, "all_gather", True)]
+    assert "PASSED: 7 of 7 steps (5 skipped)" in text and text.count("\nskip ") == 5
+
+
+@pytest.mark.timeout(60)
+def test_steps_names_the_steps_a_rerun_runs(tmp_path):
+    done = run_script("--steps", "trace,doctor", "--output", tmp_path / "out",
+                      env={"DRY_RUN": "1", "DRY_RUN_GPUS": "2"})
+    assert done.returncode == 0, done.stderr
+    assert [line[3:] for line in done.stdout.splitlines() if line.startswith("== ")] == [
+        "environment", "trace: the GPT (gpt2-small), bf16, every GPU (2)",
+        "hang doctor: a rank's record on nccl"]
 
 
 def test_make_wheels_fills_the_folder_the_issue_describes(tmp_path):

@@ -52,9 +52,15 @@ def record_path(folder: str, rank: int) -> str:
 
 def _flight_recorder() -> list[dict]:
     try:
+        import torch
         import torch._C._distributed_c10d as c10d
 
-        collectives = collectives_from_fr(json.loads(c10d._dump_fr_trace_json()))
+        dumps = [c10d._dump_fr_trace_json]  # the instance gloo's groups record into
+        if torch.cuda.is_initialized() and hasattr(c10d, "_dump_nccl_trace_json"):
+            dumps.append(c10d._dump_nccl_trace_json)  # nccl's groups record into their own
+        entries = [e for dump in dumps for e in json.loads(dump()).get("entries", [])]
+        entries.sort(key=lambda e: e.get("time_created_ns", 0))
+        collectives = collectives_from_fr({"entries": entries})
     except Exception:  # no process group yet, or a torch without the recorder
         return []
     if os.environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL":

@@ -389,7 +389,7 @@ from distkit import Config
 from distkit.launch.entry import run
 
 runs_dir = tempfile.mkdtemp(prefix="distkit-10-resume-")
-base = dict(epochs=2, batch_size=96, progress_bar=False, output_dir=runs_dir)
+base = dict(backend="gloo", epochs=2, batch_size=96, progress_bar=False, output_dir=runs_dir)  # 4 CPU processes
 whole = run(Config(nproc_per_node=4, **base))
 stopped = run(Config(nproc_per_node=4, max_iters=20, **base))
 resumed = run(Config(nproc_per_node=2, resume_from=stopped["last_checkpoint"], **base))

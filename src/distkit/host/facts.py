@@ -279,6 +279,33 @@ def in_ipython() -> bool:
         getattr(sys.modules["IPython"], "get_ipython", lambda: None)() is not None
 
 
+def cuda_driver_initialised() -> bool:
+    """Whether CUDA's driver was initialised in this process (``cuInit``), after which a
+    child it forks cannot use CUDA: asked of the driver library already loaded here, never
+    loading or initialising it. ``torch.cuda.is_initialized()`` is not enough: torch's own
+    checks initialise the driver and leave it False (an optimizer step's CUDA-graph
+    capture check does), and a nccl rank forked from a notebook kernel after such a step
+    was killed by SIGSEGV on an H100. A loaded driver alone is harmless: importing torch
+    loads it in a kernel whose forked nccl ranks ran there."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libcuda.so" in line}
+    except OSError:  # no /proc: not Linux, where the kit forks no rank
+        return False
+    paths = [p for p in paths if os.path.basename(p).startswith("libcuda.so")]
+    if not paths:
+        return False
+    try:
+        driver = ctypes.CDLL(paths[0], mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+        count = ctypes.c_int()
+        not_initialised = 3  # CUDA_ERROR_NOT_INITIALIZED: every call but cuInit's answer before it
+        return driver.cuDeviceGetCount(ctypes.byref(count)) != not_initialised
+    except (OSError, AttributeError):
+        return True  # loaded but not answering: take it as used
+
+
 def tpu_available() -> bool:
     """torch_xla importable and a TPU attached (or asked for with ``PJRT_DEVICE=TPU``)."""
     try:

@@ -37,7 +37,8 @@ from distkit.errors import DistkitError
 from distkit.observe import hang_records
 from distkit.observe.failures import (RankFailed, Reporter, first_on_this_node, read_records,
                                      report_from_worker, run_dir_of_this_process, run_reporting)
-from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, end_with_parent, in_ipython,
+from distkit.host.facts import (CPU_ONLY_ENVIRONMENT, cpu_only_processes, cuda_driver_initialised, end_with_parent,
+                             in_ipython,
                              stop_processes,
                              process_state, restore_environment, set_ignite_verbosity, socket_interface,
                              threads_per_process)
@@ -153,7 +154,8 @@ def _start_method(config, fn, args, start_method: str | None) -> dict:
         # ready seconds sooner than spawned ones (benchmarks/README.md, start-up).
         start_method = "fork"
     forking = start_method == "fork" or (start_method is None and in_ipython())
-    if forking and torch.cuda.is_initialized():  # (never initialises CUDA itself)
+    uses_cuda = config.backend == "nccl"  # gloo ranks run hidden from the GPU (cpu_only_processes)
+    if forking and (torch.cuda.is_initialized() or uses_cuda and cuda_driver_initialised()):
         # A forked child cannot use CUDA once this process has (on a GPU runtime, a
         # notebook that trained in its kernel has). Spawned children start fresh: take
         # them when nobody asked for fork and what they run can be imported.

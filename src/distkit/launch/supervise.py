@@ -129,7 +129,8 @@ def _spawn(launch: Launch, reporter: Reporter, fn, *args, run_dir: str | None = 
             raise KeyboardInterrupt(interrupted_message(run_dir, forwarding.interrupt())) from None
         except Exception as e:
             watchdog.finish()
-            hang_records.print_doctor_lines(hangs, config.nproc_per_node * config.nnodes)
+            if not forwarding.signum:  # ranks that lost a peer to a stop asked for are not hung
+                hang_records.print_doctor_lines(hangs, config.nproc_per_node * config.nnodes)
             failure = _spawn_failure(e, config, watchdog, forwarding, reporter, run_dir)
             if failure is None:
                 raise

@@ -444,7 +444,7 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, stop: Stop
             raise _stopped(noted, stop, codes, script)
         if failed:
             # the hang doctor reads every rank's record while the others still run
-            doctor = doctor_lines(folder, {r: p.poll() for r, (_, p) in procs.items()})
+            doctor, in_collective = doctor_lines(folder, {r: p.poll() for r, (_, p) in procs.items()})
             # the first failure: stop the others now (they would wait on it in a collective)
             _stop(procs, signal.SIGTERM, min(stop.policy.grace_s, 3.0))
             records = read_records(folder)
@@ -457,7 +457,10 @@ def _supervise(procs: dict, ranks: Ranks, folder: str, end_timeout_s, stop: Stop
             lines[0] += "; the other ranks were stopped"
             for line in lines:
                 sys.stderr.write(f"distkit: error: {line}\n")
-            note = timeout_note(records, failed, [r for r, c in codes.items() if c is None], timeout_s)
+            # a rank the doctor found in a collective was waiting too (its bound not yet
+            # passed), not busy in its own code
+            busy = [r for r, c in codes.items() if c is None and r not in in_collective]
+            note = timeout_note(records, failed, busy, timeout_s)
             if note:
                 sys.stderr.write(f"distkit: {note}\n")
             for line in doctor:

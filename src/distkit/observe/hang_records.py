@@ -338,13 +338,14 @@ def involves_collectives(records: list[dict]) -> bool:
         any(r.get("call") for r in records if r.get("state") == "in collective")
 
 
-def doctor_lines(folder: str, codes: dict, wait_s: float = 3.0) -> list[str]:
+def doctor_lines(folder: str, codes: dict, wait_s: float = 3.0) -> tuple[list[str], list[int]]:
     """The doctor's lines for a run where a rank failed, or [] when no rank was in a
-    collective."""
+    collective; and the ranks that were in a collective then (not busy in their own code)."""
     from distkit.observe.hangs import diagnose
 
     records = gather(folder, codes, wait_s)
-    return diagnose(records) if involves_collectives(records) else []
+    waiting = [r["rank"] for r in records if r.get("call")]
+    return (diagnose(records) if involves_collectives(records) else []), waiting
 
 
 # --- ranks under a launcher that ends them all when one fails (torch's spawn, torchrun) ---

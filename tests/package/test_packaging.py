@@ -130,6 +130,18 @@ def _bash_commands(section: str) -> list[str]:
     return [ln.strip() for ln in block.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
 
 
+def test_the_readmes_counts_of_notebooks_and_exercises_are_the_folders():
+    """The opening paragraph's counts, and every notebook and exercise in the README's maps."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    opening = readme.split("## ", 1)[0]
+    notebooks = sorted(p.name for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    exercises = sorted(p.name for p in (REPO_ROOT / "exercises").glob("[0-9][0-9]_*.py"))
+    assert re.search(rf"\b{len(notebooks)} notebooks\b", opening), (len(notebooks), opening)
+    assert re.search(rf"\b{len(exercises)} exercises\b", opening), (len(exercises), opening)
+    missing = [name for name in notebooks + exercises if name not in readme]
+    assert not missing, f"README.md's maps lack {missing}"
+
+
 def test_readme_gives_a_quick_test_command_and_one_that_runs_everything():
     """Command 2 runs the quick selection (no side environment, nothing slow: no browser,
     no root); the Testing section's command runs the whole suite."""

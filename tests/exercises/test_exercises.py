@@ -993,7 +993,7 @@ def wrong_answer_results(tmp_path_factory, request):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(2400)  # the first test also grades every wrong answer (the fixture): 17 rounds, 2 at a time
+@pytest.mark.timeout(2400)  # the first test also grades every wrong answer (the fixture), a round per k-th answer
 @pytest.mark.parametrize("number,name,expected", [(n, w, e) for n, w, _, e in WRONG_ANSWERS],
                          ids=[f"{n}-{w}" for n, w, _, _ in WRONG_ANSWERS])
 def test_wrong_answer_is_rejected_with_the_learners_message(wrong_answer_results, number, name,
